@@ -1,0 +1,1 @@
+"""Client SDK: market and provider HTTP clients, model export, verification, vouchers."""

@@ -1,0 +1,1 @@
+"""Settlement layer: the escrow contract's sources, compiler, deployment, binding and messages."""

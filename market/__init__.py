@@ -1,0 +1,1 @@
+"""Market: matching engine, order book storage and API, chain indexer, web order book."""

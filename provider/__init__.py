@@ -1,0 +1,1 @@
+"""Provider daemon: capacity, sandboxed runtime, diagnosis, receipts, task API, settlement."""
