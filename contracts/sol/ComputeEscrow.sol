@@ -1,0 +1,540 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
+import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
+
+import {IComputeEscrow} from "./interfaces/IComputeEscrow.sol";
+import {MessageHashing} from "./libraries/MessageHashing.sol";
+import {PlanPricing} from "./libraries/PlanPricing.sol";
+import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher} from "./types/Messages.sol";
+
+/// @title ComputeEscrow
+/// @notice See {IComputeEscrow}. Money invariant: the token balance of this contract equals the
+/// sum of free balances, free stakes, and every open deal's locked funds (cap minus committed)
+/// and locked stake.
+contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
+    using SafeERC20 for IERC20;
+    using MessageHashing for Plan;
+    using MessageHashing for Quote;
+    using MessageHashing for TaskRequest;
+    using MessageHashing for Ack;
+    using MessageHashing for Receipt;
+    using MessageHashing for Voucher;
+
+    /// @notice Tasks per deal: task indices are below this, voucher bitmaps have at most 256 words.
+    uint256 public constant MAX_TASKS = 65_536;
+    /// @notice How long an arbiter has to rule on a dispute before it lapses for the client.
+    uint64 public constant ARBITRATION_PERIOD = 7 days;
+
+    struct Deal {
+        address client;
+        uint64 expiry;
+        DealStatus status;
+        bool clientAgreedClose;
+        bool providerAgreedClose;
+        address provider;
+        uint64 challengeWindow;
+        uint32 batchCount;
+        address arbiter;
+        uint128 maxSpend;
+        uint128 committed;
+        uint128 vouched;
+        uint128 pending;
+        uint128 stake;
+        uint128 penalty;
+        bytes32 planHash;
+    }
+
+    struct Batch {
+        uint128 amount;
+        uint64 deadline;
+        BatchStatus status;
+    }
+
+    /// @dev One word of task flags: bit `i` stands for task `word * 256 + i`.
+    struct TaskBits {
+        uint256 vouched;
+        uint256 claimed;
+        uint256 refunded;
+    }
+
+    IERC20 private immutable _token;
+    uint256 private _dealCount;
+    mapping(address account => uint256) private _balances;
+    mapping(address provider => uint256) private _stakes;
+    mapping(address provider => mapping(uint256 word => uint256)) private _usedNonces;
+    mapping(uint256 dealId => Deal) private _deals;
+    mapping(uint256 dealId => mapping(uint32 batchId => Batch)) private _batches;
+    mapping(uint256 dealId => mapping(uint256 word => TaskBits)) private _tasks;
+
+    constructor(IERC20 settlementToken) EIP712("ComputeEscrow", "1") {
+        _token = settlementToken;
+    }
+
+    // ------------------------------------------------------------------ balances and stake
+
+    /// @inheritdoc IComputeEscrow
+    function deposit(uint256 amount) external nonReentrant {
+        if (amount == 0) revert EscrowZeroAmount();
+        _balances[msg.sender] += amount;
+        emit Deposited(msg.sender, amount);
+        _token.safeTransferFrom(msg.sender, address(this), amount);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function withdraw(uint256 amount) external nonReentrant {
+        if (amount == 0) revert EscrowZeroAmount();
+        uint256 available = _balances[msg.sender];
+        if (amount > available) revert EscrowInsufficientBalance(msg.sender, available, amount);
+        // Safe: amount <= available.
+        unchecked {
+            _balances[msg.sender] = available - amount;
+        }
+        emit Withdrawn(msg.sender, amount);
+        _token.safeTransfer(msg.sender, amount);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function stake(uint256 amount) external nonReentrant {
+        if (amount == 0) revert EscrowZeroAmount();
+        _stakes[msg.sender] += amount;
+        emit Staked(msg.sender, amount);
+        _token.safeTransferFrom(msg.sender, address(this), amount);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function unstake(uint256 amount) external nonReentrant {
+        if (amount == 0) revert EscrowZeroAmount();
+        uint256 available = _stakes[msg.sender];
+        if (amount > available) revert EscrowInsufficientStake(msg.sender, available, amount);
+        // Safe: amount <= available.
+        unchecked {
+            _stakes[msg.sender] = available - amount;
+        }
+        emit Unstaked(msg.sender, amount);
+        _token.safeTransfer(msg.sender, amount);
+    }
+
+    // ------------------------------------------------------------------ deals
+
+    /// @inheritdoc IComputeEscrow
+    function cancelQuoteNonce(uint256 nonce) external {
+        _useNonce(msg.sender, nonce);
+        emit QuoteNonceCancelled(msg.sender, nonce);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function openDeal(Quote calldata quote, bytes calldata signature, uint256 maxSpend)
+        external
+        returns (uint256 dealId)
+    {
+        if (block.timestamp > quote.validUntil) revert EscrowQuoteExpired(quote.validUntil);
+        if (quote.client != address(0) && quote.client != msg.sender) {
+            revert EscrowWrongClient(quote.client, msg.sender);
+        }
+        if (maxSpend == 0) revert EscrowZeroAmount();
+        if (maxSpend > quote.maxSpend) revert EscrowSpendAboveQuote(maxSpend, quote.maxSpend);
+        if (!PlanPricing.isValid(quote.plan)) revert EscrowInvalidPlan();
+        if (
+            quote.arbiter == address(0) || quote.duration == 0 || quote.plan.reservationFee > maxSpend
+                || maxSpend > type(uint128).max || quote.stake > type(uint128).max || quote.penalty > type(uint128).max
+        ) revert EscrowInvalidTerms();
+        bytes32 quoteHash = quote.hash();
+        _checkSigner(_hashTypedDataV4(quoteHash), signature, quote.provider);
+        _useNonce(quote.provider, quote.nonce);
+
+        uint256 available = _balances[msg.sender];
+        if (maxSpend > available) revert EscrowInsufficientBalance(msg.sender, available, maxSpend);
+        uint256 freeStake = _stakes[quote.provider];
+        if (quote.stake > freeStake) revert EscrowInsufficientStake(quote.provider, freeStake, quote.stake);
+
+        dealId = ++_dealCount;
+        uint64 expiry = uint64(block.timestamp) + quote.duration;
+        uint64 fee = quote.plan.reservationFee;
+        // Safe: both amounts were checked against the balances they come from.
+        unchecked {
+            _balances[msg.sender] = available - maxSpend;
+            _stakes[quote.provider] = freeStake - quote.stake;
+        }
+        if (fee != 0) _balances[quote.provider] += fee;
+        Deal storage deal = _deals[dealId];
+        deal.client = msg.sender;
+        deal.expiry = expiry;
+        deal.status = DealStatus.Open;
+        deal.provider = quote.provider;
+        deal.challengeWindow = quote.challengeWindow;
+        deal.arbiter = quote.arbiter;
+        deal.maxSpend = uint128(maxSpend);
+        deal.committed = fee;
+        deal.stake = uint128(quote.stake);
+        deal.penalty = uint128(quote.penalty);
+        deal.planHash = quote.plan.hash();
+        emit DealOpened(dealId, msg.sender, quote.provider, quote.arbiter, maxSpend, quote.stake, expiry, quoteHash);
+    }
+
+    // ------------------------------------------------------------------ cooperative payment
+
+    /// @inheritdoc IComputeEscrow
+    function redeemVoucher(Voucher calldata voucher, bytes calldata signature) external {
+        uint256 dealId = voucher.dealId;
+        Deal storage deal = _open(dealId);
+        _checkSigner(_hashTypedDataV4(voucher.hash()), signature, deal.client);
+        uint256 redeemed = deal.vouched;
+        uint256 cumulative = voucher.cumulativeAmount;
+        if (cumulative <= redeemed) revert EscrowStaleVoucher(dealId, cumulative, redeemed);
+        // Safe: cumulative > redeemed.
+        uint256 increase;
+        unchecked {
+            increase = cumulative - redeemed;
+        }
+        uint256 committed = deal.committed;
+        _checkCap(dealId, deal, committed + deal.pending + increase);
+
+        uint256 words = voucher.tasks.length;
+        if (words > MAX_TASKS / 256) revert EscrowTaskIndexTooLarge(words * 256);
+        for (uint256 w; w < words; ++w) {
+            uint256 bits = voucher.tasks[w];
+            if (bits == 0) continue;
+            TaskBits storage flags = _tasks[dealId][w];
+            uint256 fresh = bits & ~flags.vouched;
+            if (fresh == 0) continue;
+            uint256 conflict = fresh & (flags.claimed | flags.refunded);
+            if (conflict != 0) revert EscrowTaskAlreadySettled(dealId, _taskAt(w, conflict));
+            flags.vouched |= fresh;
+        }
+
+        deal.vouched = uint128(cumulative);
+        deal.committed = uint128(committed + increase);
+        _balances[deal.provider] += increase;
+        emit VoucherRedeemed(dealId, cumulative, increase);
+    }
+
+    // ------------------------------------------------------------------ silent client
+
+    /// @inheritdoc IComputeEscrow
+    function claimReceipts(
+        uint256 dealId,
+        Plan calldata plan,
+        Receipt[] calldata receipts,
+        bytes[] calldata signatures
+    ) external returns (uint32 batchId) {
+        Deal storage deal = _open(dealId);
+        address provider = deal.provider;
+        if (msg.sender != provider) revert EscrowUnauthorized(msg.sender);
+        if (block.timestamp >= uint256(deal.expiry) + deal.challengeWindow) revert EscrowClaimPeriodOver(dealId);
+        if (plan.hash() != deal.planHash) revert EscrowPlanMismatch(dealId);
+        uint256 count = receipts.length;
+        if (count == 0 || signatures.length != count) revert EscrowBadBatch();
+
+        uint256 total;
+        uint256 word = type(uint256).max;
+        uint256 claimed;
+        uint256 taken;
+        for (uint256 i; i < count; ++i) {
+            Receipt calldata receipt = receipts[i];
+            if (receipt.dealId != dealId) revert EscrowReceiptForOtherDeal(dealId, receipt.dealId);
+            uint32 taskIndex = receipt.taskIndex;
+            if (receipt.finishedAt > receipt.deadline) {
+                revert EscrowReceiptLate(taskIndex, receipt.finishedAt, receipt.deadline);
+            }
+            uint256 priced = PlanPricing.price(
+                plan, receipt.kind, receipt.status, receipt.cacheHit, receipt.deviceMs, taskIndex
+            );
+            if (receipt.amount != priced) revert EscrowAmountMismatch(taskIndex, receipt.amount, priced);
+            _checkSigner(_hashTypedDataV4(receipt.hash()), signatures[i], provider);
+
+            if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
+            uint256 w = taskIndex >> 8;
+            if (w != word) {
+                if (word != type(uint256).max) _tasks[dealId][word].claimed = claimed;
+                TaskBits storage flags = _tasks[dealId][w];
+                claimed = flags.claimed;
+                taken = flags.vouched | flags.refunded;
+                word = w;
+            }
+            uint256 bit = 1 << (taskIndex & 255);
+            if ((claimed | taken) & bit != 0) revert EscrowTaskAlreadySettled(dealId, taskIndex);
+            claimed |= bit;
+            total += priced;
+        }
+        _tasks[dealId][word].claimed = claimed;
+
+        uint256 pending = deal.pending + total;
+        _checkCap(dealId, deal, deal.committed + pending);
+        deal.pending = uint128(pending);
+        batchId = deal.batchCount++;
+        uint64 deadline = uint64(block.timestamp) + deal.challengeWindow;
+        _batches[dealId][batchId] = Batch({amount: uint128(total), deadline: deadline, status: BatchStatus.Pending});
+        emit ReceiptsClaimed(dealId, batchId, total, count, deadline);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function finalizeClaim(uint256 dealId, uint32 batchId) external {
+        Deal storage deal = _open(dealId);
+        Batch storage batch = _batch(dealId, batchId, BatchStatus.Pending);
+        if (block.timestamp < batch.deadline) revert EscrowChallengeWindowOpen(batch.deadline);
+        batch.status = BatchStatus.Paid;
+        _payBatch(deal, batch.amount);
+        emit ClaimFinalized(dealId, batchId, batch.amount);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function disputeClaim(uint256 dealId, uint32 batchId) external {
+        Deal storage deal = _open(dealId);
+        if (msg.sender != deal.client) revert EscrowUnauthorized(msg.sender);
+        Batch storage batch = _batch(dealId, batchId, BatchStatus.Pending);
+        if (block.timestamp >= batch.deadline) revert EscrowChallengeWindowClosed(batch.deadline);
+        uint64 deadline = uint64(block.timestamp) + ARBITRATION_PERIOD;
+        batch.status = BatchStatus.Disputed;
+        batch.deadline = deadline;
+        emit ClaimDisputed(dealId, batchId, deadline);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function resolveDispute(uint256 dealId, uint32 batchId, bool providerWins) external {
+        Deal storage deal = _open(dealId);
+        if (msg.sender != deal.arbiter) revert EscrowUnauthorized(msg.sender);
+        _endDispute(dealId, deal, batchId, providerWins);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function lapseDispute(uint256 dealId, uint32 batchId) external {
+        Deal storage deal = _open(dealId);
+        uint64 deadline = _batch(dealId, batchId, BatchStatus.Disputed).deadline;
+        if (block.timestamp < deadline) revert EscrowArbitrationOpen(deadline);
+        _endDispute(dealId, deal, batchId, false);
+    }
+
+    // ------------------------------------------------------------------ SLO breach
+
+    /// @inheritdoc IComputeEscrow
+    function refundBreach(Ack calldata ack, bytes calldata signature) external {
+        uint256 dealId = ack.dealId;
+        Deal storage deal = _open(dealId);
+        _checkSigner(_hashTypedDataV4(ack.hash()), signature, deal.provider);
+        uint64 refundableAt = ack.deadline + deal.challengeWindow;
+        if (block.timestamp <= refundableAt) revert EscrowDeadlineNotPassed(refundableAt);
+        uint32 taskIndex = ack.taskIndex;
+        if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
+        TaskBits storage flags = _tasks[dealId][taskIndex >> 8];
+        uint256 bit = 1 << (taskIndex & 255);
+        if ((flags.vouched | flags.claimed | flags.refunded) & bit != 0) {
+            revert EscrowTaskAlreadySettled(dealId, taskIndex);
+        }
+        flags.refunded |= bit;
+
+        uint256 committed = deal.committed;
+        uint256 unspent = deal.maxSpend - committed - deal.pending;
+        uint256 refund = ack.price < unspent ? ack.price : unspent;
+        uint256 stakeLeft = deal.stake;
+        uint256 penalty = deal.penalty < stakeLeft ? deal.penalty : stakeLeft;
+        deal.committed = uint128(committed + refund);
+        // Safe: penalty <= stakeLeft.
+        unchecked {
+            deal.stake = uint128(stakeLeft - penalty);
+        }
+        _balances[deal.client] += refund + penalty;
+        emit BreachRefunded(dealId, taskIndex, refund, penalty);
+    }
+
+    // ------------------------------------------------------------------ close
+
+    /// @inheritdoc IComputeEscrow
+    function closeDeal(uint256 dealId) external {
+        Deal storage deal = _open(dealId);
+        uint64 closableAt = deal.expiry + deal.challengeWindow;
+        if (block.timestamp < closableAt) {
+            if (msg.sender == deal.client) deal.clientAgreedClose = true;
+            else if (msg.sender == deal.provider) deal.providerAgreedClose = true;
+            else revert EscrowUnauthorized(msg.sender);
+            emit CloseAgreed(dealId, msg.sender);
+            if (!(deal.clientAgreedClose && deal.providerAgreedClose)) return;
+        } else if (msg.sender != deal.client && msg.sender != deal.provider) {
+            revert EscrowUnauthorized(msg.sender);
+        }
+        if (deal.pending != 0) revert EscrowClaimsPending(dealId, deal.pending);
+
+        uint256 returned = deal.maxSpend - deal.committed;
+        uint256 stakeLeft = deal.stake;
+        deal.status = DealStatus.Closed;
+        deal.committed = deal.maxSpend;
+        deal.stake = 0;
+        _balances[deal.client] += returned;
+        _stakes[deal.provider] += stakeLeft;
+        emit DealClosed(dealId, returned, stakeLeft);
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// @inheritdoc IComputeEscrow
+    function token() external view returns (address) {
+        return address(_token);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function balanceOf(address account) external view returns (uint256) {
+        return _balances[account];
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function stakeOf(address provider) external view returns (uint256) {
+        return _stakes[provider];
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function isNonceUsed(address provider, uint256 nonce) external view returns (bool) {
+        return _usedNonces[provider][nonce >> 8] & (1 << (nonce & 255)) != 0;
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function getDeal(uint256 dealId) external view returns (DealView memory view_) {
+        Deal storage deal = _deals[dealId];
+        if (deal.status == DealStatus.None) revert EscrowDealNotFound(dealId);
+        view_ = DealView({
+            client: deal.client,
+            provider: deal.provider,
+            arbiter: deal.arbiter,
+            status: deal.status,
+            expiry: deal.expiry,
+            challengeWindow: deal.challengeWindow,
+            maxSpend: deal.maxSpend,
+            committed: deal.committed,
+            vouched: deal.vouched,
+            pending: deal.pending,
+            stake: deal.stake,
+            penalty: deal.penalty,
+            planHash: deal.planHash,
+            batchCount: deal.batchCount,
+            clientAgreedClose: deal.clientAgreedClose,
+            providerAgreedClose: deal.providerAgreedClose
+        });
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function getBatch(uint256 dealId, uint32 batchId) external view returns (BatchView memory) {
+        Batch storage batch = _batches[dealId][batchId];
+        if (batch.status == BatchStatus.None) revert EscrowBatchNotFound(dealId, batchId);
+        return BatchView({amount: batch.amount, deadline: batch.deadline, status: batch.status});
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function taskStatus(uint256 dealId, uint32 taskIndex) external view returns (TaskStatus) {
+        TaskBits storage flags = _tasks[dealId][taskIndex >> 8];
+        uint256 bit = 1 << (taskIndex & 255);
+        if (flags.vouched & bit != 0) return TaskStatus.Vouched;
+        if (flags.claimed & bit != 0) return TaskStatus.Claimed;
+        if (flags.refunded & bit != 0) return TaskStatus.Refunded;
+        return TaskStatus.None;
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function dealCount() external view returns (uint256) {
+        return _dealCount;
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function price(Plan calldata plan, uint8 kind, uint8 status, bool cacheHit, uint64 deviceMs, uint32 taskIndex)
+        external
+        pure
+        returns (uint256)
+    {
+        return PlanPricing.price(plan, kind, status, cacheHit, deviceMs, taskIndex);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function quoteDigest(Quote calldata quote) external view returns (bytes32) {
+        return _hashTypedDataV4(quote.hash());
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function taskRequestDigest(TaskRequest calldata request) external view returns (bytes32) {
+        return _hashTypedDataV4(request.hash());
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function ackDigest(Ack calldata ack) external view returns (bytes32) {
+        return _hashTypedDataV4(ack.hash());
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function receiptDigest(Receipt calldata receipt) external view returns (bytes32) {
+        return _hashTypedDataV4(receipt.hash());
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function voucherDigest(Voucher calldata voucher) external view returns (bytes32) {
+        return _hashTypedDataV4(voucher.hash());
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function planHash(Plan calldata plan) external pure returns (bytes32) {
+        return plan.hash();
+    }
+
+    // ------------------------------------------------------------------ internals
+
+    function _open(uint256 dealId) private view returns (Deal storage deal) {
+        deal = _deals[dealId];
+        if (deal.status != DealStatus.Open) {
+            if (deal.status == DealStatus.None) revert EscrowDealNotFound(dealId);
+            revert EscrowDealNotOpen(dealId);
+        }
+    }
+
+    function _batch(uint256 dealId, uint32 batchId, BatchStatus expected) private view returns (Batch storage batch) {
+        batch = _batches[dealId][batchId];
+        if (batch.status == BatchStatus.None) revert EscrowBatchNotFound(dealId, batchId);
+        if (batch.status != expected) revert EscrowBatchWrongStatus(dealId, batchId, batch.status);
+    }
+
+    function _endDispute(uint256 dealId, Deal storage deal, uint32 batchId, bool providerWins) private {
+        Batch storage batch = _batch(dealId, batchId, BatchStatus.Disputed);
+        uint256 amount = batch.amount;
+        if (providerWins) {
+            batch.status = BatchStatus.Paid;
+            _payBatch(deal, amount);
+        } else {
+            batch.status = BatchStatus.Rejected;
+            deal.pending -= uint128(amount);
+        }
+        emit DisputeResolved(dealId, batchId, providerWins, amount);
+    }
+
+    function _payBatch(Deal storage deal, uint256 amount) private {
+        deal.pending -= uint128(amount);
+        deal.committed += uint128(amount);
+        _balances[deal.provider] += amount;
+    }
+
+    function _checkCap(uint256 dealId, Deal storage deal, uint256 needed) private view {
+        uint256 cap = deal.maxSpend;
+        if (needed > cap) revert EscrowCapExceeded(dealId, cap, needed);
+    }
+
+    function _useNonce(address provider, uint256 nonce) private {
+        uint256 bit = 1 << (nonce & 255);
+        uint256 word = _usedNonces[provider][nonce >> 8];
+        if (word & bit != 0) revert EscrowNonceUsed(provider, nonce);
+        _usedNonces[provider][nonce >> 8] = word | bit;
+    }
+
+    function _checkSigner(bytes32 digest, bytes calldata signature, address expected) private pure {
+        (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecoverCalldata(digest, signature);
+        if (err != ECDSA.RecoverError.NoError || signer != expected || signer == address(0)) {
+            revert EscrowInvalidSignature(expected);
+        }
+    }
+
+    function _taskAt(uint256 word, uint256 bits) private pure returns (uint32) {
+        uint256 index;
+        while (bits & 1 == 0) {
+            bits >>= 1;
+            ++index;
+        }
+        return uint32(word * 256 + index);
+    }
+}

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher} from "../types/Messages.sol";
+
+/// @title IComputeEscrow
+/// @notice Escrow for accelerator compute: clients lock a spending cap per deal, providers lock a
+/// stake; tasks are paid by cumulative client vouchers, claimed by provider receipts when the
+/// client is silent, or refunded with a penalty when the provider misses its deadline.
+interface IComputeEscrow {
+    /// @notice Lifecycle of a deal.
+    enum DealStatus {
+        None,
+        Open,
+        Closed
+    }
+
+    /// @notice Lifecycle of a batch of claimed receipts.
+    enum BatchStatus {
+        None,
+        Pending,
+        Disputed,
+        Paid,
+        Rejected
+    }
+
+    /// @notice Settlement state of one task of a deal.
+    enum TaskStatus {
+        None,
+        Vouched,
+        Claimed,
+        Refunded
+    }
+
+    /// @notice A deal as stored.
+    struct DealView {
+        address client;
+        address provider;
+        address arbiter;
+        DealStatus status;
+        uint64 expiry;
+        uint64 challengeWindow;
+        uint256 maxSpend;
+        uint256 committed; // paid out of the deal: vouchers, settled claims, refunds, fee
+        uint256 vouched; // cumulative amount of the last redeemed voucher
+        uint256 pending; // claimed, awaiting the challenge window or a ruling
+        uint256 stake; // provider stake still locked
+        uint256 penalty;
+        bytes32 planHash;
+        uint32 batchCount;
+        bool clientAgreedClose;
+        bool providerAgreedClose;
+    }
+
+    /// @notice A batch of claimed receipts as stored.
+    struct BatchView {
+        uint256 amount;
+        uint64 deadline; // end of the challenge window, or of arbitration once disputed
+        BatchStatus status;
+    }
+
+    /// @notice Emitted when an account deposits tokens into its free balance.
+    event Deposited(address indexed account, uint256 amount);
+    /// @notice Emitted when an account withdraws tokens from its free balance.
+    event Withdrawn(address indexed account, uint256 amount);
+    /// @notice Emitted when a provider adds to its free stake.
+    event Staked(address indexed provider, uint256 amount);
+    /// @notice Emitted when a provider takes back free stake.
+    event Unstaked(address indexed provider, uint256 amount);
+    /// @notice Emitted when a provider cancels a quote nonce.
+    event QuoteNonceCancelled(address indexed provider, uint256 nonce);
+    /// @notice Emitted when a deal opens from a signed quote.
+    event DealOpened(
+        uint256 indexed dealId,
+        address indexed client,
+        address indexed provider,
+        address arbiter,
+        uint256 maxSpend,
+        uint256 stake,
+        uint64 expiry,
+        bytes32 quoteHash
+    );
+    /// @notice Emitted when a voucher is redeemed; `paid` is the increase over the last one.
+    event VoucherRedeemed(uint256 indexed dealId, uint256 cumulativeAmount, uint256 paid);
+    /// @notice Emitted when a provider claims a batch of receipts.
+    event ReceiptsClaimed(uint256 indexed dealId, uint32 indexed batchId, uint256 amount, uint256 tasks, uint64 deadline);
+    /// @notice Emitted when an undisputed batch pays out after its challenge window.
+    event ClaimFinalized(uint256 indexed dealId, uint32 indexed batchId, uint256 amount);
+    /// @notice Emitted when the client disputes a claimed batch.
+    event ClaimDisputed(uint256 indexed dealId, uint32 indexed batchId, uint64 arbitrationDeadline);
+    /// @notice Emitted when a dispute ends, by ruling or by lapse.
+    event DisputeResolved(uint256 indexed dealId, uint32 indexed batchId, bool providerWins, uint256 amount);
+    /// @notice Emitted when a breached task is refunded with the penalty.
+    event BreachRefunded(uint256 indexed dealId, uint32 indexed taskIndex, uint256 refund, uint256 penalty);
+    /// @notice Emitted when one party agrees to close a deal early.
+    event CloseAgreed(uint256 indexed dealId, address indexed party);
+    /// @notice Emitted when a deal closes.
+    event DealClosed(uint256 indexed dealId, uint256 returnedToClient, uint256 stakeReturned);
+
+    /// @notice Thrown when an amount that must be positive is zero.
+    error EscrowZeroAmount();
+    /// @notice Thrown when a free balance cannot cover a withdrawal or a deal's cap.
+    error EscrowInsufficientBalance(address account, uint256 available, uint256 needed);
+    /// @notice Thrown when a provider's free stake cannot cover an unstake or a deal's stake.
+    error EscrowInsufficientStake(address provider, uint256 available, uint256 needed);
+    /// @notice Thrown when a quote is used after its validity.
+    error EscrowQuoteExpired(uint64 validUntil);
+    /// @notice Thrown when a quote nonce was used or cancelled before.
+    error EscrowNonceUsed(address provider, uint256 nonce);
+    /// @notice Thrown when a signature is malformed, malleable, or not by the expected signer.
+    error EscrowInvalidSignature(address expectedSigner);
+    /// @notice Thrown when a quote names another client.
+    error EscrowWrongClient(address expected, address actual);
+    /// @notice Thrown when a deal's cap exceeds what the quote accepts.
+    error EscrowSpendAboveQuote(uint256 maxSpend, uint256 quoted);
+    /// @notice Thrown when a plan has a discount above 100% or unordered tiers.
+    error EscrowInvalidPlan();
+    /// @notice Thrown when quote terms are unusable (no arbiter, zero duration, fee above cap).
+    error EscrowInvalidTerms();
+    /// @notice Thrown when a deal id is unknown.
+    error EscrowDealNotFound(uint256 dealId);
+    /// @notice Thrown when a deal is closed.
+    error EscrowDealNotOpen(uint256 dealId);
+    /// @notice Thrown when the caller has no right to this action.
+    error EscrowUnauthorized(address account);
+    /// @notice Thrown when a voucher does not raise the amount of the last redeemed one.
+    error EscrowStaleVoucher(uint256 dealId, uint256 cumulativeAmount, uint256 redeemed);
+    /// @notice Thrown when a payment would take a deal past its spending cap.
+    error EscrowCapExceeded(uint256 dealId, uint256 cap, uint256 needed);
+    /// @notice Thrown when a task was already vouched, claimed or refunded.
+    error EscrowTaskAlreadySettled(uint256 dealId, uint32 taskIndex);
+    /// @notice Thrown when a task index or voucher bitmap is beyond the supported range.
+    error EscrowTaskIndexTooLarge(uint256 taskIndex);
+    /// @notice Thrown when a breach refund is asked before the deadline and its grace have passed.
+    error EscrowDeadlineNotPassed(uint64 refundableAt);
+    /// @notice Thrown when claimed receipts come with a plan other than the deal's.
+    error EscrowPlanMismatch(uint256 dealId);
+    /// @notice Thrown when a receipt belongs to another deal.
+    error EscrowReceiptForOtherDeal(uint256 dealId, uint256 receiptDealId);
+    /// @notice Thrown when a receipt's amount differs from the plan's price for its usage.
+    error EscrowAmountMismatch(uint32 taskIndex, uint256 claimed, uint256 priced);
+    /// @notice Thrown when a receipt finished after its ack deadline.
+    error EscrowReceiptLate(uint32 taskIndex, uint64 finishedAt, uint64 deadline);
+    /// @notice Thrown when receipts and signatures differ in number, or a batch is empty.
+    error EscrowBadBatch();
+    /// @notice Thrown when receipts are claimed after the deal's claim period.
+    error EscrowClaimPeriodOver(uint256 dealId);
+    /// @notice Thrown when a batch id is unknown.
+    error EscrowBatchNotFound(uint256 dealId, uint32 batchId);
+    /// @notice Thrown when a batch is not in the state the action needs.
+    error EscrowBatchWrongStatus(uint256 dealId, uint32 batchId, BatchStatus status);
+    /// @notice Thrown when a batch is finalized before its challenge window ends.
+    error EscrowChallengeWindowOpen(uint64 deadline);
+    /// @notice Thrown when a batch is disputed after its challenge window.
+    error EscrowChallengeWindowClosed(uint64 deadline);
+    /// @notice Thrown when a dispute is lapsed before the arbitration period ends.
+    error EscrowArbitrationOpen(uint64 deadline);
+    /// @notice Thrown when a deal closes while claims await their window or a ruling.
+    error EscrowClaimsPending(uint256 dealId, uint256 pending);
+    /// @notice Thrown when a deal is closed alone before its expiry and settlement period.
+    error EscrowDealNotExpired(uint64 closableAt);
+
+    /// @notice Move `amount` tokens from the caller into its free balance.
+    function deposit(uint256 amount) external;
+
+    /// @notice Move `amount` tokens from the caller's free balance back to the caller.
+    function withdraw(uint256 amount) external;
+
+    /// @notice Move `amount` tokens from the caller into its free provider stake.
+    function stake(uint256 amount) external;
+
+    /// @notice Move `amount` of free stake (not locked by open deals) back to the caller.
+    function unstake(uint256 amount) external;
+
+    /// @notice Make a quote nonce unusable, so a signed quote can no longer open a deal.
+    function cancelQuoteNonce(uint256 nonce) external;
+
+    /// @notice Open a deal with a provider-signed quote, locking `maxSpend` of the caller's free
+    /// balance and the quote's stake from the provider's free stake.
+    /// @return dealId The new deal's id.
+    function openDeal(Quote calldata quote, bytes calldata signature, uint256 maxSpend)
+        external
+        returns (uint256 dealId);
+
+    /// @notice Pay the provider the increase of a client-signed cumulative voucher.
+    function redeemVoucher(Voucher calldata voucher, bytes calldata signature) external;
+
+    /// @notice Claim provider-signed receipts of tasks the client did not vouch; they pay after
+    /// the challenge window unless disputed. Callable by the deal's provider.
+    /// @return batchId The claimed batch's id within the deal.
+    function claimReceipts(
+        uint256 dealId,
+        Plan calldata plan,
+        Receipt[] calldata receipts,
+        bytes[] calldata signatures
+    ) external returns (uint32 batchId);
+
+    /// @notice Pay an undisputed batch after its challenge window. Callable by anyone.
+    function finalizeClaim(uint256 dealId, uint32 batchId) external;
+
+    /// @notice Dispute a pending batch within its challenge window. Callable by the client.
+    function disputeClaim(uint256 dealId, uint32 batchId) external;
+
+    /// @notice Rule on a disputed batch. Callable by the deal's arbiter.
+    function resolveDispute(uint256 dealId, uint32 batchId, bool providerWins) external;
+
+    /// @notice End a dispute the arbiter left unresolved past the arbitration period, for the
+    /// client. Callable by anyone.
+    function lapseDispute(uint256 dealId, uint32 batchId) external;
+
+    /// @notice Refund a task whose acked deadline (plus the challenge window as grace) passed
+    /// with no delivery recorded, and pay the client the deal's penalty from the stake.
+    function refundBreach(Ack calldata ack, bytes calldata signature) external;
+
+    /// @notice Close a deal: alone after expiry plus the challenge window, or early once both
+    /// parties have called it. Unspent funds return to the client, stake to the provider.
+    function closeDeal(uint256 dealId) external;
+
+    /// @notice The settlement token.
+    function token() external view returns (address);
+
+    /// @notice Free balance of `account`.
+    function balanceOf(address account) external view returns (uint256);
+
+    /// @notice Free stake of `provider` (not locked by deals).
+    function stakeOf(address provider) external view returns (uint256);
+
+    /// @notice Whether a provider's quote nonce is used or cancelled.
+    function isNonceUsed(address provider, uint256 nonce) external view returns (bool);
+
+    /// @notice A deal as stored.
+    function getDeal(uint256 dealId) external view returns (DealView memory);
+
+    /// @notice A claimed batch as stored.
+    function getBatch(uint256 dealId, uint32 batchId) external view returns (BatchView memory);
+
+    /// @notice Settlement state of one task.
+    function taskStatus(uint256 dealId, uint32 taskIndex) external view returns (TaskStatus);
+
+    /// @notice Number of deals opened so far.
+    function dealCount() external view returns (uint256);
+
+    /// @notice The plan's price for one task's usage.
+    function price(Plan calldata plan, uint8 kind, uint8 status, bool cacheHit, uint64 deviceMs, uint32 taskIndex)
+        external
+        pure
+        returns (uint256);
+
+    /// @notice EIP-712 digest of a quote under this escrow's domain.
+    function quoteDigest(Quote calldata quote) external view returns (bytes32);
+
+    /// @notice EIP-712 digest of a task request under this escrow's domain.
+    function taskRequestDigest(TaskRequest calldata request) external view returns (bytes32);
+
+    /// @notice EIP-712 digest of an ack under this escrow's domain.
+    function ackDigest(Ack calldata ack) external view returns (bytes32);
+
+    /// @notice EIP-712 digest of a receipt under this escrow's domain.
+    function receiptDigest(Receipt calldata receipt) external view returns (bytes32);
+
+    /// @notice EIP-712 digest of a voucher under this escrow's domain.
+    function voucherDigest(Voucher calldata voucher) external view returns (bytes32);
+
+    /// @notice EIP-712 struct hash of a plan, as deals store it.
+    function planHash(Plan calldata plan) external pure returns (bytes32);
+}
