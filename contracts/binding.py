@@ -115,10 +115,16 @@ class _ErrorDecoder:
             return None
         name, types, names = entry
         values = abi_decode(types, raw[4:])
-        args = {
-            n: (v.hex() if isinstance(v, bytes) else v) for n, v in zip(names, values, strict=True)
-        }
+        args = {n: _plain(t, v) for n, t, v in zip(names, types, values, strict=True)}
         return REVERTS.get(name, ContractRevert)(name, args)
+
+
+def _plain(kind: str, value: Any) -> Any:
+    if kind == "address":
+        return to_checksum_address(value)
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return value
 
 
 class Transactor:
@@ -163,6 +169,11 @@ class Transactor:
         if receipt["status"] != 1:
             raise ChainError(f"transaction {tx_hash.to_0x_hex()} reverted (gas limit {gas})")
         return receipt
+
+    def reset_nonces(self) -> None:
+        """Forget tracked nonces (after a chain snapshot revert)."""
+        with self._lock:
+            self._nonces.clear()
 
     def call(self, fn: Any) -> Any:
         """Run a view call, raising the typed revert on failure."""

@@ -135,8 +135,8 @@ class _Message:
     def as_args(self) -> tuple[Any, ...]:
         """Return the message as a tuple for a contract call."""
         return tuple(
-            v.as_args() if isinstance(v, _Message) else v
-            for v in (getattr(self, _attr(n)) for n, _ in self.TYPES)
+            self._typed_value(t, v) if t == "address" else v.as_args() if isinstance(v, _Message) else v
+            for t, v in ((t, getattr(self, _attr(n))) for n, t in self.TYPES)
         )
 
     def to_json(self) -> dict[str, Any]:

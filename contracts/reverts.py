@@ -52,9 +52,6 @@ class EscrowDeadlineNotPassed(ContractRevert):
     """Thrown when a breach refund is asked before the deadline and its grace have passed."""
 
 
-class EscrowDealNotExpired(ContractRevert):
-    """Thrown when a deal is closed alone before its expiry and settlement period."""
-
 
 class EscrowDealNotFound(ContractRevert):
     """Thrown when a deal id is unknown."""
@@ -188,7 +185,6 @@ REVERTS: dict[str, type[ContractRevert]] = {
     "EscrowClaimPeriodOver": EscrowClaimPeriodOver,
     "EscrowClaimsPending": EscrowClaimsPending,
     "EscrowDeadlineNotPassed": EscrowDeadlineNotPassed,
-    "EscrowDealNotExpired": EscrowDealNotExpired,
     "EscrowDealNotFound": EscrowDealNotFound,
     "EscrowDealNotOpen": EscrowDealNotOpen,
     "EscrowInsufficientBalance": EscrowInsufficientBalance,

@@ -157,8 +157,6 @@ interface IComputeEscrow {
     error EscrowArbitrationOpen(uint64 deadline);
     /// @notice Thrown when a deal closes while claims await their window or a ruling.
     error EscrowClaimsPending(uint256 dealId, uint256 pending);
-    /// @notice Thrown when a deal is closed alone before its expiry and settlement period.
-    error EscrowDealNotExpired(uint64 closableAt);
 
     /// @notice Move `amount` tokens from the caller into its free balance.
     function deposit(uint256 amount) external;

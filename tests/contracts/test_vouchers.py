@@ -1,0 +1,123 @@
+"""Cooperative payment: cumulative client vouchers redeemed by the provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts import reverts
+from contracts.binding import TASK_CLAIMED, TASK_NONE, TASK_VOUCHED
+from contracts.messages import Voucher, address_of
+
+from .builders import DEFAULT_PLAN, ack, open_deal, receipt, voucher
+from .conftest import World
+
+
+def _redeem(world: World, v: Voucher, signer: str, sender: str | None = None) -> int:
+    sig = v.sign(world.escrow.domain, signer)
+    result = world.escrow.redeem_voucher(sender or world.providers[0], v, sig)
+    return int(result.event("VoucherRedeemed").args["paid"])
+
+
+def test_redeem_when_voucher_is_fresh_then_pays_provider_and_marks_tasks(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    assert _redeem(world, voucher(deal_id, 1_500, [0, 1, 2]), client) == 1_500
+    assert world.escrow.balance_of(address_of(provider)) == 1_500
+    deal = world.escrow.get_deal(deal_id)
+    assert (deal.vouched, deal.committed) == (1_500, 1_500)
+    assert [world.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [TASK_NONE]
+
+
+def test_redeem_when_later_voucher_then_pays_only_the_increase(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    _redeem(world, voucher(deal_id, 1_000, [0, 1]), client)
+    assert _redeem(world, voucher(deal_id, 2_600, [0, 1, 2, 300]), client) == 1_600
+    assert world.escrow.balance_of(address_of(provider)) == 2_600
+    assert world.escrow.task_status(deal_id, 300) == TASK_VOUCHED
+
+
+@pytest.mark.parametrize("amount", [1_000, 999])
+def test_redeem_when_voucher_is_stale_then_rejects(world: World, amount: int) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    _redeem(world, voucher(deal_id, 1_000, [0, 1]), client)
+    with pytest.raises(reverts.EscrowStaleVoucher):
+        _redeem(world, voucher(deal_id, amount, [0, 1]), client)
+    assert world.escrow.balance_of(address_of(provider)) == 1_000
+
+
+def test_redeem_when_signed_by_someone_else_then_rejects(world: World) -> None:
+    deal_id, _ = open_deal(world, world.clients[0], world.providers[0])
+    with pytest.raises(reverts.EscrowInvalidSignature):
+        _redeem(world, voucher(deal_id, 1_000, [0]), world.stranger)
+
+
+def test_redeem_when_voucher_from_other_deal_then_rejects(world: World) -> None:
+    client = world.clients[0]
+    deal_a, _ = open_deal(world, client, world.providers[0])
+    deal_b, _ = open_deal(world, client, world.providers[1])
+    signed_for_a = voucher(deal_a, 1_000, [0])
+    sig = signed_for_a.sign(world.escrow.domain, client)
+    replayed = Voucher(deal_id=deal_b, cumulative_amount=1_000, tasks=signed_for_a.tasks)
+    with pytest.raises(reverts.EscrowInvalidSignature):
+        world.escrow.redeem_voucher(world.providers[1], replayed, sig)
+
+
+def test_redeem_when_voucher_from_other_escrow_then_rejects(world: World) -> None:
+    client = world.clients[0]
+    deal_id, _ = open_deal(world, client, world.providers[0])
+    other = world.chain.escrow(world.chain.deploy(world.deployer).escrow)
+    v = voucher(deal_id, 1_000, [0])
+    with pytest.raises(reverts.EscrowInvalidSignature):
+        world.escrow.redeem_voucher(world.providers[0], v, v.sign(other.domain, client))
+
+
+def test_redeem_when_amount_passes_cap_then_rejects(world: World) -> None:
+    client = world.clients[0]
+    deal_id, _ = open_deal(world, client, world.providers[0], max_spend=5_000)
+    with pytest.raises(reverts.EscrowCapExceeded) as info:
+        _redeem(world, voucher(deal_id, 5_001, [0]), client)
+    assert info.value.error_args["cap"] == 5_000
+
+
+def test_redeem_when_voucher_covers_refunded_task_then_rejects(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, q = open_deal(world, client, provider)
+    a = ack(deal_id, 3, deadline=world.now() + 5)
+    world.anvil.increase_time(5 + q.challenge_window + 1)
+    world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
+    with pytest.raises(reverts.EscrowTaskAlreadySettled) as info:
+        _redeem(world, voucher(deal_id, 1_000, [0, 3]), client)
+    assert info.value.error_args["taskIndex"] == 3
+
+
+def test_redeem_when_voucher_covers_claimed_task_then_rejects(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    r = receipt(deal_id, 7, DEFAULT_PLAN, deadline=world.now() + 100)
+    world.escrow.claim_receipts(provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)])
+    assert world.escrow.task_status(deal_id, 7) == TASK_CLAIMED
+    with pytest.raises(reverts.EscrowTaskAlreadySettled):
+        _redeem(world, voucher(deal_id, 1_000, [7]), client)
+
+
+def test_redeem_when_bitmap_longer_than_task_limit_then_rejects(world: World) -> None:
+    client = world.clients[0]
+    deal_id, _ = open_deal(world, client, world.providers[0])
+    v = Voucher(deal_id=deal_id, cumulative_amount=1, tasks=(0,) * 256 + (1,))
+    with pytest.raises(reverts.EscrowTaskIndexTooLarge):
+        _redeem(world, v, client)
+
+
+def test_redeem_when_deal_unknown_then_rejects(world: World) -> None:
+    with pytest.raises(reverts.EscrowDealNotFound):
+        _redeem(world, voucher(42, 1, [0]), world.clients[0])
+
+
+def test_redeem_by_anyone_still_pays_the_provider(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    _redeem(world, voucher(deal_id, 700, [0]), client, sender=world.stranger)
+    assert world.escrow.balance_of(address_of(provider)) == 700
+    assert world.escrow.balance_of(address_of(world.stranger)) == 0
