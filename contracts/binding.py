@@ -11,13 +11,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from eth_abi import decode as abi_decode
+from eth_abi.abi import decode as abi_decode
+from eth_abi.abi import encode as abi_encode
 from eth_account import Account
-from eth_utils import function_abi_to_4byte_selector, to_checksum_address
+from eth_utils.abi import function_abi_to_4byte_selector
+from eth_utils.address import to_checksum_address
 from web3 import Web3
 from web3.contract import Contract
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 
+from contracts.chain import rpc_batch
 from contracts.compiler import Artifact, compile_contracts
 from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Ack, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
@@ -101,7 +104,7 @@ class _ErrorDecoder:
         for abi in abis:
             for item in abi:
                 if item["type"] == "error":
-                    selector = function_abi_to_4byte_selector(item)
+                    selector = _selector(item)
                     types = [i["type"] for i in item["inputs"]]
                     names = [i["name"] for i in item["inputs"]]
                     self._by_selector[selector] = (item["name"], types, names)
@@ -117,6 +120,10 @@ class _ErrorDecoder:
         values = abi_decode(types, raw[4:])
         args = {n: _plain(t, v) for n, t, v in zip(names, types, values, strict=True)}
         return REVERTS.get(name, ContractRevert)(name, args)
+
+
+def _selector(item: dict[str, Any]) -> bytes:
+    return bytes(function_abi_to_4byte_selector(item))  # type: ignore[arg-type]
 
 
 def _plain(kind: str, value: Any) -> Any:
@@ -135,11 +142,13 @@ class Transactor:
         self._decoder = decoder
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._addresses: dict[str, str] = {}
+        self._max_fee: int | None = None
         self.chain_id = w3.eth.chain_id
 
     def send(self, key: str, to: str | None, data: bytes | str, gas: int | None = None) -> Any:
         """Send a transaction, wait for its receipt and return it; raise the typed revert."""
-        sender = Account.from_key(key).address
+        sender = self._address(key)
         tx: dict[str, Any] = {"from": sender, "data": data, "value": 0}
         if to is not None:
             tx["to"] = to
@@ -148,27 +157,37 @@ class Transactor:
                 gas = int(self._call(self.w3.eth.estimate_gas, tx) * GAS_MARGIN)
             nonce = self._nonces.get(sender)
             if nonce is None:
-                nonce = self.w3.eth.get_transaction_count(sender, "pending")
-            base_fee = int(self.w3.eth.get_block("latest").get("baseFeePerGas", 0))
+                nonce = self.w3.eth.get_transaction_count(sender, "pending")  # type: ignore[arg-type]
             del tx["from"]
-            tx.update(
-                gas=gas,
-                nonce=nonce,
-                chainId=self.chain_id,
-                maxFeePerGas=base_fee * 2 + 1,
-                maxPriorityFeePerGas=0,
-            )
-            signed = Account.sign_transaction(tx, key)
-            try:
-                tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-            except Exception:
-                self._nonces.pop(sender, None)
-                raise
+            tx.update(gas=gas, nonce=nonce, chainId=self.chain_id, maxPriorityFeePerGas=0)
+            tx_hash = self._send_raw(key, tx)
             self._nonces[sender] = nonce + 1
         receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.01)
         if receipt["status"] != 1:
             raise ChainError(f"transaction {tx_hash.to_0x_hex()} reverted (gas limit {gas})")
         return receipt
+
+    def _send_raw(self, key: str, tx: dict[str, Any]) -> Any:
+        """Sign and send with a cached fee cap, refreshing it once if the chain wants more."""
+        for attempt in (0, 1):
+            if self._max_fee is None or attempt:
+                base_fee = int(self.w3.eth.get_block("pending").get("baseFeePerGas", 0))
+                self._max_fee = base_fee * 2 + 10**9
+            tx["maxFeePerGas"] = self._max_fee
+            signed = Account.sign_transaction(tx, key)
+            try:
+                return self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            except Web3RPCError as exc:
+                if attempt or "fee" not in str(exc).lower():
+                    self._nonces.pop(self._address(key), None)
+                    raise ChainError(f"transaction rejected: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _address(self, key: str) -> str:
+        address = self._addresses.get(key)
+        if address is None:
+            address = self._addresses[key] = Account.from_key(key).address
+        return address
 
     def reset_nonces(self) -> None:
         """Forget tracked nonces (after a chain snapshot revert)."""
@@ -197,6 +216,19 @@ class _Bound:
         self.tx = transactor
         self.address = to_checksum_address(address)
         self.contract: Contract = transactor.w3.eth.contract(address=self.address, abi=abi)
+        self._inputs = {
+            item["name"]: (
+                _selector(item),
+                [_abi_type(i) for i in item["inputs"]],
+            )
+            for item in abi
+            if item["type"] == "function"
+        }
+        self._outputs = {
+            item["name"]: [_abi_type(o) for o in item["outputs"]]
+            for item in abi
+            if item["type"] == "function"
+        }
         self._events = {
             bytes(transactor.w3.keccak(text=_event_signature(item))): item["name"]
             for item in abi
@@ -215,6 +247,24 @@ class _Bound:
 
     def _view(self, name: str, *args: Any) -> Any:
         return self.tx.call(self.contract.functions[name](*args))
+
+    def _encode_call(self, name: str, args: tuple[Any, ...]) -> str:
+        selector, types = self._inputs[name]
+        return "0x" + (selector + abi_encode(types, list(args))).hex()
+
+    def read_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+        """Run several view calls in one JSON-RPC batch; return decoded results in order."""
+        url = self.tx.w3.provider.endpoint_uri  # type: ignore[attr-defined]
+        payload = [
+            ("eth_call", [{"to": self.address, "data": self._encode_call(n, a)}, "latest"])
+            for n, a in calls
+        ]
+        results = []
+        for (name, _), raw in zip(calls, rpc_batch(url, payload), strict=True):
+            outputs = self._outputs[name]
+            values = abi_decode(outputs, bytes.fromhex(raw.removeprefix("0x")))
+            results.append(values[0] if len(values) == 1 else values)
+        return results
 
     def decode_events(self, logs: Any) -> tuple[Event, ...]:
         """Decode this contract's events among `logs`."""
@@ -235,9 +285,10 @@ def _event_signature(item: dict[str, Any]) -> str:
 
 
 def _abi_type(item: dict[str, Any]) -> str:
-    if item["type"].startswith("tuple"):
-        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + item["type"][5:]
-    return str(item["type"])
+    kind = str(item["type"])
+    if kind.startswith("tuple"):
+        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + kind[5:]
+    return kind
 
 
 class Token(_Bound):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 import coincurve
-from eth_utils import keccak, to_canonical_address, to_checksum_address
+from eth_utils.address import to_canonical_address, to_checksum_address
+from eth_utils.crypto import keccak
 
 from contracts.errors import SignatureError
 
@@ -135,7 +136,11 @@ class _Message:
     def as_args(self) -> tuple[Any, ...]:
         """Return the message as a tuple for a contract call."""
         return tuple(
-            self._typed_value(t, v) if t == "address" else v.as_args() if isinstance(v, _Message) else v
+            self._typed_value(t, v)
+            if t == "address"
+            else v.as_args()
+            if isinstance(v, _Message)
+            else v
             for t, v in ((t, getattr(self, _attr(n))) for n, t in self.TYPES)
         )
 

@@ -6,6 +6,8 @@ any usage (a property test checks it against the deployed contract).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from contracts.messages import KIND_COMPILE, STATUS_SUCCESS, Plan, Receipt
 
 BPS = 10_000
@@ -98,6 +100,4 @@ def reserved(base: Plan, *, fee: int, discount_bps: int) -> Plan:
 
 
 def _replace(plan: Plan, **changes: int) -> Plan:
-    from dataclasses import replace
-
-    return replace(plan, **changes)
+    return replace(plan, **changes)  # type: ignore[arg-type]

@@ -34,6 +34,8 @@ import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
 
+from contracts.errors import EscrowError
+
 MAGIC: Final = b"TPMP"
 FORMAT_VERSION: Final = 1
 MAX_PROGRAM_BYTES: Final = 64 * 1024 * 1024
@@ -48,7 +50,7 @@ _HASH_DOMAIN_INPUTS_WITH_WEIGHTS: Final = b"tpumarket.inputs+weights.v1"
 Array = npt.NDArray[np.generic]
 
 
-class ProgramFormatError(ValueError):
+class ProgramFormatError(EscrowError, ValueError):
     """Raised when an envelope or an array file is malformed, oversized or inconsistent."""
 
 

@@ -52,7 +52,6 @@ class EscrowDeadlineNotPassed(ContractRevert):
     """Thrown when a breach refund is asked before the deadline and its grace have passed."""
 
 
-
 class EscrowDealNotFound(ContractRevert):
     """Thrown when a deal id is unknown."""
 

@@ -114,7 +114,13 @@ def receipt(
 
 def ack(deal_id: int, task_index: int, *, deadline: int, price: int = 500) -> Ack:
     """Return an unsigned ack."""
-    return Ack(deal_id=deal_id, task_index=task_index, request_hash=os.urandom(32), deadline=deadline, price=price)
+    return Ack(
+        deal_id=deal_id,
+        task_index=task_index,
+        request_hash=os.urandom(32),
+        deadline=deadline,
+        price=price,
+    )
 
 
 def voucher(deal_id: int, amount: int, tasks: list[int]) -> Voucher:

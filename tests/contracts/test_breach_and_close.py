@@ -62,7 +62,9 @@ def test_refund_when_delivery_was_claimed_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider)
     r = receipt(deal_id, 1, DEFAULT_PLAN, deadline=world.now() + 10)
-    world.escrow.claim_receipts(provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)])
+    world.escrow.claim_receipts(
+        provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)]
+    )
     a = _breach(world, deal_id, 1)
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
         world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
@@ -145,7 +147,9 @@ def test_close_when_claims_pending_then_rejects_until_finalized(world: World) ->
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider, max_spend=10_000)
     r = receipt(deal_id, 0, DEFAULT_PLAN, deadline=world.now() + 10)
-    world.escrow.claim_receipts(provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)])
+    world.escrow.claim_receipts(
+        provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)]
+    )
     world.escrow.close_deal(client, deal_id)
     with pytest.raises(reverts.EscrowClaimsPending):
         world.escrow.close_deal(provider, deal_id)

@@ -16,7 +16,13 @@ from .conftest import World
 ARBITRATION_PERIOD = 7 * 24 * 3600
 
 
-def _claim(world: World, deal_id: int, receipts: list[Receipt], plan: Plan = DEFAULT_PLAN, signer: str | None = None) -> int:
+def _claim(
+    world: World,
+    deal_id: int,
+    receipts: list[Receipt],
+    plan: Plan = DEFAULT_PLAN,
+    signer: str | None = None,
+) -> int:
     provider = world.providers[0]
     sigs = [r.sign(world.escrow.domain, signer or provider) for r in receipts]
     result = world.escrow.claim_receipts(provider, deal_id, plan, receipts, sigs)
@@ -118,7 +124,11 @@ def test_claim_when_task_was_refunded_then_rejects(world: World) -> None:
     world.anvil.increase_time(1 + 60 + 1)
     world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
-        _claim(world, deal_id, [replace(receipts[0], deadline=world.now() + 10, finished_at=world.now())])
+        _claim(
+            world,
+            deal_id,
+            [replace(receipts[0], deadline=world.now() + 10, finished_at=world.now())],
+        )
 
 
 def test_claim_when_task_index_too_large_then_rejects(world: World) -> None:
@@ -167,7 +177,9 @@ def test_dispute_when_arbiter_rules_for_provider_then_pays(world: World) -> None
     batch = _claim(world, deal_id, receipts)
     world.escrow.dispute_claim(world.clients[0], deal_id, batch)
     world.escrow.resolve_dispute(world.arbiter, deal_id, batch, True)
-    assert world.escrow.balance_of(address_of(world.providers[0])) == sum(r.amount for r in receipts)
+    assert world.escrow.balance_of(address_of(world.providers[0])) == sum(
+        r.amount for r in receipts
+    )
     with pytest.raises(reverts.EscrowBatchWrongStatus):
         world.escrow.resolve_dispute(world.arbiter, deal_id, batch, True)
 

@@ -66,7 +66,13 @@ quotes = st.builds(
     plan=plans,
 )
 requests = st.builds(
-    TaskRequest, deal_id=u256, task_index=u32, kind=u(0, 255), program_hash=hashes, input_hash=hashes, max_price=u256
+    TaskRequest,
+    deal_id=u256,
+    task_index=u32,
+    kind=u(0, 255),
+    program_hash=hashes,
+    input_hash=hashes,
+    max_price=u256,
 )
 acks = st.builds(Ack, deal_id=u256, task_index=u32, request_hash=hashes, deadline=u64, price=u256)
 receipts = st.builds(
@@ -103,7 +109,9 @@ def test_digest_equals_contract_and_typed_data_encoder(deployed: World, message:
     domain = deployed.escrow.domain
     ours = message.digest(domain)
     assert ours == deployed.escrow.digest(message)
-    encoded = encode_typed_data(domain.as_dict(), message.typed_data_types(), message.as_typed_data())
+    encoded = encode_typed_data(
+        domain.as_dict(), message.typed_data_types(), message.as_typed_data()
+    )
     key = deployed.clients[0]
     assert Account.sign_message(encoded, key).signature == message.sign(domain, key)
 
@@ -114,7 +122,9 @@ def test_plan_hash_equals_contract(deployed: World, plan: Plan) -> None:
     assert plan.struct_hash() == deployed.escrow.plan_hash(plan)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     plan=plans,
     kind=u(0, 1),
@@ -124,22 +134,67 @@ def test_plan_hash_equals_contract(deployed: World, plan: Plan) -> None:
     task_index=u32,
 )
 def test_price_equals_contract_for_any_usage(
-    deployed: World, plan: Plan, kind: int, status: int, cache_hit: bool, device_ms: int, task_index: int
+    deployed: World,
+    plan: Plan,
+    kind: int,
+    status: int,
+    cache_hit: bool,
+    device_ms: int,
+    task_index: int,
 ) -> None:
-    usage = {"kind": kind, "status": status, "cache_hit": cache_hit, "device_ms": device_ms, "task_index": task_index}
+    usage = {
+        "kind": kind,
+        "status": status,
+        "cache_hit": cache_hit,
+        "device_ms": device_ms,
+        "task_index": task_index,
+    }
     assert price(plan, **usage) == deployed.escrow.price(plan, **usage)
 
 
 @given(plan=plans)
 def test_plan_validity_matches_contract_rule(plan: Plan) -> None:
     discounts_ok = max(plan.reserved_discount_bps, plan.cache_hit_discount_bps) <= 10_000
-    tiers_ok = not (plan.tier1_from_task and plan.tier2_from_task and plan.tier2_from_task <= plan.tier1_from_task)
+    tiers_ok = not (
+        plan.tier1_from_task
+        and plan.tier2_from_task
+        and plan.tier2_from_task <= plan.tier1_from_task
+    )
     assert plan_is_valid(plan) == (discounts_ok and tiers_ok)
 
 
 def test_json_round_trip_keeps_every_message() -> None:
-    r = Receipt(1, 2, 1, 0, True, 3, 4, os.urandom(32), os.urandom(32), os.urandom(32), 5, 6, 7, 8, os.urandom(32))
-    q = Quote(address_of(os.urandom(32)), "0x" + "00" * 20, address_of(os.urandom(32)), 1, 2, 3, 4, 5, 6, 7, 8, Plan(1, 2))
+    r = Receipt(
+        1,
+        2,
+        1,
+        0,
+        True,
+        3,
+        4,
+        os.urandom(32),
+        os.urandom(32),
+        os.urandom(32),
+        5,
+        6,
+        7,
+        8,
+        os.urandom(32),
+    )
+    q = Quote(
+        address_of(os.urandom(32)),
+        "0x" + "00" * 20,
+        address_of(os.urandom(32)),
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        Plan(1, 2),
+    )
     v = Voucher(1, 2, task_bitmap([0, 9, 700]))
     for message in (r, q, v):
         assert type(message).from_json(message.to_json()) == message
@@ -162,7 +217,12 @@ def test_sign_then_recover_and_verify() -> None:
     sig = ack.sign(domain, key)
     assert verify(ack, domain, sig, address_of(key)) is ack
     with pytest.raises(SignatureError):
-        verify(ack, Domain(chain_id=6, verifying_contract=domain.verifying_contract), sig, address_of(key))
+        verify(
+            ack,
+            Domain(chain_id=6, verifying_contract=domain.verifying_contract),
+            sig,
+            address_of(key),
+        )
 
 
 def test_recover_when_signature_is_malleable_or_malformed_then_rejects() -> None:

@@ -107,7 +107,9 @@ def test_open_deal_when_plan_is_invalid_then_rejects(world: World, plan: Plan) -
         {"plan": Plan(reservation_fee=10**6 + 1)},
     ],
 )
-def test_open_deal_when_terms_are_unusable_then_rejects(world: World, change: dict[str, object]) -> None:
+def test_open_deal_when_terms_are_unusable_then_rejects(
+    world: World, change: dict[str, object]
+) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
     q = replace(quote(world, provider, stake=0), **change)  # type: ignore[arg-type]

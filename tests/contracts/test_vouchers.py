@@ -25,7 +25,9 @@ def test_redeem_when_voucher_is_fresh_then_pays_provider_and_marks_tasks(world: 
     assert world.escrow.balance_of(address_of(provider)) == 1_500
     deal = world.escrow.get_deal(deal_id)
     assert (deal.vouched, deal.committed) == (1_500, 1_500)
-    assert [world.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [TASK_NONE]
+    assert [world.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [
+        TASK_NONE
+    ]
 
 
 def test_redeem_when_later_voucher_then_pays_only_the_increase(world: World) -> None:
@@ -96,7 +98,9 @@ def test_redeem_when_voucher_covers_claimed_task_then_rejects(world: World) -> N
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider)
     r = receipt(deal_id, 7, DEFAULT_PLAN, deadline=world.now() + 100)
-    world.escrow.claim_receipts(provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)])
+    world.escrow.claim_receipts(
+        provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)]
+    )
     assert world.escrow.task_status(deal_id, 7) == TASK_CLAIMED
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
         _redeem(world, voucher(deal_id, 1_000, [7]), client)
