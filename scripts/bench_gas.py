@@ -1,0 +1,113 @@
+"""Gas of the escrow's hot paths on a fresh anvil; the last line printed is one JSON object."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from contracts.binding import Chain, Escrow  # noqa: E402
+from contracts.chain import Anvil  # noqa: E402
+from contracts.messages import (  # noqa: E402
+    KIND_INFERENCE,
+    STATUS_SUCCESS,
+    ZERO_ADDRESS,
+    ZERO_HASH,
+    Ack,
+    Plan,
+    Quote,
+    Receipt,
+    Voucher,
+    address_of,
+    task_bitmap,
+)
+from contracts.pricing import price_receipt  # noqa: E402
+
+PLAN = Plan(inference_price=500, price_per_device_ms=2)
+
+
+def main() -> None:
+    with Anvil.start() as anvil:
+        chain = Chain(anvil.url)
+        deployer, client, provider, arbiter = anvil.keys[:4]
+        deployment = chain.deploy(deployer)
+        escrow, token = chain.escrow(deployment.escrow), chain.token(deployment.token)
+        for key in (client, provider):
+            token.mint(deployer, address_of(key), 10**15)
+            token.approve(key, escrow.address, 2**256 - 1)
+        gas: dict[str, int] = {"deploy": deployment.escrow_gas}
+        gas["deposit"] = escrow.deposit(client, 10**13).gas_used
+        escrow.stake(provider, 10**12)
+        nonce = iter(range(1, 10**6))
+
+        def open_deal() -> tuple[int, int]:
+            now = int(chain.w3.eth.get_block("latest")["timestamp"])
+            quote = Quote(
+                provider=address_of(provider),
+                client=ZERO_ADDRESS,
+                arbiter=address_of(arbiter),
+                max_spend=10**10,
+                stake=10**6,
+                penalty=10**4,
+                duration=3_600,
+                challenge_window=60,
+                slo_ms=1_000,
+                valid_until=now + 600,
+                nonce=next(nonce),
+                plan=PLAN,
+            )
+            result = escrow.open_deal(client, quote, quote.sign(escrow.domain, provider), 10**9)
+            return int(result.event("DealOpened").args["dealId"]), result.gas_used
+
+        deal, gas["open_deal"] = open_deal()
+        for n in (1, 10, 100):
+            deal_n, _ = open_deal()
+            gas[f"coop_gas_per_task_{n}"] = _redeem(escrow, client, provider, deal_n, n * 500, range(n)) // n
+        _redeem(escrow, client, provider, deal, 500, range(1))
+        gas["redeem_voucher"] = _redeem(escrow, client, provider, deal, 1_000, range(2))
+        for n in (1, 100):
+            deal_n, _ = open_deal()
+            gas[f"claim_gas_per_task_{n}"] = _claim(escrow, chain, provider, deal_n, n) // n
+        now = int(chain.w3.eth.get_block("latest")["timestamp"])
+        ack = Ack(deal, 50, os.urandom(32), now + 5, 500)
+        anvil.increase_time(5 + 60 + 1)
+        gas["refund_breach"] = escrow.refund_breach(client, ack, ack.sign(escrow.domain, provider)).gas_used
+        escrow.close_deal(client, deal)
+        gas["close_deal"] = escrow.close_deal(provider, deal).gas_used
+    keys = [
+        "deploy", "deposit", "open_deal", "redeem_voucher",
+        "coop_gas_per_task_1", "coop_gas_per_task_10", "coop_gas_per_task_100",
+        "claim_gas_per_task_1", "claim_gas_per_task_100", "refund_breach", "close_deal",
+    ]  # fmt: skip
+    for key in keys:
+        print(f"{key:>24}: {gas[key]:>9,} gas", file=sys.stderr)
+    print(json.dumps({key: gas[key] for key in keys}))
+
+
+def _redeem(escrow: Escrow, client: str, provider: str, deal: int, amount: int, tasks: range) -> int:
+    voucher = Voucher(deal, amount, task_bitmap(tasks))
+    return escrow.redeem_voucher(provider, voucher, voucher.sign(escrow.domain, client)).gas_used
+
+
+def _claim(escrow: Escrow, chain: Chain, provider: str, deal: int, n: int) -> int:
+    now = int(chain.w3.eth.get_block("latest")["timestamp"])
+    receipts, sigs, prev = [], [], ZERO_HASH
+    for i in range(n):
+        draft = Receipt(
+            deal, i, KIND_INFERENCE, STATUS_SUCCESS, False, 40, 0,
+            os.urandom(32), os.urandom(32), os.urandom(32),
+            now, now + 1, now + 100, 0, prev,
+        )  # fmt: skip
+        receipt = replace(draft, amount=price_receipt(PLAN, draft))
+        receipts.append(receipt)
+        sigs.append(receipt.sign(escrow.domain, provider))
+        prev = receipt.struct_hash()
+    return escrow.claim_receipts(provider, deal, PLAN, receipts, sigs).gas_used
+
+
+if __name__ == "__main__":
+    main()
