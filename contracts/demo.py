@@ -119,8 +119,9 @@ def run(*, tasks: int = 24, quiet: bool = False) -> dict[str, int]:
         )
         redeemed = escrow.redeem_voucher(provider, voucher, voucher.sign(escrow.domain, client))
         say(
-            f"{len(vouched)} verified tasks paid by one voucher: {voucher.cumulative_amount / UNIT:.4f} "
-            f"tokens, {redeemed.gas_used:,} gas ({redeemed.gas_used // len(vouched):,} per task)"
+            f"{len(vouched)} verified tasks paid by one voucher: "
+            f"{voucher.cumulative_amount / UNIT:.4f} tokens, {redeemed.gas_used:,} gas "
+            f"({redeemed.gas_used // len(vouched):,} per task)"
         )
 
         assert breached is not None
@@ -128,7 +129,8 @@ def run(*, tasks: int = 24, quiet: bool = False) -> dict[str, int]:
         refund = escrow.refund_breach(client, *breached)
         refunded = refund.event("BreachRefunded").args
         say(
-            f"task 7 missed its deadline: refunded {refunded['refund'] / UNIT:.4f} + penalty {refunded['penalty'] / UNIT:.2f}"
+            f"task 7 missed its deadline: refunded {refunded['refund'] / UNIT:.4f} "
+            f"+ penalty {refunded['penalty'] / UNIT:.2f}"
         )
 
         claim = escrow.claim_receipts(
@@ -139,13 +141,15 @@ def run(*, tasks: int = 24, quiet: bool = False) -> dict[str, int]:
         escrow.finalize_claim(provider, deal, batch)
         claimed = sum(r.amount for r, _ in silent)
         say(
-            f"client went silent: provider claimed {len(silent)} receipts ({claimed / UNIT:.4f}), paid after the window"
+            f"client went silent: provider claimed {len(silent)} receipts "
+            f"({claimed / UNIT:.4f}), paid after the window"
         )
 
         escrow.close_deal(client, deal)
         closed = escrow.close_deal(provider, deal).event("DealClosed").args
         say(
-            f"deal closed: {closed['returnedToClient'] / UNIT:.4f} back to the client, stake {closed['stakeReturned'] / UNIT:.2f} back"
+            f"deal closed: {closed['returnedToClient'] / UNIT:.4f} back to the client, "
+            f"stake {closed['stakeReturned'] / UNIT:.2f} back"
         )
         _check_conservation(escrow, token.balance_of(escrow.address), [client, provider])
         paid_tasks = len(vouched) + len(silent)
@@ -161,8 +165,10 @@ def run(*, tasks: int = 24, quiet: bool = False) -> dict[str, int]:
 def _usage(
     deal: int, index: int, kind: int, *, failed: bool = False, cache_hit: bool = False
 ) -> Receipt:
+    status = 6 if failed else STATUS_SUCCESS
+    compile_ms = 120 if kind == KIND_COMPILE else 0
     return Receipt(
-        deal, index, kind, 6 if failed else STATUS_SUCCESS, cache_hit, 35, 120 if kind == KIND_COMPILE else 0,
+        deal, index, kind, status, cache_hit, 35, compile_ms,
         ZERO_HASH, ZERO_HASH, os.urandom(32), 0, 0, 0, 0, ZERO_HASH,
     )  # fmt: skip
 

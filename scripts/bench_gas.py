@@ -10,9 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contracts.binding import Chain, Escrow  # noqa: E402
-from contracts.chain import Anvil  # noqa: E402
-from contracts.messages import (  # noqa: E402
+from contracts.binding import Chain, Escrow
+from contracts.chain import Anvil
+from contracts.messages import (
     KIND_INFERENCE,
     STATUS_SUCCESS,
     ZERO_ADDRESS,
@@ -25,7 +25,7 @@ from contracts.messages import (  # noqa: E402
     address_of,
     task_bitmap,
 )
-from contracts.pricing import price_receipt  # noqa: E402
+from contracts.pricing import price_receipt
 
 PLAN = Plan(inference_price=500, price_per_device_ms=2)
 
@@ -66,7 +66,9 @@ def main() -> None:
         deal, gas["open_deal"] = open_deal()
         for n in (1, 10, 100):
             deal_n, _ = open_deal()
-            gas[f"coop_gas_per_task_{n}"] = _redeem(escrow, client, provider, deal_n, n * 500, range(n)) // n
+            gas[f"coop_gas_per_task_{n}"] = (
+                _redeem(escrow, client, provider, deal_n, n * 500, range(n)) // n
+            )
         _redeem(escrow, client, provider, deal, 500, range(1))
         gas["redeem_voucher"] = _redeem(escrow, client, provider, deal, 1_000, range(2))
         for n in (1, 100):
@@ -75,7 +77,9 @@ def main() -> None:
         now = int(chain.w3.eth.get_block("latest")["timestamp"])
         ack = Ack(deal, 50, os.urandom(32), now + 5, 500)
         anvil.increase_time(5 + 60 + 1)
-        gas["refund_breach"] = escrow.refund_breach(client, ack, ack.sign(escrow.domain, provider)).gas_used
+        gas["refund_breach"] = escrow.refund_breach(
+            client, ack, ack.sign(escrow.domain, provider)
+        ).gas_used
         escrow.close_deal(client, deal)
         gas["close_deal"] = escrow.close_deal(provider, deal).gas_used
     keys = [
@@ -88,7 +92,9 @@ def main() -> None:
     print(json.dumps({key: gas[key] for key in keys}))
 
 
-def _redeem(escrow: Escrow, client: str, provider: str, deal: int, amount: int, tasks: range) -> int:
+def _redeem(
+    escrow: Escrow, client: str, provider: str, deal: int, amount: int, tasks: range
+) -> int:
     voucher = Voucher(deal, amount, task_bitmap(tasks))
     return escrow.redeem_voucher(provider, voucher, voucher.sign(escrow.domain, client)).gas_used
 
