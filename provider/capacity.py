@@ -1,0 +1,222 @@
+"""Discover what this host can sell: devices, versions, TPU compile targets, measured speed.
+
+:func:`discover` imports JAX, so the daemon runs it inside a sandbox worker
+(:meth:`provider.sandbox.Sandbox.capacity`); the dataclasses and wire helpers are pure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from provider.errors import CapacityError
+
+DEFAULT_AOT_TARGETS: Final = ("v5e:1x1",)
+_PLATFORM_ORDER: Final = ("tpu", "gpu", "cpu")
+_HBM_AVAILABLE = re.compile(r"exceeds available HBM \(([0-9.]+\s*[KMGT]?)\)")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """The local devices JAX serves tasks on."""
+
+    platform: str
+    device_kind: str
+    count: int
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompileTarget:
+    """A compile-only target: a TPU topology compiled ahead of time without a chip."""
+
+    name: str
+    device_kind: str
+    chips: int
+    hbm_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Benchmark:
+    """Measured matmul throughput of the first local device."""
+
+    matmul_size: int
+    dtype: str
+    iterations: int
+    seconds: float
+    gflops: float
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """What an advert states, every figure read or measured on this host."""
+
+    devices: DeviceInfo
+    jax_version: str
+    jaxlib_version: str
+    calling_convention_min: int
+    calling_convention_max: int
+    stablehlo_min: str
+    stablehlo_max: str
+    compile_targets: tuple[CompileTarget, ...]
+    benchmark: Benchmark | None
+
+
+def _local_devices(jax: Any) -> list[Any]:
+    for platform in _PLATFORM_ORDER:
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError:
+            continue
+        if devices:
+            return list(devices)
+    raise CapacityError("JAX reports no devices")
+
+
+def _memory_bytes(device: Any) -> int | None:
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        return None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"])
+
+
+def measure_hbm_bytes(device: Any) -> int | None:
+    """Measure a compile-only TPU device's usable HBM with a probe that cannot fit.
+
+    XLA's TPU compiler states the available HBM when a program overflows it; a 256 GiB
+    probe makes it say so. Returns None when the compiler does not say.
+    """
+    import importlib
+
+    import numpy as np
+
+    from provider.diagnosis import parse_size
+
+    jax: Any = importlib.import_module("jax")
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    probe = jax.ShapeDtypeStruct((1 << 36,), np.float32, sharding=sharding)
+    try:
+        jax.jit(lambda x: x * 2).lower(probe).compile()
+    except Exception as exc:
+        match = _HBM_AVAILABLE.search(str(exc))
+        if match is not None:
+            return parse_size(match.group(1))
+    return None
+
+
+def tpu_compiler_available() -> bool:
+    """Whether libtpu is installed, so TPU programs can be compiled ahead of time here."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def _compile_targets(names: tuple[str, ...]) -> tuple[CompileTarget, ...]:
+    if not names or not tpu_compiler_available():
+        return ()
+    from jax.experimental import topologies
+
+    from provider.sandbox.targets import HBM_BYTES_BY_KIND, parse_target
+
+    found = []
+    for name in names:
+        target = parse_target(name)
+        if target.aot_topology is None:
+            continue
+        try:
+            bounds = target.chips_per_host_bounds
+            if bounds is not None:
+                topology = topologies.get_topology_desc(
+                    target.aot_topology, "tpu", chips_per_host_bounds=bounds
+                )
+            else:
+                topology = topologies.get_topology_desc(target.aot_topology, "tpu")
+        except Exception:
+            continue
+        device: Any = topology.devices[0]
+        kind = str(device.device_kind)
+        hbm = measure_hbm_bytes(device) or HBM_BYTES_BY_KIND.get(kind)
+        found.append(
+            CompileTarget(
+                name=target.name, device_kind=kind, chips=len(topology.devices), hbm_bytes=hbm
+            )
+        )
+    return tuple(found)
+
+
+def run_benchmark(device: Any, size: int = 512, min_seconds: float = 0.25) -> Benchmark:
+    """Time float32 matmuls on ``device`` for about ``min_seconds`` and report GFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.device_put(jnp.ones((size, size), jnp.float32), device)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    iterations = 0
+    started = time.perf_counter()
+    elapsed = 0.0
+    while elapsed < min_seconds:
+        matmul(a).block_until_ready()
+        iterations += 1
+        elapsed = time.perf_counter() - started
+    gflops = 2.0 * size**3 * iterations / elapsed / 1e9
+    return Benchmark(
+        matmul_size=size, dtype="float32", iterations=iterations, seconds=elapsed, gflops=gflops
+    )
+
+
+def discover(
+    *, benchmark: bool = True, aot_targets: tuple[str, ...] = DEFAULT_AOT_TARGETS
+) -> Capacity:
+    """Read devices and versions from JAX (TPU, then GPU, then CPU) and measure throughput."""
+    import importlib
+    from importlib.metadata import version
+
+    jax: Any = importlib.import_module("jax")
+    from jax import export
+    from jax.extend.mlir.dialects import stablehlo
+
+    devices = _local_devices(jax)
+    first = devices[0]
+    return Capacity(
+        devices=DeviceInfo(
+            platform=str(first.platform),
+            device_kind=str(first.device_kind),
+            count=len(devices),
+            memory_bytes=_memory_bytes(first),
+        ),
+        jax_version=jax.__version__,
+        jaxlib_version=version("jaxlib"),
+        calling_convention_min=export.minimum_supported_calling_convention_version,
+        calling_convention_max=export.maximum_supported_calling_convention_version,
+        stablehlo_min=stablehlo.get_minimum_version(),
+        stablehlo_max=stablehlo.get_current_version(),
+        compile_targets=_compile_targets(aot_targets),
+        benchmark=run_benchmark(first) if benchmark else None,
+    )
+
+
+def capacity_to_wire(capacity: Capacity) -> dict[str, Any]:
+    """Encode a capacity as JSON-able data."""
+    return asdict(capacity)
+
+
+def capacity_from_wire(data: dict[str, Any]) -> Capacity:
+    """Decode :func:`capacity_to_wire` output."""
+    bench = data.get("benchmark")
+    return Capacity(
+        devices=DeviceInfo(**data["devices"]),
+        jax_version=str(data["jax_version"]),
+        jaxlib_version=str(data["jaxlib_version"]),
+        calling_convention_min=int(data["calling_convention_min"]),
+        calling_convention_max=int(data["calling_convention_max"]),
+        stablehlo_min=str(data["stablehlo_min"]),
+        stablehlo_max=str(data["stablehlo_max"]),
+        compile_targets=tuple(CompileTarget(**t) for t in data["compile_targets"]),
+        benchmark=None if bench is None else Benchmark(**bench),
+    )

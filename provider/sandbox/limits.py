@@ -1,0 +1,42 @@
+"""Resource limits of sandbox workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Caps and hard timeouts applied to every task; the parent enforces the timeouts."""
+
+    max_envelope_bytes: int = 256 * 1024 * 1024
+    max_ops: int = 8000
+    max_output_bytes: int = 512 * 1024 * 1024
+    address_space_bytes: int = 16 << 30
+    start_timeout_s: float = 120.0
+    validate_timeout_s: float = 30.0
+    compile_timeout_s: float = 120.0
+    execute_timeout_s: float = 60.0
+    max_tasks_per_worker: int = 1000
+    compiled_cache_entries: int = 32
+
+    def __post_init__(self) -> None:
+        """Reject limits that cannot work."""
+        for name in (
+            "max_envelope_bytes",
+            "max_ops",
+            "max_output_bytes",
+            "address_space_bytes",
+            "max_tasks_per_worker",
+            "compiled_cache_entries",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in (
+            "start_timeout_s",
+            "validate_timeout_s",
+            "compile_timeout_s",
+            "execute_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")

@@ -1,0 +1,230 @@
+"""A pool of spawned, long-lived worker processes with parent-enforced hard timeouts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from provider.diagnosis import Diagnosis, Stage, crash, timeout
+from provider.errors import SandboxClosedError, WorkerStartError
+from provider.sandbox.limits import SandboxLimits
+from provider.sandbox.wire import FrameError, Header, pack, unpack
+from provider.sandbox.worker import worker_main
+
+StageObserver = Callable[[int, Stage], None]
+_FRAME_OVERHEAD = 1 << 20
+_CLOSE_CHECK_S = 1.0  # how often a caller waiting for a worker notices close()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker that came up: its pid, seconds from spawn to ready, and its devices."""
+
+    pid: int
+    start_s: float
+    platform: str
+    device_kind: str
+
+
+class _Worker:
+    """One spawned worker process and the parent's end of its pipe."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits,
+        cache_root: Path | None,
+        env: dict[str, str],
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe(duplex=True)
+        self.process: BaseProcess = context.Process(
+            target=worker_main,
+            args=(child_conn, limits, None if cache_root is None else str(cache_root), env),
+            name="tpumarket-sandbox-worker",
+            daemon=True,
+        )
+        self._spawned_at = time.perf_counter()
+        self.process.start()
+        child_conn.close()
+        self.info: WorkerInfo | None = None
+        self.tasks = 0
+
+    def wait_ready(self, timeout_s: float) -> WorkerInfo:
+        if self.info is not None:
+            return self.info
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            raise WorkerStartError(f"sandbox worker did not start within {timeout_s:g} s")
+        try:
+            header, _ = unpack(self.conn.recv_bytes(_FRAME_OVERHEAD))
+        except (EOFError, OSError, FrameError) as exc:
+            self.kill()
+            raise WorkerStartError(
+                f"sandbox worker died while starting (exit code {self.process.exitcode})"
+            ) from exc
+        if header.get("type") != "ready":
+            self.kill()
+            raise WorkerStartError(f"sandbox worker sent {header.get('type')!r} instead of ready")
+        self.info = WorkerInfo(
+            pid=int(header["pid"]),
+            start_s=time.perf_counter() - self._spawned_at,
+            platform=str(header["platform"]),
+            device_kind=str(header["device_kind"]),
+        )
+        return self.info
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            if self.info is not None and self.process.is_alive():
+                self.conn.send_bytes(pack({"op": "exit"}))
+                self.process.join(5)
+        except OSError:
+            pass
+        self.kill()
+
+
+class WorkerPool:
+    """Spawned workers kept alive between tasks; a crashed or overdue worker is replaced.
+
+    Thread-safe: a caller borrows an idle worker for one task and gives it back.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        limits: SandboxLimits,
+        cache_root: Path | None,
+        env: dict[str, str],
+        on_stage: StageObserver | None = None,
+    ) -> None:
+        """Spawn ``size`` workers and wait until each has imported JAX."""
+        if size < 1:
+            raise ValueError("pool size must be at least 1")
+        self.limits = limits
+        self._cache_root = cache_root
+        self._env = dict(env)
+        self._on_stage = on_stage
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._all: set[_Worker] = set()
+        self._closed = False
+        self.replacements = 0
+        workers = [self._spawn() for _ in range(size)]
+        for worker in workers:
+            worker.wait_ready(limits.start_timeout_s)
+            self._idle.put(worker)
+
+    def _spawn(self) -> _Worker:
+        try:
+            worker = _Worker(self.limits, self._cache_root, self._env)
+        except OSError as exc:
+            raise WorkerStartError(f"cannot spawn a sandbox worker: {exc}") from exc
+        with self._lock:
+            self._all.add(worker)
+        return worker
+
+    def _retire(self, worker: _Worker, *, kill: bool) -> None:
+        if kill:
+            worker.kill()
+        else:
+            worker.stop()
+        with self._lock:
+            self._all.discard(worker)
+            closed = self._closed
+            if not closed:
+                self.replacements += 1
+        if not closed:
+            self._idle.put(self._spawn())
+
+    def worker_infos(self) -> list[WorkerInfo]:
+        """Return what each started worker reported (workers still starting are left out)."""
+        with self._lock:
+            return [w.info for w in self._all if w.info is not None]
+
+    def _acquire(self) -> _Worker:
+        while True:
+            if self._closed:
+                raise SandboxClosedError("the sandbox is closed")
+            try:
+                worker = self._idle.get(timeout=_CLOSE_CHECK_S)
+            except queue.Empty:
+                continue
+            if not worker.process.is_alive() and worker.info is not None:
+                self._retire(worker, kill=True)
+                continue
+            try:
+                worker.wait_ready(self.limits.start_timeout_s)
+            except WorkerStartError:
+                self._retire(worker, kill=True)  # keep the pool at size for the next caller
+                raise
+            return worker
+
+    def call(self, request: Header, payload: bytes) -> tuple[Header, bytes] | Diagnosis:
+        """Run one request on a worker; return its reply, or a diagnosis if it died or hung."""
+        worker = self._acquire()
+        stage = Stage.PARSE
+        deadline = time.monotonic() + self.limits.validate_timeout_s
+        limit = self.limits.validate_timeout_s
+        try:
+            worker.conn.send_bytes(pack(request, payload))
+        except OSError:
+            self._retire(worker, kill=True)
+            return crash(stage, worker.process.exitcode)
+        max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not worker.conn.poll(remaining):
+                self._retire(worker, kill=True)
+                return timeout(stage, limit)
+            try:
+                header, body = unpack(worker.conn.recv_bytes(max_frame))
+            except (EOFError, OSError, FrameError):
+                worker.process.join(10)
+                exitcode = worker.process.exitcode
+                self._retire(worker, kill=True)
+                return crash(stage, exitcode)
+            if header.get("type") != "stage":
+                break
+            try:
+                new_stage = Stage(str(header.get("stage")))
+            except ValueError:
+                self._retire(worker, kill=True)
+                return crash(stage, None)
+            if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
+                limit = self.limits.compile_timeout_s
+                deadline = time.monotonic() + limit
+            elif new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
+                limit = self.limits.execute_timeout_s
+                deadline = time.monotonic() + limit
+            stage = new_stage
+            if self._on_stage is not None and worker.info is not None:
+                self._on_stage(worker.info.pid, stage)
+        worker.tasks += 1
+        if header.get("recycle") or worker.tasks >= self.limits.max_tasks_per_worker:
+            threading.Thread(
+                target=self._retire, args=(worker,), kwargs={"kill": False}, daemon=True
+            ).start()
+        else:
+            self._idle.put(worker)
+        return header, body
+
+    def close(self) -> None:
+        """Stop every worker; later calls raise :class:`SandboxClosedError`."""
+        with self._lock:
+            self._closed = True
+            workers = list(self._all)
+            self._all.clear()
+        for worker in workers:
+            worker.stop()

@@ -1,0 +1,214 @@
+"""The sandbox's public face: submit an envelope, get a frozen result or a diagnosed failure."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from contracts.program import ProgramEnvelope, ProgramFormatError, encode_envelope
+from provider.capacity import Capacity, capacity_from_wire
+from provider.diagnosis import Category, Diagnosis, Stage, diagnose
+from provider.errors import SandboxError
+from provider.sandbox.limits import SandboxLimits
+from provider.sandbox.pool import StageObserver, WorkerInfo, WorkerPool
+from provider.sandbox.results import (
+    CompileResult,
+    CostFigures,
+    InferenceResult,
+    MemoryFigures,
+    TaskFailure,
+)
+from provider.sandbox.targets import parse_target
+from provider.sandbox.wire import Header
+
+Envelope = ProgramEnvelope | bytes
+
+
+class Sandbox:
+    """Validate, compile and run untrusted programs in a pool of spawned JAX workers.
+
+    Never raises because of a blob: every failure comes back as a :class:`TaskFailure`.
+    """
+
+    def __init__(
+        self,
+        pool_size: int = 1,
+        limits: SandboxLimits | None = None,
+        cache_dir: Path | None = None,
+        *,
+        jax_platforms: str | None = None,
+        on_stage: StageObserver | None = None,
+    ) -> None:
+        """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``."""
+        self.limits = limits or SandboxLimits()
+        env = {} if jax_platforms is None else {"JAX_PLATFORMS": jax_platforms}
+        self._pool = WorkerPool(pool_size, self.limits, cache_dir, env, on_stage)
+
+    def __enter__(self) -> Sandbox:
+        """Return the sandbox itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop the workers."""
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker."""
+        self._pool.close()
+
+    @property
+    def replacements(self) -> int:
+        """How many workers were replaced after a crash, timeout or recycle."""
+        return self._pool.replacements
+
+    def workers(self) -> list[WorkerInfo]:
+        """Return the pid, start time and devices of each live worker."""
+        return self._pool.worker_infos()
+
+    def _payload(self, envelope: Envelope) -> bytes | TaskFailure:
+        if isinstance(envelope, ProgramEnvelope):
+            try:
+                return encode_envelope(envelope)
+            except ProgramFormatError as exc:
+                return TaskFailure(
+                    diagnosis=diagnose(Category.MALFORMED_INPUT, str(exc), stage=Stage.PARSE),
+                    program_sha256=None,
+                    elapsed_s=0.0,
+                )
+        data = bytes(envelope)
+        if len(data) > self.limits.max_envelope_bytes:
+            return TaskFailure(
+                diagnosis=diagnose(
+                    Category.MALFORMED_INPUT,
+                    f"envelope of {len(data)} bytes exceeds the cap "
+                    f"{self.limits.max_envelope_bytes}",
+                    stage=Stage.PARSE,
+                ),
+                program_sha256=None,
+                elapsed_s=0.0,
+            )
+        return data
+
+    def _call(self, request: Header, envelope: Envelope) -> tuple[Header, bytes] | TaskFailure:
+        started = time.perf_counter()
+        payload = self._payload(envelope)
+        if isinstance(payload, TaskFailure):
+            return payload
+        reply = self._pool.call(request, payload)
+        if isinstance(reply, Diagnosis):
+            return TaskFailure(
+                diagnosis=reply, program_sha256=None, elapsed_s=time.perf_counter() - started
+            )
+        header, body = reply
+        if header.get("type") == "failed":
+            return _failure_from_wire(header)
+        return header, body
+
+    def compile(self, envelope: Envelope, target: str = "local") -> CompileResult | TaskFailure:
+        """Validate and compile a program for ``target`` (``local`` or e.g. ``v5e:1x1``)."""
+        try:
+            parse_target(target)
+        except ValueError as exc:
+            return TaskFailure(
+                diagnosis=diagnose(Category.PLATFORM_MISMATCH, str(exc), stage=Stage.PARSE),
+                program_sha256=None,
+                elapsed_s=0.0,
+            )
+        reply = self._call({"op": "compile", "target": target}, envelope)
+        if isinstance(reply, TaskFailure):
+            return reply
+        header, _ = reply
+        try:
+            memory = header["memory"]
+            cost = header["cost"]
+            return CompileResult(
+                program_sha256=bytes.fromhex(header["program_sha256"]),
+                target=str(header["target"]),
+                platform=str(header["platform"]),
+                device_kind=str(header["device_kind"]),
+                compile_time_s=float(header["compile_time_s"]),
+                cache_hit=bool(header["cache_hit"]),
+                memory=None if memory is None else MemoryFigures(**memory),
+                cost=None if cost is None else CostFigures(**cost),
+                available_bytes=_opt_int(header["available_bytes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            return _bad_reply(exc)
+
+    def run(self, envelope: Envelope) -> InferenceResult | TaskFailure:
+        """Validate, compile (or reuse) and execute a program on this host's devices."""
+        reply = self._call({"op": "run"}, envelope)
+        if isinstance(reply, TaskFailure):
+            return reply
+        header, body = reply
+        try:
+            return InferenceResult(
+                program_sha256=bytes.fromhex(header["program_sha256"]),
+                inputs_sha256=bytes.fromhex(header["inputs_sha256"]),
+                outputs=body,
+                outputs_sha256=bytes.fromhex(header["outputs_sha256"]),
+                device_time_s=float(header["device_time_s"]),
+                compile_time_s=float(header["compile_time_s"]),
+                cache_hit=bool(header["cache_hit"]),
+                platform=str(header["platform"]),
+                device_kind=str(header["device_kind"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            return _bad_reply(exc)
+
+    def capacity(
+        self, *, benchmark: bool = True, aot_targets: tuple[str, ...] = ("v5e:1x1",)
+    ) -> Capacity:
+        """Discover devices and measure throughput inside a worker."""
+        reply = self._pool.call(
+            {"op": "capacity", "benchmark": benchmark, "aot_targets": list(aot_targets)}, b""
+        )
+        if isinstance(reply, Diagnosis):
+            raise SandboxError(f"capacity discovery failed: {reply.message}")
+        header, _ = reply
+        if header.get("type") != "capacity":
+            raise SandboxError(f"capacity discovery failed: {header}")
+        return capacity_from_wire(header["capacity"])
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _failure_from_wire(header: Header) -> TaskFailure:
+    try:
+        wire = header["diagnosis"]
+        category = Category(wire["category"])
+        stage = None if wire["stage"] is None else Stage(wire["stage"])
+        diagnosis = diagnose(
+            category,
+            str(wire["message"]),
+            stage=stage,
+            op=None if wire["op"] is None else str(wire["op"]),
+            required_bytes=_opt_int(wire["required_bytes"]),
+            available_bytes=_opt_int(wire["available_bytes"]),
+        )
+        sha = header["program_sha256"]
+        return TaskFailure(
+            diagnosis=diagnosis,
+            program_sha256=None if sha is None else bytes.fromhex(sha),
+            elapsed_s=float(header["elapsed_s"]),
+            compile_time_s=float(header.get("compile_time_s", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        return _bad_reply(exc)
+
+
+def _bad_reply(exc: Exception) -> TaskFailure:
+    return TaskFailure(
+        diagnosis=diagnose(Category.WORKER_CRASH, f"worker sent a malformed reply: {exc}"),
+        program_sha256=None,
+        elapsed_s=0.0,
+    )

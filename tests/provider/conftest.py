@@ -1,0 +1,34 @@
+"""Fixtures for the provider tests: JAX on CPU, one sandbox pool per test module."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before anything imports jax
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from provider.sandbox import Sandbox, SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compilation cache directory shared by one module's sandboxes."""
+    return tmp_path_factory.mktemp("xla-cache")
+
+
+@pytest.fixture(scope="module")
+def sandbox(cache_dir: Path) -> Iterator[Sandbox]:
+    """One spawned worker with default limits, kept for the whole module."""
+    with Sandbox(1, SandboxLimits(), cache_dir, jax_platforms="cpu") as box:
+        yield box
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A seeded generator, so every run sees the same numbers."""
+    return np.random.default_rng(1234)
