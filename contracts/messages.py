@@ -7,6 +7,7 @@ equal both the contract's digest views and eth-account's typed-data encoder.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -36,13 +37,18 @@ class Domain:
 
     chain_id: int
     verifying_contract: str
+    name: str = DOMAIN_NAME
+    version: str = DOMAIN_VERSION
 
     def separator(self) -> bytes:
         """Return the domain separator the contract computes."""
+        return _separator(self)
+
+    def _compute_separator(self) -> bytes:
         return keccak(
             _DOMAIN_TYPEHASH
-            + keccak(text=DOMAIN_NAME)
-            + keccak(text=DOMAIN_VERSION)
+            + keccak(text=self.name)
+            + keccak(text=self.version)
             + _word("uint256", self.chain_id)
             + _word("address", self.verifying_contract)
         )
@@ -50,11 +56,16 @@ class Domain:
     def as_dict(self) -> dict[str, Any]:
         """Return the domain in eth-account's typed-data form."""
         return {
-            "name": DOMAIN_NAME,
-            "version": DOMAIN_VERSION,
+            "name": self.name,
+            "version": self.version,
             "chainId": self.chain_id,
             "verifyingContract": to_checksum_address(self.verifying_contract),
         }
+
+
+@functools.lru_cache(maxsize=64)
+def _separator(domain: Domain) -> bytes:
+    return domain._compute_separator()
 
 
 def _word(kind: str, value: Any) -> bytes:
