@@ -4,7 +4,7 @@ STAMP   := .venv/.installed
 NPMSTAMP := node_modules/.installed
 ARGS    ?=
 
-.PHONY: demo test lint typecheck unit setup bench-gas clean
+.PHONY: demo test lint typecheck unit setup system-deps bench-gas clean
 
 setup: $(STAMP) $(NPMSTAMP)
 
@@ -28,7 +28,10 @@ lint: setup
 typecheck: setup
 	.venv/bin/mypy
 
-unit: setup
+system-deps:
+	scripts/system-deps
+
+unit: setup system-deps
 	JAX_PLATFORMS=cpu .venv/bin/pytest $(ARGS)
 
 test: lint typecheck unit
