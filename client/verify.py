@@ -1,0 +1,77 @@
+"""Verification of a provider's delivery before the client pays for it.
+
+A delivery is paid only if every check passes: the receipt is signed by the deal's provider,
+it names the task the client asked for, its hashes match the program and inputs the client
+sent and the output bytes it received, its amount is the plan's price for the reported usage
+(and within the request's maximum), and it finished by the ack's deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from client.errors import DeliveryRejected
+from contracts.errors import SignatureError
+from contracts.messages import ZERO_HASH, Ack, Domain, Plan, Receipt, TaskRequest, verify
+from contracts.pricing import price_receipt
+from contracts.program import outputs_hash
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the provider returned for one task, with the ack it gave when accepting it."""
+
+    request: TaskRequest
+    ack: Ack
+    receipt: Receipt
+    receipt_signature: bytes
+    output: bytes
+
+
+def verify_delivery(delivery: Delivery, *, domain: Domain, provider: str, plan: Plan) -> Receipt:
+    """Return the receipt if the delivery may be paid; raise DeliveryRejected otherwise."""
+    request, ack, receipt = delivery.request, delivery.ack, delivery.receipt
+    index = request.task_index
+
+    def reject(reason: str) -> DeliveryRejected:
+        return DeliveryRejected(index, reason)
+
+    try:
+        verify(receipt, domain, delivery.receipt_signature, provider)
+    except SignatureError as exc:
+        raise reject(f"receipt signature: {exc}") from exc
+    if (receipt.deal_id, receipt.task_index, receipt.kind) != (
+        request.deal_id,
+        request.task_index,
+        request.kind,
+    ):
+        raise reject("receipt names another deal, task or kind than the request")
+    if receipt.program_hash != request.program_hash or receipt.input_hash != request.input_hash:
+        raise reject("receipt hashes another program or other inputs than the request")
+    if receipt.output_hash != outputs_hash(delivery.output):
+        raise reject("output bytes do not match the receipt's output hash")
+    priced = price_receipt(plan, receipt)
+    if receipt.amount != priced:
+        raise reject(f"amount {receipt.amount} differs from the plan's price {priced}")
+    if receipt.amount > request.max_price:
+        raise reject(f"amount {receipt.amount} exceeds the request's maximum {request.max_price}")
+    if receipt.deadline != ack.deadline or (ack.deal_id, ack.task_index) != (
+        request.deal_id,
+        request.task_index,
+    ):
+        raise reject("receipt deadline or task differs from the provider's ack")
+    if receipt.finished_at > ack.deadline:
+        raise reject(f"delivered at {receipt.finished_at}, after the deadline {ack.deadline}")
+    if receipt.started_at > receipt.finished_at:
+        raise reject("receipt finished before it started")
+    return receipt
+
+
+def check_chain(receipts: Sequence[Receipt]) -> None:
+    """Raise DeliveryRejected unless `receipts` (in provider order) chain by hash from zero."""
+    previous = ZERO_HASH
+    for receipt in receipts:
+        if receipt.prev_receipt_hash != previous:
+            raise DeliveryRejected(receipt.task_index, "receipt chain is broken before this task")
+        previous = receipt.struct_hash()

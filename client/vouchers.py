@@ -1,0 +1,79 @@
+"""Cumulative vouchers for one deal, kept within the deal's spending cap."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from client.errors import ClientError, SpendingCapExceeded
+from contracts.messages import Domain, Receipt, Voucher, task_bitmap
+
+Warn = Callable[[str], None]
+
+
+@dataclass
+class VoucherBook:
+    """Verified deliveries of one deal and the cumulative voucher that pays them.
+
+    The book never signs past `cap` (the deal's locked funds net of what the chain already
+    spent), warns once the projected bill passes `warn_at` of the cap, and leaves out tasks
+    the provider claimed on chain, so a voucher can never pay a task twice.
+    """
+
+    deal_id: int
+    cap: int
+    warn_at: float = 0.8
+    on_warning: Warn | None = None
+    _paid: dict[int, int] = field(default_factory=dict)
+    _claimed: set[int] = field(default_factory=set)
+    _last_signed: int = 0
+    _warned: bool = False
+
+    @property
+    def total(self) -> int:
+        """Return what the next voucher owes in all."""
+        return sum(self._paid.values())
+
+    def projected(self, extra: int = 0) -> int:
+        """Return the bill if `extra` more were vouched."""
+        return self.total + extra
+
+    def add(self, receipt: Receipt) -> None:
+        """Record a verified receipt to be paid; raise SpendingCapExceeded past the cap."""
+        if receipt.deal_id != self.deal_id:
+            raise ClientError(f"receipt of deal {receipt.deal_id} added to deal {self.deal_id}")
+        index = receipt.task_index
+        if index in self._paid or index in self._claimed:
+            raise ClientError(f"task {index} is already paid or claimed")
+        if self.projected(receipt.amount) > self.cap:
+            raise SpendingCapExceeded(
+                f"paying task {index} ({receipt.amount}) would bring deal {self.deal_id} "
+                f"to {self.projected(receipt.amount)}, past its cap {self.cap}"
+            )
+        self._paid[index] = receipt.amount
+        if not self._warned and self.total >= self.warn_at * self.cap:
+            self._warned = True
+            if self.on_warning:
+                self.on_warning(
+                    f"deal {self.deal_id} has spent {self.total} of its cap {self.cap} "
+                    f"({self.total / self.cap:.0%})"
+                )
+
+    def mark_claimed(self, task_index: int) -> None:
+        """Record that the provider claimed a task on chain: it is never vouched."""
+        if task_index in self._paid:
+            raise ClientError(f"task {task_index} is vouched and cannot also be claimed")
+        self._claimed.add(task_index)
+
+    def next_voucher(self) -> Voucher:
+        """Return the cumulative voucher for everything verified so far."""
+        if self.total <= self._last_signed:
+            raise ClientError("nothing new to pay since the last voucher")
+        return Voucher(self.deal_id, self.total, task_bitmap(self._paid))
+
+    def sign_next(self, domain: Domain, private_key: str) -> tuple[Voucher, bytes]:
+        """Sign the next cumulative voucher and remember it as the latest."""
+        voucher = self.next_voucher()
+        signature = voucher.sign(domain, private_key)
+        self._last_signed = voucher.cumulative_amount
+        return voucher, signature
