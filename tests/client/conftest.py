@@ -1,0 +1,3 @@
+"""Client tests share the session anvil and deployment of the contract tests."""
+
+from tests.contracts.conftest import anvil, deployed, world  # noqa: F401
