@@ -18,9 +18,7 @@ def test_deposit_open_and_close_keep_every_token_accounted(world: World) -> None
     account.deposit(8_000)
     q = quote(world, world.providers[0], stake=0)
     deal = account.open_deal(q, q.sign(world.escrow.domain, world.providers[0]), 5_000)
-    assert account.balances() == account.balances().__class__(
-        wallet=2_000, free=3_000, locked=5_000
-    )
+    assert account.balances() == Balances(wallet=2_000, free=3_000, locked=5_000)
     q2 = quote(world, world.providers[0], stake=0)
     with pytest.raises(SpendingCapExceeded, match="past the client cap 6000"):
         account.open_deal(q2, q2.sign(world.escrow.domain, world.providers[0]), 1_001)

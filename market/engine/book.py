@@ -1,0 +1,342 @@
+"""The order book of one device class and plan: price levels per side, FIFO queues, matching.
+
+Internal to the engine (use `MatchingEngine`). Each side keeps a dict from price to level and a
+sorted list of the prices that have at least one live order (ascending on both sides: the best
+ask is first, the best bid last). A level is a FIFO queue of entries in time priority. Cancels,
+expiries and fills behind an incompatible order are lazy: the entry is marked dead and dropped
+when it reaches the head of its queue, when its level empties, or when the queue is compacted.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import deque
+from typing import NamedTuple
+
+from market.engine.compatibility import compatible
+from market.engine.fills import Fill
+from market.engine.lifecycle import OrderState
+from market.engine.orders import Order, Side
+
+_BID = Side.BID
+_ASK = Side.ASK
+_OPEN = OrderState.OPEN
+_PARTIALLY_FILLED = OrderState.PARTIALLY_FILLED
+_FILLED = OrderState.FILLED
+
+# Rebuild a queue without its dead entries once they outnumber the live ones by this much.
+_COMPACT_SLACK = 32
+
+
+class PriceLevel(NamedTuple):
+    """Aggregate of one price level on one side: live units and live orders at that price."""
+
+    price: int
+    quantity: int
+    orders: int
+
+
+class BookEntry:
+    """Mutable engine state of one order; `live` is True while it rests and can trade."""
+
+    __slots__ = ("book", "expiry", "live", "order", "remaining", "seq", "state")
+
+    def __init__(self, order: Order, seq: int, book: Book) -> None:
+        """Wrap a newly placed `order` of `book` with its sequence number; it starts OPEN."""
+        self.order = order
+        self.seq = seq
+        self.book = book
+        self.expiry = order.expiry
+        self.remaining = order.quantity
+        self.state = _OPEN
+        self.live = False
+
+
+class _Level:
+    __slots__ = ("count", "quantity", "queue")
+
+    def __init__(self) -> None:
+        self.queue: deque[BookEntry] = deque()
+        self.quantity = 0
+        self.count = 0
+
+
+class Book:
+    """Both sides of the book of one device class and one plan.
+
+    Orders of different plans never trade (see `compatible`), so the engine keeps one book per
+    (device class, plan): matching then never scans orders of another plan, and priority among
+    the orders that can trade is unchanged.
+    """
+
+    __slots__ = ("_ask_levels", "_ask_prices", "_bid_levels", "_bid_prices", "device_class", "plan")
+
+    def __init__(self, device_class: str, plan: str) -> None:
+        """Create an empty book for `device_class` and `plan`."""
+        self.device_class = device_class
+        self.plan = plan
+        self._bid_levels: dict[int, _Level] = {}
+        self._bid_prices: list[int] = []
+        self._ask_levels: dict[int, _Level] = {}
+        self._ask_prices: list[int] = []
+
+    # -- matching ---------------------------------------------------------------------------
+
+    def place_bid(self, taker: BookEntry, now: int, fill_id: int) -> list[Fill]:
+        """Match incoming bid `taker`, rest what is left; return fills numbered from `fill_id`.
+
+        Scans ask levels from the lowest price up to the bid's limit and each level's queue in
+        time order, skipping dead, expired (`expiry <= now`) and incompatible asks. Updates the
+        resting asks and the taker (remaining units, state, and `live` if it rests).
+        """
+        fills: list[Fill] = []
+        limit = taker.order.price
+        prices = self._ask_prices
+        if prices and prices[0] <= limit:
+            levels = self._ask_levels
+            bid = taker.order
+            bid_id = bid.order_id
+            remaining = taker.remaining
+            device_class = self.device_class
+            i = 0
+            n_prices = len(prices)
+            while i < n_prices:
+                price = prices[i]
+                if price > limit:
+                    break
+                level = levels[price]
+                queue = level.queue
+                n = len(queue)
+                j = 0
+                while j < n:
+                    entry = queue[j]
+                    if not entry.live:
+                        if j == 0:
+                            queue.popleft()
+                            n -= 1
+                        else:
+                            j += 1
+                        continue
+                    if entry.expiry <= now or not compatible(bid, entry.order):
+                        j += 1
+                        continue
+                    available = entry.remaining
+                    qty = remaining if remaining < available else available
+                    remaining -= qty
+                    level.quantity -= qty
+                    fills.append(
+                        Fill(
+                            fill_id,
+                            device_class,
+                            bid_id,
+                            entry.order.order_id,
+                            price,
+                            qty,
+                            _BID,
+                            now,
+                        )
+                    )
+                    fill_id += 1
+                    if available > qty:
+                        # OPEN | PARTIALLY_FILLED -> PARTIALLY_FILLED; the taker is exhausted.
+                        entry.remaining = available - qty
+                        entry.state = _PARTIALLY_FILLED
+                        break
+                    # OPEN | PARTIALLY_FILLED -> FILLED.
+                    entry.remaining = 0
+                    entry.state = _FILLED
+                    entry.live = False
+                    level.count -= 1
+                    if j == 0:
+                        queue.popleft()
+                        n -= 1
+                    else:
+                        j += 1
+                    if not remaining:
+                        break
+                if level.count == 0:
+                    del levels[price]
+                    del prices[i]
+                    n_prices -= 1
+                else:
+                    if n > 2 * level.count + _COMPACT_SLACK:
+                        level.queue = deque(e for e in queue if e.live)
+                    i += 1
+                if not remaining:
+                    break
+            if fills:
+                taker.remaining = remaining
+                if not remaining:
+                    taker.state = _FILLED  # OPEN -> FILLED
+                    return fills
+                taker.state = _PARTIALLY_FILLED  # OPEN -> PARTIALLY_FILLED
+        own_levels = self._bid_levels
+        home = own_levels.get(limit)
+        if home is None:
+            home = own_levels[limit] = _Level()
+            insort(self._bid_prices, limit)
+        home.queue.append(taker)
+        home.quantity += taker.remaining
+        home.count += 1
+        taker.live = True
+        return fills
+
+    def place_ask(self, taker: BookEntry, now: int, fill_id: int) -> list[Fill]:
+        """Match incoming ask `taker` against resting bids; mirror image of `place_bid`."""
+        fills: list[Fill] = []
+        limit = taker.order.price
+        prices = self._bid_prices
+        if prices and prices[-1] >= limit:
+            levels = self._bid_levels
+            ask = taker.order
+            ask_id = ask.order_id
+            remaining = taker.remaining
+            device_class = self.device_class
+            i = len(prices) - 1
+            while i >= 0:
+                price = prices[i]
+                if price < limit:
+                    break
+                level = levels[price]
+                queue = level.queue
+                n = len(queue)
+                j = 0
+                while j < n:
+                    entry = queue[j]
+                    if not entry.live:
+                        if j == 0:
+                            queue.popleft()
+                            n -= 1
+                        else:
+                            j += 1
+                        continue
+                    if entry.expiry <= now or not compatible(entry.order, ask):
+                        j += 1
+                        continue
+                    available = entry.remaining
+                    qty = remaining if remaining < available else available
+                    remaining -= qty
+                    level.quantity -= qty
+                    fills.append(
+                        Fill(
+                            fill_id,
+                            device_class,
+                            entry.order.order_id,
+                            ask_id,
+                            price,
+                            qty,
+                            _ASK,
+                            now,
+                        )
+                    )
+                    fill_id += 1
+                    if available > qty:
+                        entry.remaining = available - qty
+                        entry.state = _PARTIALLY_FILLED
+                        break
+                    entry.remaining = 0
+                    entry.state = _FILLED
+                    entry.live = False
+                    level.count -= 1
+                    if j == 0:
+                        queue.popleft()
+                        n -= 1
+                    else:
+                        j += 1
+                    if not remaining:
+                        break
+                if level.count == 0:
+                    del levels[price]
+                    del prices[i]
+                elif n > 2 * level.count + _COMPACT_SLACK:
+                    level.queue = deque(e for e in queue if e.live)
+                if not remaining:
+                    break
+                i -= 1
+            if fills:
+                taker.remaining = remaining
+                if not remaining:
+                    taker.state = _FILLED
+                    return fills
+                taker.state = _PARTIALLY_FILLED
+        own_levels = self._ask_levels
+        home = own_levels.get(limit)
+        if home is None:
+            home = own_levels[limit] = _Level()
+            insort(self._ask_prices, limit)
+        home.queue.append(taker)
+        home.quantity += taker.remaining
+        home.count += 1
+        taker.live = True
+        return fills
+
+    # -- resting and removal ------------------------------------------------------------------
+
+    def rest(self, entry: BookEntry) -> None:
+        """Append live `entry` to the back of its price level's queue."""
+        if entry.order.side is _BID:
+            levels, prices = self._bid_levels, self._bid_prices
+        else:
+            levels, prices = self._ask_levels, self._ask_prices
+        price = entry.order.price
+        level = levels.get(price)
+        if level is None:
+            level = levels[price] = _Level()
+            insort(prices, price)
+        level.queue.append(entry)
+        level.quantity += entry.remaining
+        level.count += 1
+        entry.live = True
+
+    def remove(self, entry: BookEntry) -> None:
+        """Take live `entry` out of the book (cancel or expiry); the caller sets its state."""
+        if entry.order.side is _BID:
+            levels, prices = self._bid_levels, self._bid_prices
+        else:
+            levels, prices = self._ask_levels, self._ask_prices
+        price = entry.order.price
+        level = levels[price]
+        entry.live = False
+        level.quantity -= entry.remaining
+        level.count -= 1
+        if level.count == 0:
+            del levels[price]
+            del prices[bisect_left(prices, price)]
+            return
+        queue = level.queue
+        if queue[0] is entry:
+            queue.popleft()
+        elif len(queue) > 2 * level.count + _COMPACT_SLACK:
+            level.queue = deque(e for e in queue if e.live)
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def best(self, side: Side) -> int | None:
+        """Return the best price with a live order on `side`, or None if that side is empty."""
+        if side is _BID:
+            return self._bid_prices[-1] if self._bid_prices else None
+        return self._ask_prices[0] if self._ask_prices else None
+
+    def depth(self, side: Side, limit: int | None = None) -> list[PriceLevel]:
+        """Return up to `limit` price levels of `side`, best first."""
+        if side is _BID:
+            levels = self._bid_levels
+            prices = self._bid_prices[::-1] if limit is None else self._bid_prices[::-1][:limit]
+        else:
+            levels = self._ask_levels
+            prices = self._ask_prices if limit is None else self._ask_prices[:limit]
+        return [PriceLevel(p, levels[p].quantity, levels[p].count) for p in prices]
+
+    def live_entries(self, side: Side) -> list[BookEntry]:
+        """Return the live entries of `side` in priority order (best price, then earliest)."""
+        if side is _BID:
+            levels, prices = self._bid_levels, self._bid_prices[::-1]
+        else:
+            levels, prices = self._ask_levels, self._ask_prices
+        return [e for p in prices for e in levels[p].queue if e.live]
+
+    def __len__(self) -> int:
+        """Return the number of live orders on both sides."""
+        return sum(lv.count for lv in self._bid_levels.values()) + sum(
+            lv.count for lv in self._ask_levels.values()
+        )

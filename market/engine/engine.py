@@ -1,0 +1,315 @@
+"""The matching engine: a continuous double auction per device class.
+
+Pure: no I/O, no clock, no randomness. Time enters only through the `now` arguments, so a given
+sequence of calls always yields the same fills and the same state.
+
+Rules:
+- price-time priority: better price first, then earlier sequence number;
+- an ask and a bid trade only if `compatible(bid, ask)` (plan, SLO, memory) and they cross;
+- the trade price is the resting order's limit price; partial fills leave the rest resting;
+- an order is tradable while `now < expiry`. `place` skips resting orders whose expiry has
+  passed without changing them; only `expire(now)` moves them to EXPIRED, so the caller (the
+  storage layer's job) learns and records every state change it causes.
+
+Because of the constraints the book may hold a bid priced at or above an ask when the two are
+incompatible; the book is *crossed* only if a compatible live pair has `bid.price >= ask.price`,
+which the engine never leaves behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from heapq import heappop, heappush
+
+from market.engine.book import Book, BookEntry, PriceLevel
+from market.engine.fills import Fill
+from market.engine.lifecycle import OrderState, check_transition
+from market.engine.orders import Order, OrderRecord, Side
+from market.engine.snapshot import (
+    SNAPSHOT_VERSION,
+    SnapshotData,
+    get_int,
+    record_from_data,
+    record_to_data,
+)
+from market.errors import DuplicateOrderError, OrderExpiredError, SnapshotError, UnknownOrderError
+
+_BID = Side.BID
+_CANCELLED = OrderState.CANCELLED
+_EXPIRED = OrderState.EXPIRED
+
+# Every this many resting orders, drop dead entries from the expiry buckets if they dominate.
+_EXPIRY_CHECK_EVERY = 4096
+
+
+class MatchingEngine:
+    """Order books of every device class, with the records of every order placed.
+
+    Not thread-safe: one writer drives an engine (the market runs one per device class or one
+    behind a lock). Records of filled, cancelled and expired orders are kept, so a reused order
+    id is always rejected and a snapshot holds the full history the engine has seen.
+    """
+
+    __slots__ = (
+        "_books",
+        "_books_by_class",
+        "_entries",
+        "_expiry_buckets",
+        "_expiry_heap",
+        "_next_fill_id",
+        "_next_seq",
+        "_pushes",
+    )
+
+    def __init__(self) -> None:
+        """Create an engine with empty books; sequence numbers and fill ids start at 1."""
+        self._books: dict[tuple[str, str], Book] = {}
+        self._books_by_class: dict[str, list[Book]] = {}
+        self._entries: dict[str, BookEntry] = {}
+        # Resting orders by expiry, each bucket in sequence order, and a heap of the expiries;
+        # entries that died otherwise (filled, cancelled) are skipped when their bucket is due.
+        self._expiry_buckets: dict[int, list[BookEntry]] = {}
+        self._expiry_heap: list[int] = []
+        self._next_seq = 1
+        self._next_fill_id = 1
+        self._pushes = 0
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def place(self, order: Order, *, now: int) -> list[Fill]:
+        """Match `order` against the book of its device class and rest what is left.
+
+        Return the fills in the order they happened (best resting order first). Raise
+        `DuplicateOrderError` if the id was placed before and `OrderExpiredError` if
+        `order.expiry <= now`.
+        """
+        order_id = order.order_id
+        entries = self._entries
+        if order_id in entries:
+            raise DuplicateOrderError(order_id)
+        if order.expiry <= now:
+            raise OrderExpiredError(order_id, order.expiry, now)
+        book = self._books.get((order.device_class, order.plan))
+        if book is None:
+            book = self._new_book(order.device_class, order.plan)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        entry = BookEntry(order, seq, book)
+        entries[order_id] = entry
+        fill_id = self._next_fill_id
+        if order.side is _BID:
+            fills = book.place_bid(entry, now, fill_id)
+        else:
+            fills = book.place_ask(entry, now, fill_id)
+        if fills:
+            self._next_fill_id = fill_id + len(fills)
+        if entry.live:
+            expiry = order.expiry
+            bucket = self._expiry_buckets.get(expiry)
+            if bucket is None:
+                self._expiry_buckets[expiry] = [entry]
+                heappush(self._expiry_heap, expiry)
+            else:
+                bucket.append(entry)
+            self._pushes += 1
+            if self._pushes >= _EXPIRY_CHECK_EVERY:
+                self._compact_expiries()
+        return fills
+
+    def cancel(self, order_id: str) -> OrderRecord:
+        """Withdraw a live order's unfilled units and return its final record.
+
+        Raise `UnknownOrderError` for an unknown id and `OrderStateError` if the order is
+        already filled, cancelled or expired.
+        """
+        entry = self._entries.get(order_id)
+        if entry is None:
+            raise UnknownOrderError(order_id)
+        check_transition(order_id, entry.state, _CANCELLED)
+        entry.book.remove(entry)
+        entry.state = _CANCELLED
+        return OrderRecord(entry.order, entry.seq, _CANCELLED, entry.remaining)
+
+    def expire(self, now: int) -> list[OrderRecord]:
+        """Expire every live order with `expiry <= now`; return them by (expiry, seq)."""
+        heap = self._expiry_heap
+        buckets = self._expiry_buckets
+        expired: list[OrderRecord] = []
+        while heap and heap[0] <= now:
+            for entry in buckets.pop(heappop(heap)):
+                if not entry.live:
+                    continue
+                check_transition(entry.order.order_id, entry.state, _EXPIRED)
+                entry.book.remove(entry)
+                entry.state = _EXPIRED
+                expired.append(OrderRecord(entry.order, entry.seq, _EXPIRED, entry.remaining))
+        return expired
+
+    # -- queries ------------------------------------------------------------------------------
+
+    def record(self, order_id: str) -> OrderRecord:
+        """Return the record of an order; raise `UnknownOrderError` if it was never placed."""
+        entry = self._entries.get(order_id)
+        if entry is None:
+            raise UnknownOrderError(order_id)
+        return _record(entry)
+
+    def __contains__(self, order_id: object) -> bool:
+        """Return whether an order with this id was ever placed."""
+        return order_id in self._entries
+
+    def __len__(self) -> int:
+        """Return the number of orders ever placed (live or not)."""
+        return len(self._entries)
+
+    def records(self) -> list[OrderRecord]:
+        """Return the records of all orders, in sequence order."""
+        return [_record(e) for e in self._entries.values()]
+
+    def open_orders(
+        self, device_class: str, side: Side, plan: str | None = None
+    ) -> list[OrderRecord]:
+        """Return the live orders of one side of a book, in priority order (price, then seq)."""
+        books = self._books_for(device_class, plan)
+        entries = [entry for book in books for entry in book.live_entries(side)]
+        if len(books) > 1:
+            if side is _BID:
+                entries.sort(key=lambda e: (-e.order.price, e.seq))
+            else:
+                entries.sort(key=lambda e: (e.order.price, e.seq))
+        return [_record(e) for e in entries]
+
+    def device_classes(self) -> list[str]:
+        """Return the device classes that have a book, sorted."""
+        return sorted(self._books_by_class)
+
+    def plans(self, device_class: str) -> list[str]:
+        """Return the plans that have a book in a device class, sorted."""
+        return sorted(book.plan for book in self._books_by_class.get(device_class, ()))
+
+    def depth(
+        self,
+        device_class: str,
+        side: Side,
+        levels: int | None = None,
+        plan: str | None = None,
+    ) -> list[PriceLevel]:
+        """Return up to `levels` price levels of one side, best first, with live units.
+
+        Levels sum over all plans unless `plan` names one.
+        """
+        books = self._books_for(device_class, plan)
+        if len(books) == 1:
+            return books[0].depth(side, levels)
+        totals: dict[int, tuple[int, int]] = {}
+        for book in books:
+            for price, quantity, orders in book.depth(side):
+                held_quantity, held_orders = totals.get(price, (0, 0))
+                totals[price] = (held_quantity + quantity, held_orders + orders)
+        prices = sorted(totals, reverse=side is _BID)[:levels]
+        return [PriceLevel(p, *totals[p]) for p in prices]
+
+    def best_bid(self, device_class: str, plan: str | None = None) -> int | None:
+        """Return the highest live bid price of a device class (and plan, if given), or None."""
+        prices = [b.best(Side.BID) for b in self._books_for(device_class, plan)]
+        return max((p for p in prices if p is not None), default=None)
+
+    def best_ask(self, device_class: str, plan: str | None = None) -> int | None:
+        """Return the lowest live ask price of a device class (and plan, if given), or None."""
+        prices = [b.best(Side.ASK) for b in self._books_for(device_class, plan)]
+        return min((p for p in prices if p is not None), default=None)
+
+    @property
+    def next_seq(self) -> int:
+        """Return the sequence number the next placed order will get."""
+        return self._next_seq
+
+    @property
+    def next_fill_id(self) -> int:
+        """Return the id the next fill will get."""
+        return self._next_fill_id
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def snapshot(self) -> SnapshotData:
+        """Return the whole state as JSON-ready plain data (see `market.engine.snapshot`)."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "next_seq": self._next_seq,
+            "next_fill_id": self._next_fill_id,
+            "orders": [record_to_data(_record(e)) for e in self._entries.values()],
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, object]) -> MatchingEngine:
+        """Rebuild an engine from `snapshot()` data; raise `SnapshotError` if it is not valid.
+
+        The restored engine has the same state and yields the same fills for the same future
+        calls as the engine that wrote the snapshot.
+        """
+        if not isinstance(data, Mapping):
+            raise SnapshotError(f"a snapshot must be a mapping, got {type(data).__name__}")
+        version = get_int(data, "version")
+        if version != SNAPSHOT_VERSION:
+            raise SnapshotError(f"unsupported snapshot version {version}")
+        next_seq = get_int(data, "next_seq")
+        next_fill_id = get_int(data, "next_fill_id")
+        if next_seq < 1 or next_fill_id < 1:
+            raise SnapshotError("next_seq and next_fill_id must be at least 1")
+        raw_orders = data.get("orders")
+        if not isinstance(raw_orders, list):
+            raise SnapshotError("orders must be a list")
+        records = sorted((record_from_data(r) for r in raw_orders), key=lambda r: r.seq)
+        engine = cls()
+        previous_seq = 0
+        for rec in records:
+            if rec.seq <= previous_seq or rec.seq >= next_seq:
+                raise SnapshotError(f"order {rec.order_id!r}: sequence {rec.seq} out of order")
+            previous_seq = rec.seq
+            if rec.order_id in engine._entries:
+                raise SnapshotError(f"order {rec.order_id!r} appears twice")
+            book = engine._books.get((rec.order.device_class, rec.order.plan))
+            if book is None:
+                book = engine._new_book(rec.order.device_class, rec.order.plan)
+            entry = BookEntry(rec.order, rec.seq, book)
+            entry.remaining = rec.remaining
+            entry.state = rec.state
+            engine._entries[rec.order_id] = entry
+            if rec.state.is_live:
+                book.rest(entry)
+                engine._expiry_buckets.setdefault(rec.order.expiry, []).append(entry)
+        engine._expiry_heap = sorted(engine._expiry_buckets)
+        engine._next_seq = next_seq
+        engine._next_fill_id = next_fill_id
+        return engine
+
+    def _new_book(self, device_class: str, plan: str) -> Book:
+        book = self._books[device_class, plan] = Book(device_class, plan)
+        self._books_by_class.setdefault(device_class, []).append(book)
+        return book
+
+    def _books_for(self, device_class: str, plan: str | None) -> list[Book]:
+        if plan is None:
+            return self._books_by_class.get(device_class, [])
+        book = self._books.get((device_class, plan))
+        return [] if book is None else [book]
+
+    def _compact_expiries(self) -> None:
+        """Drop dead entries from the expiry buckets once they dominate."""
+        self._pushes = 0
+        buckets = self._expiry_buckets
+        held = sum(len(bucket) for bucket in buckets.values())
+        live = sum(len(book) for book in self._books.values())
+        if held <= 2 * live + _EXPIRY_CHECK_EVERY:
+            return
+        kept = {}
+        for expiry, bucket in buckets.items():
+            alive = [entry for entry in bucket if entry.live]
+            if alive:
+                kept[expiry] = alive
+        self._expiry_buckets = kept
+        self._expiry_heap = sorted(kept)
+
+
+def _record(entry: BookEntry) -> OrderRecord:
+    return OrderRecord(entry.order, entry.seq, entry.state, entry.remaining)

@@ -1,0 +1,76 @@
+"""Typed errors of the market; every one derives from `MarketError`.
+
+Each error mixes in the builtin it refines (`ValueError`, `LookupError`), so callers that only
+know the builtins still catch it, and carries the offending values as attributes so the API
+layer can map it to a 4xx with a reason without parsing the message.
+"""
+
+from __future__ import annotations
+
+
+class MarketError(Exception):
+    """Root of every error the market raises on purpose."""
+
+
+class InvalidOrderError(MarketError, ValueError):
+    """Raise when an order's fields break a rule (empty id, negative memory, bad side, ...)."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid order {field}={value!r}: {reason}")
+
+
+class InvalidQuantityError(InvalidOrderError):
+    """Raise when an order's quantity is not a positive integer."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__("quantity", value, "must be a positive integer")
+
+
+class InvalidPriceError(InvalidOrderError):
+    """Raise when an order's limit price is not a positive integer."""
+
+    def __init__(self, value: object) -> None:
+        super().__init__("price", value, "must be a positive integer")
+
+
+class OrderExpiredError(InvalidOrderError):
+    """Raise when an order is placed at or after its own expiry."""
+
+    def __init__(self, order_id: str, expiry: int, now: int) -> None:
+        self.order_id = order_id
+        self.expiry = expiry
+        self.now = now
+        super().__init__("expiry", expiry, f"order {order_id!r} expired (now={now})")
+
+
+class DuplicateOrderError(MarketError, ValueError):
+    """Raise when an order id has already been placed."""
+
+    def __init__(self, order_id: str) -> None:
+        self.order_id = order_id
+        super().__init__(f"order {order_id!r} already exists")
+
+
+class UnknownOrderError(MarketError, LookupError):
+    """Raise when an order id is not known to the engine."""
+
+    def __init__(self, order_id: str) -> None:
+        self.order_id = order_id
+        super().__init__(f"unknown order {order_id!r}")
+
+
+class OrderStateError(MarketError, ValueError):
+    """Raise when an order cannot move to the requested lifecycle state (e.g. cancel a fill)."""
+
+    def __init__(self, order_id: str, state: str, target: str) -> None:
+        self.order_id = order_id
+        self.state = state
+        self.target = target
+        super().__init__(f"order {order_id!r} cannot go from {state} to {target}")
+
+
+class SnapshotError(MarketError, ValueError):
+    """Raise when snapshot data cannot be restored (malformed, inconsistent, wrong version)."""

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Benchmark the pure matching engine on a deterministic random replay.
+
+Generate a replay of places and cancels over several device classes with some constraint
+mismatches (plans, SLO, memory), replay it against a fresh engine and print one JSON line:
+`{"engine_orders_per_s": x, "orders": n, "fills": n}`. Orders are built before the clock starts
+(as if parsed by the API); the timed loop is the engine alone, including periodic `expire` calls.
+`scripts/bench-market` imports `run` from here; run this file directly for the engine alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from market.engine import MatchingEngine, Order, Side
+
+# device class -> mid price per unit (settlement token base units)
+DEVICE_CLASSES: dict[str, int] = {
+    "tpu-v5e": 1_000,
+    "tpu-v5e-aot": 200,
+    "tpu-v6e": 1_600,
+    "gpu-h100": 2_500,
+    "cpu": 50,
+}
+PLANS = ("metered", "flat", "outcome")
+PLAN_WEIGHTS = (85, 10, 5)
+ASK_SLO_MS = (50, 100, 250)
+BID_SLO_MS = (100, 250, 500, 1_000)
+BID_SLO_WEIGHTS = (10, 30, 30, 30)
+GIB = 1 << 30
+ASK_MEMORY = (16 * GIB, 32 * GIB, 95 * GIB)
+BID_MEMORY = (0, 4 * GIB, 16 * GIB, 32 * GIB, 64 * GIB)
+BID_MEMORY_WEIGHTS = (30, 30, 25, 10, 5)
+CANCEL_SHARE = 0.25
+EXPIRE_EVERY = 100  # operations between expire(now) calls
+TICK_EVERY = 10  # operations per second of simulated time
+
+
+class Op(NamedTuple):
+    """One replay step: kind 0 places `order`, 1 cancels `order_id`, 2 expires at `now`."""
+
+    kind: int
+    order: Order | None
+    order_id: str
+    now: int
+
+
+def _random_order(rng: random.Random, n: int, now: int) -> Order:
+    device_class = rng.choice(tuple(DEVICE_CLASSES))
+    mid = DEVICE_CLASSES[device_class]
+    side = Side.BID if rng.random() < 0.5 else Side.ASK
+    skew = -0.005 if side is Side.BID else 0.005
+    price = max(1, round(mid * (1 + rng.gauss(skew, 0.01))))
+    plan = rng.choices(PLANS, PLAN_WEIGHTS)[0]
+    if side is Side.BID:
+        slo_ms = rng.choices(BID_SLO_MS, BID_SLO_WEIGHTS)[0]
+        memory = rng.choices(BID_MEMORY, BID_MEMORY_WEIGHTS)[0]
+    else:
+        slo_ms = rng.choice(ASK_SLO_MS)
+        memory = rng.choice(ASK_MEMORY)
+    return Order(
+        side=side,
+        order_id=f"o{n}",
+        owner=f"0x{rng.randrange(1 << 160):040x}",
+        device_class=device_class,
+        quantity=rng.randint(1, 100),
+        price=price,
+        plan=plan,
+        slo_ms=slo_ms,
+        memory=memory,
+        expiry=now + rng.randint(30, 3_600),
+    )
+
+
+def generate_replay(orders: int, seed: int = 1) -> list[Op]:
+    """Return a deterministic replay with `orders` places and cancels (plus expire calls).
+
+    Cancels target orders that are live at that point, found by running a scratch engine.
+    """
+    rng = random.Random(seed)
+    engine = MatchingEngine()
+    ops: list[Op] = []
+    recent: list[str] = []
+    now = 1_700_000_000
+    placed = 0
+    done = 0
+    while done < orders:
+        if done % TICK_EVERY == 0:
+            now += 1
+        if done % EXPIRE_EVERY == 0:
+            engine.expire(now)
+            ops.append(Op(2, None, "", now))
+        target = _live_target(rng, engine, recent) if rng.random() < CANCEL_SHARE else None
+        if target is not None:
+            engine.cancel(target)
+            ops.append(Op(1, None, target, now))
+        else:
+            order = _random_order(rng, placed, now)
+            placed += 1
+            engine.place(order, now=now)
+            recent.append(order.order_id)
+            if len(recent) > 4_096:
+                del recent[:2_048]
+            ops.append(Op(0, order, order.order_id, now))
+        done += 1
+    return ops
+
+
+def _live_target(rng: random.Random, engine: MatchingEngine, recent: list[str]) -> str | None:
+    for _ in range(4):
+        if not recent:
+            return None
+        candidate = rng.choice(recent)
+        if engine.record(candidate).state.is_live:
+            return candidate
+    return None
+
+
+def replay(ops: Sequence[Op]) -> tuple[float, int]:
+    """Replay `ops` against a fresh engine; return (seconds taken, number of fills)."""
+    engine = MatchingEngine()
+    place, cancel, expire = engine.place, engine.cancel, engine.expire
+    fills = 0
+    start = time.perf_counter()
+    for kind, order, order_id, now in ops:
+        if kind == 0:
+            fills += len(place(order, now=now))  # type: ignore[arg-type]  # kind 0 has an order
+        elif kind == 1:
+            cancel(order_id)
+        else:
+            expire(now)
+    return time.perf_counter() - start, fills
+
+
+def run(orders: int = 200_000, seed: int = 1, repeat: int = 3) -> dict[str, float | int]:
+    """Benchmark the engine; return the figures, using the fastest of `repeat` replays."""
+    ops = generate_replay(orders, seed)
+    n = sum(1 for op in ops if op.kind != 2)
+    best = float("inf")
+    fills = 0
+    # The replay's input (200k+ orders) is the benchmark's, not the engine's: move it out of
+    # the cyclic GC's generations so full collections scan only what the engine allocates.
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(max(1, repeat)):
+            gc.collect()  # free the previous replay's engine outside the timed loop
+            seconds, fills = replay(ops)
+            best = min(best, seconds)
+    finally:
+        gc.unfreeze()
+    return {"engine_orders_per_s": round(n / best), "orders": n, "fills": fills}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run the benchmark and print its JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--orders", type=int, default=200_000, help="places + cancels")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="replays; the fastest counts")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.orders, args.seed, args.repeat)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The engine stays a pure module, and the engine benchmark runs and reports its figures."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = ROOT / "market" / "engine"
+BENCH = ROOT / "scripts" / "bench_market_engine.py"
+ALLOWED_IMPORTS = {
+    "__future__",
+    "bisect",
+    "collections",
+    "dataclasses",
+    "enum",
+    "heapq",
+    "typing",
+    "market",
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    """Return the top-level package of every import in a source file."""
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("path", sorted(ENGINE.glob("*.py")), ids=lambda p: p.name)
+def test_engine_module_imports_only_pure_standard_library(path: Path) -> None:
+    assert imported_roots(path) <= ALLOWED_IMPORTS
+
+
+def test_engine_market_imports_stay_inside_engine_and_errors() -> None:
+    for path in ENGINE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("market")
+            ):
+                assert node.module.startswith("market.engine") or node.module == "market.errors"
+
+
+def load_bench() -> ModuleType:
+    """Import scripts/bench_market_engine.py as a module."""
+    spec = importlib.util.spec_from_file_location("bench_market_engine", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_replay_is_deterministic_and_mixes_places_cancels_and_classes() -> None:
+    bench = load_bench()
+    first = bench.generate_replay(2_000, seed=7)
+    second = bench.generate_replay(2_000, seed=7)
+    assert first == second
+    kinds = {op.kind for op in first}
+    assert kinds == {0, 1, 2}
+    assert sum(1 for op in first if op.kind != 2) == 2_000
+    classes = {op.order.device_class for op in first if op.kind == 0}
+    assert len(classes) >= 3
+    assert bench.replay(first)[1] == bench.replay(second)[1] > 0
+
+
+def test_bench_script_prints_one_json_line_with_the_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--orders", "3000", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1
+    figures = json.loads(lines[0])
+    assert set(figures) == {"engine_orders_per_s", "orders", "fills"}
+    assert figures["orders"] == 3000
+    assert figures["engine_orders_per_s"] > 0

@@ -1,0 +1,156 @@
+"""Tests of snapshot and restore: plain data out, the same engine back, bad data rejected."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from market.engine import MatchingEngine, Side
+from market.errors import SnapshotError
+from tests.market.builders import NOW, ask, bid
+
+
+def busy_engine() -> MatchingEngine:
+    """Return an engine with orders in every lifecycle state, two classes and two plans."""
+    engine = MatchingEngine()
+    engine.place(ask("a-open", price=105, quantity=5), now=NOW)
+    engine.place(ask("a-part", price=101, quantity=8), now=NOW)
+    engine.place(bid("b-fill", price=101, quantity=3), now=NOW)
+    engine.place(ask("a-cancel", price=110), now=NOW)
+    engine.cancel("a-cancel")
+    engine.place(bid("b-exp", price=90, expiry=NOW + 5), now=NOW)
+    engine.expire(NOW + 5)
+    engine.place(bid("b-open", price=95, plan="flat"), now=NOW)
+    engine.place(ask("c-open", device_class="cpu", price=3), now=NOW)
+    engine.place(ask("a-slow", price=99, slo_ms=900), now=NOW)
+    return engine
+
+
+def test_snapshot_is_json_ready_and_lists_every_order_in_sequence() -> None:
+    snap = busy_engine().snapshot()
+    assert json.loads(json.dumps(snap)) == snap
+    assert [o["order_id"] for o in snap["orders"]] == [
+        "a-open",
+        "a-part",
+        "b-fill",
+        "a-cancel",
+        "b-exp",
+        "b-open",
+        "c-open",
+        "a-slow",
+    ]
+    states = {o["order_id"]: o["state"] for o in snap["orders"]}
+    assert states["a-part"] == "partially_filled"
+    assert states["b-exp"] == "expired"
+
+
+def test_restore_gives_the_same_state() -> None:
+    engine = busy_engine()
+    restored = MatchingEngine.restore(json.loads(json.dumps(engine.snapshot())))
+    assert restored.snapshot() == engine.snapshot()
+    assert restored.records() == engine.records()
+    for device_class in engine.device_classes():
+        for side in Side:
+            assert restored.depth(device_class, side) == engine.depth(device_class, side)
+            assert restored.open_orders(device_class, side) == engine.open_orders(
+                device_class, side
+            )
+    assert restored.device_classes() == engine.device_classes()
+    assert restored.next_seq == engine.next_seq
+    assert restored.next_fill_id == engine.next_fill_id
+
+
+def test_restore_gives_the_same_future_fills() -> None:
+    engine = busy_engine()
+    restored = MatchingEngine.restore(engine.snapshot())
+    for target in (engine, restored):
+        target.place(bid("b-new", price=120, quantity=20), now=NOW + 1)
+        target.place(ask("a-new", price=80, plan="flat"), now=NOW + 1)
+    assert restored.snapshot() == engine.snapshot()
+    later = [e.place(ask("a-late", price=1, slo_ms=50), now=NOW + 2) for e in (engine, restored)]
+    assert later[0] == later[1]
+    assert later[0]
+
+
+def test_restore_of_empty_snapshot_gives_empty_engine() -> None:
+    restored = MatchingEngine.restore(MatchingEngine().snapshot())
+    assert len(restored) == 0
+    assert restored.next_seq == 1
+
+
+def _broken(change: str) -> dict[str, Any]:
+    snap: dict[str, Any] = copy.deepcopy(dict(busy_engine().snapshot()))
+    orders = snap["orders"]
+    match change:
+        case "version":
+            snap["version"] = 99
+        case "next_seq_missing":
+            del snap["next_seq"]
+        case "next_seq_bool":
+            snap["next_seq"] = True
+        case "next_fill_id_zero":
+            snap["next_fill_id"] = 0
+        case "orders_not_list":
+            snap["orders"] = {}
+        case "order_not_mapping":
+            orders[0] = ["a-open"]
+        case "bad_side":
+            orders[0]["side"] = "buy"
+        case "bad_state":
+            orders[0]["state"] = "matched"
+        case "bad_price":
+            orders[0]["price"] = 0
+        case "price_as_string":
+            orders[0]["price"] = "105"
+        case "open_but_partly_filled":
+            orders[0]["remaining"] = 1
+        case "filled_with_remainder":
+            orders[2]["remaining"] = 1
+        case "cancelled_with_nothing_left":
+            orders[3]["remaining"] = 0
+        case "partial_with_nothing_filled":
+            orders[1]["remaining"] = orders[1]["quantity"]
+        case "duplicate_id":
+            orders[1]["order_id"] = orders[0]["order_id"]
+        case "duplicate_seq":
+            orders[1]["seq"] = orders[0]["seq"]
+        case "seq_beyond_next":
+            orders[-1]["seq"] = snap["next_seq"]
+        case _:
+            raise AssertionError(change)
+    return snap
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "version",
+        "next_seq_missing",
+        "next_seq_bool",
+        "next_fill_id_zero",
+        "orders_not_list",
+        "order_not_mapping",
+        "bad_side",
+        "bad_state",
+        "bad_price",
+        "price_as_string",
+        "open_but_partly_filled",
+        "filled_with_remainder",
+        "cancelled_with_nothing_left",
+        "partial_with_nothing_filled",
+        "duplicate_id",
+        "duplicate_seq",
+        "seq_beyond_next",
+    ],
+)
+def test_restore_when_snapshot_is_inconsistent_then_raises_snapshot_error(change: str) -> None:
+    with pytest.raises(SnapshotError):
+        MatchingEngine.restore(_broken(change))
+
+
+def test_restore_when_data_is_not_a_mapping_then_raises_snapshot_error() -> None:
+    with pytest.raises(SnapshotError):
+        MatchingEngine.restore([])  # type: ignore[arg-type]
