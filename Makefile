@@ -12,6 +12,11 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# Model conversion and the real trained model: torch first (the CPU wheel), silero-vad only
+	# for its ONNX weights (its own dependencies would pull torchaudio).
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet torchax==0.0.13 onnx==1.23.2 onnxruntime==1.32.0
+	$(PY) -m pip install --quiet --no-deps silero-vad==6.2.3
 	touch $(STAMP)
 
 $(NPMSTAMP): package.json package-lock.json

@@ -18,3 +18,23 @@ class DeliveryRejected(ClientError, ValueError):
 
 class SpendingCapExceeded(ClientError):
     """Paying would take a deal or the client past its spending cap."""
+
+
+class ModelExportError(ClientError, ValueError):
+    """A model could not be exported into a task program (bad example arguments, tracing)."""
+
+
+class ModelConversionError(ModelExportError):
+    """A PyTorch module could not be converted to JAX (torch.export, torchax or torch_xla)."""
+
+
+class ConverterUnavailableError(ClientError, ImportError):
+    """An optional converter or model source (torch, torchax, torch_xla, onnx) is missing."""
+
+
+class ProgramInputsError(ClientError, ValueError):
+    """Inputs do not match an exported program's signature (count, shape, dtype, batch)."""
+
+
+class ProgramOutputsError(ClientError, ValueError):
+    """Delivered outputs cannot be decoded or do not match the program's signature."""

@@ -88,7 +88,9 @@ def outputs_hash(data: bytes) -> bytes:
 
 def encode_arrays(arrays: Mapping[str, Array], fmt: ArrayFormat = ArrayFormat.SAFETENSORS) -> bytes:
     """Serialize named arrays as safetensors (default) or an uncompressed ``.npz``."""
-    contiguous = {name: np.ascontiguousarray(value) for name, value in arrays.items()}
+    contiguous = {
+        name: np.ascontiguousarray(value).reshape(np.shape(value)) for name, value in arrays.items()
+    }
     if fmt is ArrayFormat.SAFETENSORS:
         return safetensors.numpy.save(contiguous)
     buffer = io.BytesIO()
@@ -279,3 +281,56 @@ def decode_envelope(data: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES) -> Prog
     )
     envelope.check()
     return envelope
+
+
+# ---- binding a task to its signed request ------------------------------------------------
+
+_HASH_DOMAIN_COMPILE_TARGET: Final = b"tpumarket.compile-target.v1"
+MAX_TARGET_CHARS: Final = 64
+_KIND_COMPILE: Final = 0  # mirrors contracts.messages.KIND_COMPILE
+_KIND_INFERENCE: Final = 1  # mirrors contracts.messages.KIND_INFERENCE
+
+
+def check_target_name(target: str) -> bytes:
+    """Return the UTF-8 bytes of a compile target name; raise on empty, long or odd names.
+
+    A target is printable ASCII without spaces (``local``, ``cpu``, ``v5e:1x1``), at most
+    :data:`MAX_TARGET_CHARS` characters, so it travels unchanged in an HTTP header.
+    """
+    if not target or len(target) > MAX_TARGET_CHARS:
+        raise ProgramFormatError(f"compile target must have 1..{MAX_TARGET_CHARS} characters")
+    if not all("!" <= ch <= "~" for ch in target):
+        raise ProgramFormatError(f"compile target {target!r} must be printable ASCII, no spaces")
+    return target.encode("ascii")
+
+
+def compile_input_hash(target: str, inputs_sha256: bytes) -> bytes:
+    """Return the ``TaskRequest.inputHash`` of a compile task for ``target``.
+
+    ``sha256("tpumarket.compile-target.v1" || u8 len(target) || target || inputs_sha256)``:
+    domain-separated (it can never equal an inference task's plain inputs hash), length-prefixed
+    (no two targets share a preimage), over the exact target string the client sends.
+    """
+    if len(inputs_sha256) != 32:
+        raise ProgramFormatError("inputs_sha256 must be 32 bytes")
+    name = check_target_name(target)
+    return hashlib.sha256(
+        _HASH_DOMAIN_COMPILE_TARGET + bytes([len(name)]) + name + inputs_sha256
+    ).digest()
+
+
+def request_input_hash(kind: int, envelope: ProgramEnvelope, target: str | None = None) -> bytes:
+    """Return the ``inputHash`` a client signs for ``envelope`` run as a task of ``kind``.
+
+    Inference (kind 1): the envelope's inputs hash. Compile (kind 0): :func:`compile_input_hash`
+    over ``target`` (required) and the envelope's inputs hash.
+    """
+    if kind == _KIND_INFERENCE:
+        if target is not None:
+            raise ProgramFormatError("an inference task takes no compile target")
+        return envelope.inputs_sha256
+    if kind == _KIND_COMPILE:
+        if target is None:
+            raise ProgramFormatError("a compile task needs a target such as 'local' or 'v5e:1x1'")
+        return compile_input_hash(target, envelope.inputs_sha256)
+    raise ProgramFormatError(f"unknown task kind {kind}")

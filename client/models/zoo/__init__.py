@@ -1,0 +1,1 @@
+"""Real trained models that PyPI packages ship, ported to JAX."""

@@ -1,0 +1,1 @@
+"""Tests of client.models: export, conversion, the real model, through the real sandbox."""

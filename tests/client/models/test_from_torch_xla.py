@@ -1,0 +1,76 @@
+"""The torch_xla route: its adapter on a foreign-ordered StableHLO module; the import guard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from client.errors import ConverterUnavailableError, ModelConversionError
+from client.models import export_torch_xla, torch_xla_available
+from client.models.from_torch_xla import wrap_stablehlo
+from provider.sandbox import Sandbox
+from tests.client.models.helpers import run_in_sandbox
+
+Array = np.ndarray[Any, Any]
+
+
+def layer(w: jax.Array, b: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A dense layer and the input's sum."""
+    return jnp.tanh(x @ w + b), x.sum()
+
+
+def foreign_module(w: Array, b: Array, x: Array) -> str:
+    """StableHLO whose @main takes (b, x, w), as torch_xla interleaves its arguments."""
+    return str(
+        jax.jit(lambda b_, x_, w_: layer(w_, b_, x_)).lower(b, x, w).compiler_ir("stablehlo")
+    )
+
+
+def test_foreign_stablehlo_rewired_to_our_flat_order_runs_in_the_sandbox(
+    sandbox: Sandbox, rng: np.random.Generator
+) -> None:
+    w = rng.standard_normal((3, 5), dtype=np.float32)
+    b = rng.standard_normal((5,), dtype=np.float32)
+    x = rng.standard_normal((4, 3), dtype=np.float32)
+    model = wrap_stablehlo(
+        foreign_module(w, b, x),
+        weights=[w, b],
+        weight_labels=["w", "b"],
+        sources=[("weight", 1), ("input", 0), ("weight", 0)],
+        example_inputs=[x],
+        outputs=[((4, 5), "float32"), ((), "float32")],
+    )
+    assert [s.index for s in model.signature.inputs] == [2]
+
+    out, total = run_in_sandbox(sandbox, model, model.example_envelope())
+
+    expected_out, expected_total = layer(jnp.asarray(w), jnp.asarray(b), jnp.asarray(x))
+    np.testing.assert_allclose(out, np.asarray(expected_out), atol=1e-6)
+    np.testing.assert_allclose(total, np.asarray(expected_total), atol=1e-5)
+
+
+def test_sources_whose_types_do_not_match_the_module_are_rejected(
+    rng: np.random.Generator,
+) -> None:
+    w = rng.standard_normal((3, 5), dtype=np.float32)
+    b = rng.standard_normal((5,), dtype=np.float32)
+    x = rng.standard_normal((4, 3), dtype=np.float32)
+    with pytest.raises(ModelConversionError, match="argument 0 of @main"):
+        wrap_stablehlo(
+            foreign_module(w, b, x),
+            weights=[w, b],
+            weight_labels=["w", "b"],
+            sources=[("weight", 0), ("input", 0), ("weight", 1)],
+            example_inputs=[x],
+            outputs=[((4, 5), "float32"), ((), "float32")],
+        )
+
+
+@pytest.mark.skipif(torch_xla_available(), reason="torch_xla is installed here")
+def test_without_torch_xla_the_route_says_how_to_get_it() -> None:
+    with pytest.raises(ConverterUnavailableError, match="own environment"):
+        export_torch_xla(object(), [])
