@@ -142,6 +142,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (
             quote.arbiter == address(0) || quote.duration == 0 || quote.plan.reservationFee > maxSpend
                 || maxSpend > type(uint128).max || quote.stake > type(uint128).max || quote.penalty > type(uint128).max
+                || block.timestamp + quote.duration + 2 * uint256(quote.challengeWindow) + ARBITRATION_PERIOD
+                    > type(uint64).max
         ) revert EscrowInvalidTerms();
         bytes32 quoteHash = quote.hash();
         _checkSigner(_hashTypedDataV4(quoteHash), signature, quote.provider);
@@ -267,6 +269,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         _checkCap(dealId, deal, deal.committed + pending);
         deal.pending = uint128(pending);
         batchId = deal.batchCount++;
+        // Safe: now < expiry + window, and openDeal bounded expiry + 2 windows below 2^64.
         uint64 deadline = uint64(block.timestamp) + deal.challengeWindow;
         _batches[dealId][batchId] = Batch({amount: uint128(total), deadline: deadline, status: BatchStatus.Pending});
         emit ReceiptsClaimed(dealId, batchId, total, count, deadline);
@@ -288,6 +291,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (msg.sender != deal.client) revert EscrowUnauthorized(msg.sender);
         Batch storage batch = _batch(dealId, batchId, BatchStatus.Pending);
         if (block.timestamp >= batch.deadline) revert EscrowChallengeWindowClosed(batch.deadline);
+        // Safe: now < batch deadline <= expiry + 2 windows; openDeal bounded that plus arbitration.
         uint64 deadline = uint64(block.timestamp) + ARBITRATION_PERIOD;
         batch.status = BatchStatus.Disputed;
         batch.deadline = deadline;
@@ -316,7 +320,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         uint256 dealId = ack.dealId;
         Deal storage deal = _open(dealId);
         _checkSigner(_hashTypedDataV4(ack.hash()), signature, deal.provider);
-        uint64 refundableAt = ack.deadline + deal.challengeWindow;
+        uint256 refundableAt = uint256(ack.deadline) + deal.challengeWindow;
         if (block.timestamp <= refundableAt) revert EscrowDeadlineNotPassed(refundableAt);
         uint32 taskIndex = ack.taskIndex;
         if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
@@ -346,6 +350,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     /// @inheritdoc IComputeEscrow
     function closeDeal(uint256 dealId) external {
         Deal storage deal = _open(dealId);
+        // Safe from overflow: openDeal bounded expiry + 2 windows + arbitration below 2^64.
         uint64 closableAt = deal.expiry + deal.challengeWindow;
         if (block.timestamp < closableAt) {
             if (msg.sender == deal.client) deal.clientAgreedClose = true;

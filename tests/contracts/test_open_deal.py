@@ -104,6 +104,8 @@ def test_open_deal_when_plan_is_invalid_then_rejects(world: World, plan: Plan) -
     [
         {"arbiter": "0x" + "00" * 20},
         {"duration": 0},
+        {"duration": 2**64 - 1},
+        {"challenge_window": 2**63},
         {"plan": Plan(reservation_fee=10**6 + 1)},
     ],
 )

@@ -115,7 +115,8 @@ interface IComputeEscrow {
     error EscrowSpendAboveQuote(uint256 maxSpend, uint256 quoted);
     /// @notice Thrown when a plan has a discount above 100% or unordered tiers.
     error EscrowInvalidPlan();
-    /// @notice Thrown when quote terms are unusable (no arbiter, zero duration, fee above cap).
+    /// @notice Thrown when quote terms are unusable (no arbiter, zero duration, fee above cap,
+    /// amounts past 128 bits, or times past 64 bits).
     error EscrowInvalidTerms();
     /// @notice Thrown when a deal id is unknown.
     error EscrowDealNotFound(uint256 dealId);
@@ -132,7 +133,7 @@ interface IComputeEscrow {
     /// @notice Thrown when a task index or voucher bitmap is beyond the supported range.
     error EscrowTaskIndexTooLarge(uint256 taskIndex);
     /// @notice Thrown when a breach refund is asked before the deadline and its grace have passed.
-    error EscrowDeadlineNotPassed(uint64 refundableAt);
+    error EscrowDeadlineNotPassed(uint256 refundableAt);
     /// @notice Thrown when claimed receipts come with a plan other than the deal's.
     error EscrowPlanMismatch(uint256 dealId);
     /// @notice Thrown when a receipt belongs to another deal.
