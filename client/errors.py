@@ -38,3 +38,17 @@ class ProgramInputsError(ClientError, ValueError):
 
 class ProgramOutputsError(ClientError, ValueError):
     """Delivered outputs cannot be decoded or do not match the program's signature."""
+
+
+class ProviderUnavailable(ClientError, ConnectionError):
+    """The provider could not be reached, after retrying transient network errors."""
+
+
+class ProviderRejected(ClientError):
+    """The provider answered a request with an error status and a reason."""
+
+    def __init__(self, status: int, error: str, reason: str) -> None:
+        self.status = status
+        self.error = error
+        self.reason = reason
+        super().__init__(f"{status} {error}: {reason}")

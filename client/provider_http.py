@@ -1,0 +1,148 @@
+"""HTTP client of a provider daemon's task API (see docs/provider-api.md).
+
+Only transient network errors (connection failures, timeouts, 502/503/504) are retried, with
+backoff; a 4xx is a typed `ProviderRejected` at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from client.errors import ProviderRejected, ProviderUnavailable
+from contracts.messages import Ack, Receipt, TaskRequest, Voucher
+
+TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A provider's answer about one task: its ack and, once delivered, receipt and outputs."""
+
+    state: str
+    ack: Ack
+    ack_signature: bytes
+    receipt: Receipt | None
+    receipt_signature: bytes
+    outputs: bytes | None
+    report: dict[str, Any] | None
+    diagnosis: dict[str, Any] | None
+
+    @property
+    def delivered(self) -> bool:
+        """Return whether the task has a receipt."""
+        return self.receipt is not None
+
+
+def _hex(value: str | None) -> bytes:
+    return bytes.fromhex(value.removeprefix("0x")) if value else b""
+
+
+class ProviderHttp:
+    """A synchronous client of one provider daemon."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0, retries: int = 4) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def info(self) -> dict[str, Any]:
+        """Return the provider's address, chain, escrow, plan and SLO."""
+        body: dict[str, Any] = self._request("GET", "/v1/info").json()
+        return body
+
+    def submit(
+        self,
+        request: TaskRequest,
+        signature: bytes,
+        envelope: bytes,
+        *,
+        target: str | None = None,
+        wait_s: float = 0,
+    ) -> TaskView:
+        """Submit a signed task; return the ack (and the result if it came within `wait_s`)."""
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Tpumarket-Request": _json_header(request.to_json()),
+            "X-Tpumarket-Signature": "0x" + signature.hex(),
+        }
+        if target is not None:
+            headers["X-Tpumarket-Target"] = target
+        response = self._request(
+            "POST", "/v1/tasks", content=envelope, headers=headers, params={"wait": wait_s}
+        )
+        return self._view(response.json())
+
+    def fetch(self, deal_id: int, task_index: int, *, wait_s: float = 0) -> TaskView:
+        """Return the state of a task, long-polling up to `wait_s` for its delivery."""
+        response = self._request(
+            "GET", f"/v1/tasks/{deal_id}/{task_index}", params={"wait": wait_s}
+        )
+        return self._view(response.json())
+
+    def send_voucher(self, voucher: Voucher, signature: bytes) -> bool:
+        """Hand over a signed cumulative voucher; return whether it was new to the provider."""
+        body = {"voucher": voucher.to_json(), "signature": "0x" + signature.hex()}
+        return bool(self._request("POST", "/v1/vouchers", json=body).json().get("new", False))
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _view(self, body: dict[str, Any]) -> TaskView:
+        receipt = body.get("receipt")
+        outputs: bytes | None = None
+        if body.get("outputs_b64") is not None:
+            outputs = base64.b64decode(body["outputs_b64"])
+        elif receipt is not None and body.get("outputs_size"):
+            ack = body["ack"]
+            outputs = self._request(
+                "GET", f"/v1/tasks/{ack['deal_id']}/{ack['task_index']}/outputs"
+            ).content
+        return TaskView(
+            state=str(body["state"]),
+            ack=Ack.from_json(body["ack"]),
+            ack_signature=_hex(body.get("ack_signature")),
+            receipt=Receipt.from_json(receipt) if receipt is not None else None,
+            receipt_signature=_hex(body.get("receipt_signature")),
+            outputs=outputs,
+            report=body.get("report"),
+            diagnosis=body.get("diagnosis"),
+        )
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        delay = 0.1
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.TransportError, httpx.TimeoutException) as exc:
+                if attempt == self.retries:
+                    raise ProviderUnavailable(f"{self.base_url}{path}: {exc}") from exc
+            else:
+                if response.status_code not in TRANSIENT_STATUS:
+                    if response.status_code >= 400:
+                        raise _rejected(response)
+                    return response
+                if attempt == self.retries:
+                    raise _rejected(response)
+            time.sleep(delay)  # backoff before retrying a transient failure
+            delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+
+def _rejected(response: httpx.Response) -> ProviderRejected:
+    try:
+        body = response.json()
+        error, reason = str(body.get("error", "error")), str(body.get("reason", body))
+    except ValueError:
+        error, reason = "error", response.text[:300]
+    return ProviderRejected(response.status_code, error, reason)
+
+
+def _json_header(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
