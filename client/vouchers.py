@@ -30,6 +30,11 @@ class VoucherBook:
     _warned: bool = False
 
     @property
+    def last_signed(self) -> int:
+        """Return the amount of the last voucher signed."""
+        return self._last_signed
+
+    @property
     def total(self) -> int:
         """Return what the next voucher owes in all."""
         return sum(self._paid.values())
@@ -60,7 +65,7 @@ class VoucherBook:
                 )
 
     def mark_claimed(self, task_index: int) -> None:
-        """Record that the provider claimed a task on chain: it is never vouched."""
+        """Record that a task was claimed or refunded on chain: it is never vouched."""
         if task_index in self._paid:
             raise ClientError(f"task {task_index} is vouched and cannot also be claimed")
         self._claimed.add(task_index)
