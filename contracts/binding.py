@@ -154,7 +154,7 @@ class Transactor:
             tx["to"] = to
         with self._lock:
             if gas is None:
-                gas = int(self._call(self.w3.eth.estimate_gas, tx) * GAS_MARGIN)
+                gas = int(self._call(self.w3.eth.estimate_gas, tx, "pending") * GAS_MARGIN)
             nonce = self._nonces.get(sender)
             if nonce is None:
                 nonce = self.w3.eth.get_transaction_count(sender, "pending")  # type: ignore[arg-type]

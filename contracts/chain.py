@@ -158,10 +158,27 @@ class Anvil:
         self.fund(address_of(key), wei)
         return key
 
+    def latest_timestamp(self) -> int:
+        """Return the latest block's timestamp."""
+        return int(rpc(self.url, "eth_getBlockByNumber", ["latest", False])["timestamp"], 16)
+
     def increase_time(self, seconds: int) -> None:
-        """Move the chain's clock forward and mine a block."""
-        rpc(self.url, "evm_increaseTime", [seconds])
+        """Mine a block `seconds` after the latest one (works with a fixed block interval too)."""
+        if seconds < 1:
+            raise ValueError("time moves forward by at least one second")
+        rpc(self.url, "evm_setNextBlockTimestamp", [self.latest_timestamp() + seconds])
         rpc(self.url, "evm_mine")
+
+    def set_block_interval(self, seconds: int | None) -> None:
+        """Give every new block the latest timestamp + `seconds` (None: follow the wall clock).
+
+        With an interval the chain's clock is deterministic: a transaction sent now executes
+        at exactly `latest_timestamp() + seconds`.
+        """
+        if seconds is None:
+            rpc(self.url, "anvil_removeBlockTimestampInterval")
+        else:
+            rpc(self.url, "anvil_setBlockTimestampInterval", [seconds])
 
     def snapshot(self) -> str:
         """Take a state snapshot; return its id."""

@@ -1,9 +1,10 @@
 """Random sequences of every escrow action against a real anvil, checking the money invariants.
 
-The machine keeps a model of what each actor and deal should hold. Each action is predicted to
-succeed or to fail with a named error; where the outcome depends on a block timestamp within a
-few seconds of a boundary, either outcome is accepted and the model follows the chain. After
-every step:
+The machine keeps a model of what each actor and deal should hold, and predicts whether each
+action succeeds or fails with which named error. The chain's clock is deterministic (one
+second per block, jumps by `evm_setNextBlockTimestamp`), so predictions at time boundaries
+are exact: an action at a window's last second and one a second later are both checked.
+After every step:
 
 * the escrow's token balance equals free balances + free stakes + every open deal's locked
   funds and locked stake, to the wei;
@@ -55,7 +56,6 @@ from .conftest import World
 
 EXAMPLES = int(os.environ.get("ESCROW_STATEFUL_EXAMPLES", "200"))
 STEPS = int(os.environ.get("ESCROW_STATEFUL_STEPS", "25"))
-FUZZ = 3  # seconds of timestamp uncertainty around a boundary
 PLANS = (
     Plan(inference_price=400, compile_price=900, price_per_device_ms=3),
     Plan(
@@ -75,7 +75,7 @@ RULINGS = (None, "provider", "client", "lapse")
 
 OUTCOMES: Counter[str] = Counter()  # outcome counts by rule, printed by the test (-s shows them)
 SUCCESS = "success"
-Outcome = str | set[str]  # SUCCESS or an error name; a set near a time boundary
+Outcome = str  # SUCCESS or the name of the expected custom error
 
 
 @dataclass
@@ -133,7 +133,6 @@ class EscrowMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.snapshot = self.world.anvil.snapshot()
-        self.world.anvil.increase_time(1)  # a fresh block, so "latest" tells the chain's time
         w = self.world
         self.clients = w.clients
         self.providers = w.providers
@@ -156,28 +155,25 @@ class EscrowMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ helpers
 
     def _now(self) -> int:
-        return self.world.now()
+        """Return the timestamp the next transaction executes at (one second per block)."""
+        return self.world.anvil.latest_timestamp() + 1
 
     def _act(self, outcome: Outcome, action: Callable[[], Any]) -> Any:
-        """Run an action, check it against the allowed outcomes; return its result or None."""
-        allowed = {outcome} if isinstance(outcome, str) else outcome
+        """Run an action, check it against the predicted outcome; return its result or None."""
         try:
             result = action()
             OUTCOMES[f"{action_name()} ok"] += 1
         except ContractRevert as exc:
             OUTCOMES[f"{action_name()} {exc.error_name}"] += 1
-            assert exc.error_name in allowed, f"predicted {allowed}, got {exc}"
+            assert exc.error_name == outcome, f"predicted {outcome}, got {exc}"
             return None
-        assert SUCCESS in allowed, f"predicted {allowed}, succeeded"
+        assert outcome == SUCCESS, f"predicted {outcome}, succeeded"
         return result
 
-    def _time_outcome(self, now: int, boundary: int, before: str, after: str) -> Outcome:
-        """Outcome of an action whose result flips at a timestamp boundary."""
-        if now + FUZZ < boundary:
-            return before
-        if now > boundary + FUZZ:
-            return after
-        return {before, after}
+    @staticmethod
+    def _time_outcome(now: int, boundary: int, before: str, after: str) -> str:
+        """Outcome of an action at `now` whose result flips at the `boundary` timestamp."""
+        return before if now < boundary else after
 
     def _open_deals(self) -> list[DealModel]:
         return [d for d in self.deals.values() if not d.closed]
@@ -460,7 +456,7 @@ class EscrowMachine(RuleBasedStateMachine):
             deal.tasks[i].settled = "claimed"
         follow_up = data.draw(st.sampled_from(["wait", "finalize", "dispute"]))
         if follow_up == "finalize":
-            self.world.anvil.increase_time(deal.window + FUZZ + 1)
+            self.world.anvil.increase_time(data.draw(st.integers(deal.window - 2, deal.window + 1)))
             self._finalize(deal, event["batchId"])
         elif follow_up == "dispute":
             self._dispute(deal, event["batchId"], data.draw(st.sampled_from(RULINGS)))
@@ -577,16 +573,12 @@ class EscrowMachine(RuleBasedStateMachine):
     def close(self, data: st.DataObject, by_client: bool) -> None:
         deal = data.draw(st.sampled_from(self._open_deals()))
         caller = deal.client if by_client else deal.provider
-        after = self._time_outcome(self._now(), deal.expiry + deal.window, "early", "late")
-        both = (
-            deal.provider_agreed if by_client else deal.client_agreed
-        ) or deal.client == deal.provider
-        if after == "late" or (after == "early" and both):
+        late = self._now() >= deal.expiry + deal.window
+        both = deal.provider_agreed if by_client else deal.client_agreed
+        if late or both:
             outcome = SUCCESS if deal.pending == 0 else "EscrowClaimsPending"
-        elif after == "early":
-            outcome = SUCCESS
-        else:  # near the boundary: closes if nothing is pending, else may revert or just agree
-            outcome = SUCCESS if deal.pending == 0 else {SUCCESS, "EscrowClaimsPending"}
+        else:
+            outcome = SUCCESS  # records this party's agreement only
         result = self._act(outcome, lambda: self.world.escrow.close_deal(caller, deal.deal_id))
         if result is None:
             return
@@ -648,9 +640,17 @@ class EscrowMachine(RuleBasedStateMachine):
         assert held == sum(free) + sum(stakes) + locked, "escrow balance != free + stakes + locked"
 
 
-@pytest.mark.timeout(1_800)
+@pytest.mark.timeout(max(1_800, EXAMPLES * 5))
 def test_escrow_money_invariants_hold_under_random_sequences(deployed: World) -> None:
     EscrowMachine.world = deployed
+    deployed.anvil.set_block_interval(1)
+    try:
+        _run_machine()
+    finally:
+        deployed.anvil.set_block_interval(None)
+
+
+def _run_machine() -> None:
     run_state_machine_as_test(
         EscrowMachine,
         settings=settings(

@@ -1,0 +1,91 @@
+"""The FastAPI application: routes, error mapping, limits, metrics, jobs and the web page."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import FileResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from contracts.messages import ZERO_ADDRESS
+from market.api import errors
+from market.api.deps import limit_ip
+from market.api.limits import BodySizeLimit
+from market.api.routes import book, deals, orders, providers
+from market.indexer import Indexer
+from market.jobs import start_scheduler
+from market.service import MarketService, Settings
+
+WEB = Path(__file__).resolve().parent.parent / "web"
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    service: MarketService | None = None,
+    indexer_factory: Callable[[MarketService], Indexer | None] | None = None,
+) -> FastAPI:
+    """Build the app; the service (database, books) is created at startup unless given."""
+    settings = settings or (service.settings if service else Settings.from_env())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        svc = service or MarketService(settings)
+        app.state.service = svc
+        indexer: Indexer | None = None
+        if indexer_factory is not None:
+            indexer = indexer_factory(svc)
+        elif settings.rpc_url and settings.escrow != ZERO_ADDRESS:
+            indexer = Indexer(
+                svc,
+                rpc_url=settings.rpc_url,
+                escrow=settings.escrow,
+                chunk_blocks=settings.index_chunk_blocks,
+            )
+        app.state.indexer = indexer
+        scheduler = start_scheduler(svc, indexer) if settings.run_jobs else None
+        app.state.scheduler = scheduler
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=True)
+            if service is None:
+                svc.close()
+
+    app = FastAPI(
+        title="tpumarket market",
+        version="1",
+        description="Signed asks and bids for accelerator compute, matched into deal records "
+        "that settle on the ComputeEscrow contract.",
+        lifespan=lifespan,
+    )
+    if service is not None:
+        app.state.service = service  # usable before the lifespan runs (schema tools, tests)
+    errors.install(app)
+    limited = [Depends(limit_ip)]
+    for module in (orders, deals, providers, book):
+        app.include_router(module.router, dependencies=limited)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        svc: MarketService = app.state.service
+        return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Return ok while the process serves."""
+        return {"status": "ok"}
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=WEB), name="static")
+    return app

@@ -1,0 +1,59 @@
+"""The one exception handler: every `MarketError` becomes a 4xx with a reason."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from market.auth import AuthError, ForbiddenError, RateLimitedError, ReplayError
+from market.errors import (
+    DuplicateOrderError,
+    InvalidOrderError,
+    MarketError,
+    OrderStateError,
+    SnapshotError,
+    UnknownOrderError,
+)
+from market.service import InvalidRequestError, NotFoundError, PayloadTooLargeError
+
+STATUS: tuple[tuple[type[MarketError], int], ...] = (
+    (RateLimitedError, 429),
+    (PayloadTooLargeError, 413),
+    (AuthError, 401),
+    (ForbiddenError, 403),
+    (ReplayError, 409),
+    (DuplicateOrderError, 409),
+    (OrderStateError, 409),
+    (UnknownOrderError, 404),
+    (NotFoundError, 404),
+    (InvalidOrderError, 422),
+    (InvalidRequestError, 422),
+    (SnapshotError, 500),
+)
+"""First match wins: subclasses before their bases."""
+
+
+def status_of(exc: MarketError) -> int:
+    """Return the HTTP status of a market error (400 if no rule names it)."""
+    for kind, status in STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+async def market_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Answer a `MarketError` with its status and `{"detail": reason, "error": type}`."""
+    assert isinstance(exc, MarketError)
+    headers = {}
+    if isinstance(exc, RateLimitedError):
+        headers["Retry-After"] = str(max(1, round(exc.retry_after + 0.5)))
+    return JSONResponse(
+        {"detail": str(exc), "error": type(exc).__name__},
+        status_code=status_of(exc),
+        headers=headers,
+    )
+
+
+def install(app: FastAPI) -> None:
+    """Register the handler on `app`."""
+    app.add_exception_handler(MarketError, market_error_handler)

@@ -1,0 +1,65 @@
+"""Signed orders: place one, place a batch, cancel, look up."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from market.api.deps import ServiceDep
+from market.models import (
+    ADDRESS,
+    BYTES32,
+    LABEL,
+    BatchResult,
+    CancelCreate,
+    OrderBatch,
+    OrderCreate,
+    OrderPublic,
+    PlaceResult,
+)
+
+router = APIRouter(prefix="/v1/orders", tags=["orders"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=PlaceResult)
+def place_order(order: OrderCreate, service: ServiceDep) -> Response:
+    """Place one signed ask or bid; answer after it is matched and stored."""
+    result = service.place([order])[0]
+    return _json(result.model_dump_json())
+
+
+@router.post("/batch", status_code=status.HTTP_201_CREATED, response_model=BatchResult)
+def place_batch(batch: OrderBatch, service: ServiceDep) -> Response:
+    """Place several signed orders atomically (all accepted or none), in the given order."""
+    result = BatchResult.model_construct(results=service.place_batch(batch.orders))
+    return _json(result.model_dump_json())
+
+
+def _json(body: str) -> Response:
+    # The model is already validated: serialize once instead of FastAPI's dump-validate-dump.
+    return Response(body, status_code=201, media_type="application/json")
+
+
+@router.post("/cancel")
+def cancel_order(cancel: CancelCreate, service: ServiceDep) -> OrderPublic:
+    """Cancel a live order on its owner's signed `CancelOrder`."""
+    return service.cancel(cancel)
+
+
+@router.get("")
+def list_orders(
+    service: ServiceDep,
+    owner: Annotated[str | None, Query(pattern=ADDRESS)] = None,
+    device_class: Annotated[str | None, Query(pattern=LABEL)] = None,
+    live: bool = False,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[OrderPublic]:
+    """List orders, newest first."""
+    return service.orders(owner=owner, device_class=device_class, live_only=live, limit=limit)
+
+
+@router.get("/{order_id}")
+def get_order(order_id: Annotated[str, Path(pattern=BYTES32)], service: ServiceDep) -> OrderPublic:
+    """Return one order by id (its EIP-712 digest)."""
+    return service.order(order_id)

@@ -1,0 +1,391 @@
+"""SQL storage of the market: keyword-only functions over a SQLModel session.
+
+Hot paths (placing orders) use SQLAlchemy Core bulk statements; reads use the ORM. Nothing here
+commits: the caller owns the transaction, so an order and its fills land together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Table, bindparam, event, func, insert, tuple_, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, col, create_engine, select
+
+from market.engine import SNAPSHOT_VERSION, SnapshotData
+from market.engine.snapshot import OrderData
+from market.models import (
+    ChainDeal,
+    ChainEvent,
+    Deal,
+    Fill,
+    IndexerState,
+    NonceUse,
+    Order,
+    Provider,
+)
+
+SQLITE_FILE = "market.sqlite3"
+
+
+def database_url(*, data_dir: Path, url: str | None) -> str:
+    """Return `url` if given (PostgreSQL in production), else a SQLite file in `data_dir`."""
+    if url:
+        return (
+            url.replace("postgresql://", "postgresql+psycopg://", 1)
+            if url.startswith("postgresql://")
+            else url
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{data_dir / SQLITE_FILE}"
+
+
+def make_engine(*, url: str) -> Engine:
+    """Create the SQL engine; SQLite gets WAL, a busy timeout and fsync at checkpoints."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives a process crash (what "accepted" promises);
+            # only an OS crash or power loss can drop the last transactions.
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
+
+
+def init_db(*, engine: Engine) -> None:
+    """Create the tables that do not exist yet."""
+    SQLModel.metadata.create_all(engine)
+
+
+# -- orders -------------------------------------------------------------------------------------
+
+
+def device_classes(*, session: Session) -> list[str]:
+    """Return every device class that has orders, sorted."""
+    rows = session.exec(select(Order.device_class).distinct()).all()
+    return sorted(rows)
+
+
+def load_snapshot(*, session: Session, device_class: str) -> SnapshotData:
+    """Build the engine snapshot of one device class from its order and fill rows."""
+    rows = session.exec(
+        select(Order).where(Order.device_class == device_class).order_by(col(Order.seq))
+    ).all()
+    orders: list[OrderData] = [
+        {
+            "side": r.side,
+            "order_id": r.order_id,
+            "owner": r.owner,
+            "device_class": r.device_class,
+            "quantity": r.quantity,
+            "price": r.price,
+            "plan": r.plan,
+            "slo_ms": r.slo_ms,
+            "memory": r.memory,
+            "expiry": r.expiry,
+            "seq": r.seq,
+            "state": r.state,
+            "remaining": r.remaining,
+        }
+        for r in rows
+    ]
+    last_fill = session.exec(
+        select(func.max(Fill.fill_id)).where(Fill.device_class == device_class)
+    ).one()
+    return {
+        "version": SNAPSHOT_VERSION,
+        "next_seq": (rows[-1].seq + 1) if rows else 1,
+        "next_fill_id": (last_fill or 0) + 1,
+        "orders": orders,
+    }
+
+
+def ask_quote_hashes(*, session: Session, device_class: str) -> dict[str, str]:
+    """Return the quote hash of every ask of a device class, by order id."""
+    rows = session.exec(
+        select(Order.order_id, Order.quote_hash).where(
+            Order.device_class == device_class, Order.side == "ask"
+        )
+    ).all()
+    return {order_id: quote_hash for order_id, quote_hash in rows if quote_hash}
+
+
+def used_nonces(*, session: Session, pairs: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+    """Return those (signer, nonce) pairs that were used before."""
+    found: set[tuple[str, int]] = set()
+    for start in range(0, len(pairs), 400):
+        chunk = pairs[start : start + 400]
+        rows = session.exec(
+            select(NonceUse.owner, NonceUse.nonce).where(
+                tuple_(col(NonceUse.owner), col(NonceUse.nonce)).in_(chunk)
+            )
+        ).all()
+        found.update((owner, nonce) for owner, nonce in rows)
+    return found
+
+
+def existing_order_ids(*, session: Session, order_ids: Sequence[str]) -> set[str]:
+    """Return those order ids that are stored."""
+    rows = session.exec(select(Order.order_id).where(col(Order.order_id).in_(order_ids))).all()
+    return set(rows)
+
+
+def use_nonces(*, session: Session, pairs: Sequence[tuple[str, int]]) -> None:
+    """Record (signer, nonce) pairs as used; raise IntegrityError if one was used before."""
+    session.connection().execute(
+        insert(_table(NonceUse)), [{"owner": o, "nonce": n} for o, n in pairs]
+    )
+
+
+def record_placement(
+    *,
+    session: Session,
+    orders: Sequence[dict[str, Any]],
+    updates: Sequence[tuple[str, str, int]],
+    fills: Sequence[dict[str, Any]],
+    deals: Sequence[dict[str, Any]],
+) -> None:
+    """Insert new orders, fills and deals; update resting orders' progress."""
+    connection = session.connection()  # Core executemany: one statement per table
+    if orders:
+        connection.execute(insert(_table(Order)), list(orders))
+    if updates:
+        record_progress(session=session, updates=updates)
+    if fills:
+        connection.execute(insert(_table(Fill)), list(fills))
+    if deals:
+        connection.execute(insert(_table(Deal)), list(deals))
+
+
+def _table(model: type[SQLModel]) -> Table:
+    table: Table = model.__table__  # type: ignore[attr-defined]
+    return table
+
+
+def record_progress(*, session: Session, updates: Iterable[tuple[str, str, int]]) -> None:
+    """Store (order id, state, remaining) of orders the engine changed."""
+    params = [{"b_id": i, "b_state": s, "b_remaining": r} for i, s, r in updates]
+    if not params:
+        return
+    table = _table(Order)
+    statement = (
+        update(table)
+        .where(table.c.order_id == bindparam("b_id"))
+        .values(state=bindparam("b_state"), remaining=bindparam("b_remaining"))
+    )
+    session.connection().execute(statement, params)
+
+
+def get_order(*, session: Session, order_id: str) -> Order | None:
+    """Return one order, or None."""
+    return session.get(Order, order_id)
+
+
+def list_orders(
+    *,
+    session: Session,
+    owner: str | None = None,
+    device_class: str | None = None,
+    live_only: bool = False,
+    limit: int = 100,
+) -> list[Order]:
+    """Return orders, newest first, filtered by owner, device class and liveness."""
+    query = select(Order)
+    if owner is not None:
+        query = query.where(func.lower(Order.owner) == owner.lower())
+    if device_class is not None:
+        query = query.where(Order.device_class == device_class)
+    if live_only:
+        query = query.where(col(Order.state).in_(("open", "partially_filled")))
+    return list(session.exec(query.order_by(col(Order.created_at).desc()).limit(limit)).all())
+
+
+def recent_fills(
+    *, session: Session, device_class: str | None = None, limit: int = 50
+) -> list[Fill]:
+    """Return the latest fills, newest first."""
+    query = select(Fill)
+    if device_class is not None:
+        query = query.where(Fill.device_class == device_class)
+    query = query.order_by(col(Fill.time).desc(), col(Fill.fill_id).desc()).limit(limit)
+    return list(session.exec(query).all())
+
+
+def price_history(
+    *, session: Session, device_class: str, since: int, bucket_s: int
+) -> list[tuple[int, int, int, int, int, int]]:
+    """Return (bucket start, open, high, low, close, volume) of fills per time bucket."""
+    rows = session.exec(
+        select(Fill.time, Fill.fill_id, Fill.price, Fill.quantity)
+        .where(Fill.device_class == device_class, Fill.time >= since)
+        .order_by(col(Fill.time), col(Fill.fill_id))
+    ).all()
+    out: list[list[int]] = []
+    for time, _fill_id, price, quantity in rows:
+        start = time - time % bucket_s
+        if out and out[-1][0] == start:
+            bar = out[-1]
+            bar[2] = max(bar[2], price)
+            bar[3] = min(bar[3], price)
+            bar[4] = price
+            bar[5] += quantity
+        else:
+            out.append([start, price, price, price, price, quantity])
+    return [(b[0], b[1], b[2], b[3], b[4], b[5]) for b in out]
+
+
+# -- deals --------------------------------------------------------------------------------------
+
+
+def get_deal(*, session: Session, deal_id: str) -> Deal | None:
+    """Return one deal record, or None."""
+    return session.get(Deal, deal_id)
+
+
+def list_deals(*, session: Session, party: str | None = None, limit: int = 50) -> list[Deal]:
+    """Return deal records, newest first; with `party`, those where it is client or provider."""
+    query = select(Deal)
+    if party is not None:
+        low = party.lower()
+        query = query.where((func.lower(Deal.client) == low) | (func.lower(Deal.provider) == low))
+    return list(session.exec(query.order_by(col(Deal.created_at).desc()).limit(limit)).all())
+
+
+def chain_deals(*, session: Session, ids: Iterable[int]) -> dict[int, ChainDeal]:
+    """Return indexed on-chain deals by id."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    rows = session.exec(select(ChainDeal).where(col(ChainDeal.chain_deal_id).in_(wanted))).all()
+    return {row.chain_deal_id: row for row in rows}
+
+
+def orders_by_id(*, session: Session, ids: Iterable[str]) -> dict[str, Order]:
+    """Return orders by id."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    rows = session.exec(select(Order).where(col(Order.order_id).in_(wanted))).all()
+    return {row.order_id: row for row in rows}
+
+
+def link_chain_deal(
+    *, session: Session, quote_hash: str, client: str, chain_deal_id: int
+) -> Deal | None:
+    """Attach an on-chain deal to the market deal record it came from; return that record.
+
+    Several matches of one ask share its quote until the provider attaches fresh ones; the
+    first unopened record of the same client wins, else the first unopened one.
+    """
+    candidates = session.exec(
+        select(Deal)
+        .where(Deal.quote_hash == quote_hash, col(Deal.chain_deal_id).is_(None))
+        .order_by(col(Deal.created_at), col(Deal.deal_id))
+    ).all()
+    chosen = next((d for d in candidates if d.client.lower() == client.lower()), None)
+    if chosen is None and candidates:
+        chosen = candidates[0]
+    if chosen is not None:
+        chosen.chain_deal_id = chain_deal_id
+        session.add(chosen)
+    return chosen
+
+
+# -- chain indexer ------------------------------------------------------------------------------
+
+
+def indexed_block(*, session: Session, name: str) -> int | None:
+    """Return the last block the indexer `name` finished, or None."""
+    row = session.get(IndexerState, name)
+    return None if row is None else row.block
+
+
+def set_indexed_block(*, session: Session, name: str, block: int) -> None:
+    """Record the last block the indexer `name` finished."""
+    row = session.get(IndexerState, name)
+    if row is None:
+        session.add(IndexerState(name=name, block=block))
+    else:
+        row.block = block
+        session.add(row)
+
+
+def add_chain_event(
+    *,
+    session: Session,
+    tx_hash: str,
+    log_index: int,
+    block_number: int,
+    name: str,
+    chain_deal_id: int | None,
+    args: dict[str, Any],
+) -> bool:
+    """Store an event once; return False if it was stored before."""
+    if session.get(ChainEvent, (tx_hash, log_index)) is not None:
+        return False
+    session.add(
+        ChainEvent(
+            tx_hash=tx_hash,
+            log_index=log_index,
+            block_number=block_number,
+            name=name,
+            chain_deal_id=chain_deal_id,
+            args_json=json.dumps(args, default=str),
+        )
+    )
+    return True
+
+
+def get_chain_deal(*, session: Session, chain_deal_id: int) -> ChainDeal | None:
+    """Return an indexed on-chain deal, or None."""
+    return session.get(ChainDeal, chain_deal_id)
+
+
+def provider_outcomes(*, session: Session) -> dict[str, tuple[int, int, int]]:
+    """Return (tasks paid, refunds, disputes lost) per provider address (lowercase)."""
+    rows = session.exec(
+        select(
+            func.lower(ChainDeal.provider),
+            func.sum(ChainDeal.tasks_paid),
+            func.sum(ChainDeal.refunds),
+            func.sum(ChainDeal.disputes_lost),
+        ).group_by(func.lower(ChainDeal.provider))
+    ).all()
+    return {p: (int(a or 0), int(b or 0), int(c or 0)) for p, a, b, c in rows}
+
+
+# -- providers ----------------------------------------------------------------------------------
+
+
+def get_provider(*, session: Session, address: str) -> Provider | None:
+    """Return a provider's registry entry, or None."""
+    return session.get(Provider, address)
+
+
+def list_providers(*, session: Session, online_only: bool = False) -> list[Provider]:
+    """Return providers, most recently seen first."""
+    query = select(Provider)
+    if online_only:
+        query = query.where(col(Provider.online).is_(True))
+    return list(session.exec(query.order_by(col(Provider.last_seen).desc())).all())
+
+
+def mark_offline(*, session: Session, seen_before: float) -> list[str]:
+    """Mark providers not seen since `seen_before` offline; return their addresses."""
+    rows = session.exec(
+        select(Provider).where(col(Provider.online).is_(True), Provider.last_seen < seen_before)
+    ).all()
+    for row in rows:
+        row.online = False
+        session.add(row)
+    return [row.address for row in rows]

@@ -1,0 +1,125 @@
+"""Fixtures of the market service tests: both SQL backends, a settable clock, an API client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from market.api.app import create_app
+from market.service import MarketService, Settings
+from market.storage import database_url
+
+from .signing import CHAIN_ID, ESCROW, Trader
+
+ROOT = Path(__file__).resolve().parents[2]
+START = 1_900_000_000
+
+
+class Clock:
+    """A market clock that tests move by hand."""
+
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+_pg: dict[str, str | None] = {}
+
+
+def postgres_url() -> tuple[str | None, str]:
+    """Return (url, why-not): TEST_DATABASE_URL, else what scripts/postgres-up prints."""
+    if "url" not in _pg:
+        url = os.environ.get("TEST_DATABASE_URL")
+        reason = ""
+        if not url:
+            try:
+                done = subprocess.run(
+                    [str(ROOT / "scripts" / "postgres-up")],
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+                lines = done.stdout.strip().splitlines()
+                if done.returncode == 0 and lines:
+                    url = lines[-1]
+                else:
+                    reason = f"scripts/postgres-up failed ({done.returncode}): {done.stderr[-500:]}"
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                reason = f"scripts/postgres-up could not run: {exc}"
+        _pg["url"] = url
+        _pg["reason"] = reason
+    return _pg["url"], _pg["reason"] or ""
+
+
+def _reset_postgres(url: str) -> None:
+    engine = create_engine(database_url(data_dir=Path("."), url=url))
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str | None:
+    """Return the DATABASE_URL of a clean database (None for SQLite in the test's data dir)."""
+    if request.param == "sqlite":
+        return None
+    url, reason = postgres_url()
+    if url is None:
+        print(f"PostgreSQL tests skipped: {reason}")
+        pytest.skip(f"PostgreSQL unavailable: {reason}")
+    _reset_postgres(url)
+    return url
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, backend: str | None) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=backend,
+        chain_id=CHAIN_ID,
+        escrow=ESCROW,
+        run_jobs=False,
+    )
+
+
+@pytest.fixture
+def service(settings: Settings, clock: Clock) -> Iterator[MarketService]:
+    svc = MarketService(settings, clock=clock)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def client(service: MarketService) -> Iterator[TestClient]:
+    with TestClient(create_app(service=service)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def alice() -> Trader:
+    """A client (bids)."""
+    return Trader()
+
+
+@pytest.fixture
+def bob() -> Trader:
+    """A provider (asks)."""
+    return Trader()

@@ -1,0 +1,74 @@
+"""A real market server in a subprocess (`python -m market.cli market serve`) for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from contracts.chain import free_port
+
+from .signing import CHAIN_ID, ESCROW
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def market_server(data_dir: Path, *extra: str) -> Iterator[str]:
+    """Start the market on a free port; yield its base URL; stop it by PID."""
+    port = free_port()
+    log = (data_dir.parent / f"server-{port}.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "market.cli",
+            "market",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--escrow",
+            ESCROW,
+            "--chain-id",
+            str(CHAIN_ID),
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "DATABASE_URL": ""},
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"market exited: {Path(log.name).read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("market did not start within 30 s")
+            time.sleep(0.05)  # readiness poll of an external process
+        yield url
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()

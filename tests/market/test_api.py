@@ -1,0 +1,315 @@
+"""The market API over both SQL backends: signed orders, matches into deals, auth, limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from contracts.messages import Quote
+from market.service import MarketService
+
+from .conftest import START, Clock
+from .signing import Trader
+
+NOW = START
+
+
+def place(client: TestClient, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
+    response = client.post("/v1/orders", json=body)
+    assert response.status_code == status, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_place_when_bid_crosses_ask_then_fill_becomes_deal_for_both(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    ask = place(client, bob.ask(NOW, price=90, quantity=5))
+    assert ask["order"]["state"] == "open" and ask["fills"] == []
+    bid = place(client, alice.bid(NOW, price=100, quantity=8))
+    assert [(f["price"], f["quantity"]) for f in bid["fills"]] == [(90, 5)]
+    assert bid["order"]["state"] == "partially_filled" and bid["order"]["remaining"] == 3
+    deal_id = bid["fills"][0]["id"]
+    for party in (alice, bob):
+        deals = client.get("/v1/deals", params={"party": party.address}).json()
+        assert [d["deal_id"] for d in deals] == [deal_id]
+    deal = client.get(f"/v1/deals/{deal_id}").json()
+    assert deal["client"] == alice.address and deal["provider"] == bob.address
+    assert deal["status"] == "matched" and deal["max_spend"] == "450"
+    assert deal["bid"]["signature"] == bid["order"]["signature"]
+    assert deal["ask"]["order_id"] == ask["order"]["order_id"]
+    quote = Quote.from_json(deal["quote"])
+    assert quote.provider == bob.address
+    assert quote.recover(bob.escrow_domain, bytes.fromhex(deal["quote_signature"][2:])) == (
+        bob.address
+    )
+    assert deal["quote_hash"] == "0x" + quote.struct_hash().hex()
+    book = client.get("/v1/book/tpu-v5e").json()
+    assert book["asks"] == [] and book["bids"] == [{"price": 100, "quantity": 3, "orders": 1}]
+    assert client.get(f"/v1/orders/{ask['order']['order_id']}").json()["state"] == "filled"
+
+
+def test_batch_when_valid_then_places_all_in_order(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    orders = [bob.ask(NOW, price=100 + i) for i in range(5)] + [alice.bid(NOW, price=102)]
+    response = client.post("/v1/orders/batch", json={"orders": orders})
+    assert response.status_code == 201, response.text
+    results = response.json()["results"]
+    assert [len(r["fills"]) for r in results] == [0, 0, 0, 0, 0, 1]
+    assert results[-1]["fills"][0]["price"] == 100
+    assert len(client.get("/v1/orders", params={"owner": bob.address}).json()) == 5
+
+
+def test_batch_when_one_signature_is_bad_then_rejects_all(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    good = bob.ask(NOW)
+    bad = alice.bid(NOW)
+    bad["price"] = 1_000  # the signature covered 100
+    response = client.post("/v1/orders/batch", json={"orders": [good, bad]})
+    assert response.status_code == 401
+    assert "signed by" in response.json()["detail"]
+    assert client.get("/v1/orders").json() == []
+
+
+def test_place_when_signed_by_someone_else_then_401(client: TestClient, alice: Trader) -> None:
+    body = alice.bid(NOW)
+    body["owner"] = Trader().address
+    assert place(client, body, 401)["error"] == "AuthError"
+
+
+def test_place_when_same_order_replayed_then_409(client: TestClient, alice: Trader) -> None:
+    body = alice.bid(NOW)
+    place(client, body)
+    assert place(client, body, 409)["error"] == "DuplicateOrderError"
+
+
+def test_place_when_nonce_reused_then_409(client: TestClient, alice: Trader) -> None:
+    place(client, alice.bid(NOW, nonce=7))
+    assert place(client, alice.bid(NOW, nonce=7, price=99), 409)["error"] == "ReplayError"
+
+
+def test_place_when_expired_then_401(client: TestClient, alice: Trader) -> None:
+    result = place(client, alice.bid(NOW, expiry=NOW), 401)
+    assert result["error"] == "SignatureExpiredError" and "expired" in result["detail"]
+
+
+def test_place_when_ask_quote_plan_differs_then_422(client: TestClient, bob: Trader) -> None:
+    result = place(client, bob.ask(NOW, plan="flat"), 422)
+    assert "plan" in result["detail"]
+
+
+def test_place_when_ask_has_no_quote_then_422(client: TestClient, bob: Trader) -> None:
+    body = bob.ask(NOW)
+    del body["quote"], body["quote_signature"]
+    assert place(client, body, 422)["error"] == "InvalidOrderError"
+
+
+def test_place_when_quote_signed_by_other_then_401(client: TestClient, bob: Trader) -> None:
+    body = bob.ask(NOW)
+    other = Trader()
+    q = Quote.from_json(body["quote"])
+    body["quote_signature"] = "0x" + q.sign(other.escrow_domain, other.key).hex()
+    assert "quote signed by" in place(client, body, 401)["detail"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quantity", 0), ("price", -1), ("price", 2**70), ("side", "buy"), ("owner", "0x12")],
+)
+def test_place_when_field_invalid_then_422(
+    client: TestClient, alice: Trader, field: str, value: object
+) -> None:
+    body = alice.bid(NOW)
+    body[field] = value
+    assert client.post("/v1/orders", json=body).status_code == 422
+
+
+def test_cancel_when_owner_signs_then_cancelled_and_replay_rejected(
+    client: TestClient, alice: Trader
+) -> None:
+    order_id = place(client, alice.bid(NOW))["order"]["order_id"]
+    cancel = alice.cancel(order_id, NOW)
+    response = client.post("/v1/orders/cancel", json=cancel)
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "cancelled"
+    assert client.get("/v1/book/tpu-v5e").json()["bids"] == []
+    assert client.post("/v1/orders/cancel", json=cancel).status_code == 409
+
+
+def test_cancel_when_not_owner_then_403(client: TestClient, alice: Trader, bob: Trader) -> None:
+    order_id = place(client, alice.bid(NOW))["order"]["order_id"]
+    assert client.post("/v1/orders/cancel", json=bob.cancel(order_id, NOW)).status_code == 403
+
+
+def test_cancel_when_signature_expired_then_401(client: TestClient, alice: Trader) -> None:
+    order_id = place(client, alice.bid(NOW))["order"]["order_id"]
+    body = alice.cancel(order_id, NOW, expiry=NOW - 1)
+    assert client.post("/v1/orders/cancel", json=body).status_code == 401
+
+
+def test_cancel_when_unknown_order_then_404(client: TestClient, alice: Trader) -> None:
+    body = alice.cancel("0x" + "00" * 32, NOW)
+    assert client.post("/v1/orders/cancel", json=body).status_code == 404
+
+
+def test_expire_job_when_orders_pass_expiry_then_stored_as_expired(
+    client: TestClient, service: MarketService, clock: Clock, alice: Trader
+) -> None:
+    short = place(client, alice.bid(NOW, expiry=NOW + 10))["order"]["order_id"]
+    long = place(client, alice.bid(NOW, expiry=NOW + 100))["order"]["order_id"]
+    clock.advance(10)
+    assert service.expire_orders() == 1
+    assert client.get(f"/v1/orders/{short}").json()["state"] == "expired"
+    assert client.get(f"/v1/orders/{long}").json()["state"] == "open"
+
+
+def test_rate_limit_when_address_exceeds_then_429(
+    client: TestClient, service: MarketService, alice: Trader
+) -> None:
+    service.address_limiter.rate, service.address_limiter.burst = 1.0, 3.0
+    for _ in range(3):
+        place(client, alice.bid(NOW))
+    response = client.post("/v1/orders", json=alice.bid(NOW))
+    assert response.status_code == 429 and "Retry-After" in response.headers
+    place(client, Trader().bid(NOW))  # others are not limited by alice's bucket
+
+
+def test_rate_limit_when_ip_exceeds_then_429(client: TestClient, service: MarketService) -> None:
+    service.ip_limiter.rate, service.ip_limiter.burst = 1.0, 2.0
+    assert [client.get("/v1/classes").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_size_limit_when_body_too_large_then_413(client: TestClient, alice: Trader) -> None:
+    body = alice.bid(NOW)
+    body["padding"] = "x" * (2 << 20)
+    response = client.post("/v1/orders", json=body)
+    assert response.status_code == 413 and "larger than" in response.json()["detail"]
+
+
+def test_batch_when_too_many_orders_then_413(
+    client: TestClient, service: MarketService, alice: Trader
+) -> None:
+    service.settings.max_batch = 3
+    response = client.post("/v1/orders/batch", json={"orders": [alice.bid(NOW) for _ in range(4)]})
+    assert response.status_code == 413
+
+
+def test_unknown_records_then_404_and_bad_ids_422(client: TestClient) -> None:
+    assert client.get("/v1/orders/0x" + "ab" * 32).status_code == 404
+    assert client.get("/v1/deals/tpu-v5e:99").status_code == 404
+    assert client.get("/v1/orders/nothex").status_code == 422
+    assert client.get("/v1/book/BAD CLASS").status_code == 422
+
+
+def test_heartbeat_when_signed_then_registered_with_prior_reliability(
+    client: TestClient, bob: Trader
+) -> None:
+    response = client.post("/v1/providers/heartbeat", json=bob.heartbeat(NOW, throughput=7))
+    assert response.status_code == 200, response.text
+    [provider] = client.get("/v1/providers").json()
+    assert provider["address"] == bob.address and provider["online"]
+    assert provider["throughput"] == 7 and provider["reliability"] == 0.5
+
+
+def test_heartbeat_when_replayed_or_stale_then_409(client: TestClient, bob: Trader) -> None:
+    body = bob.heartbeat(NOW)
+    assert client.post("/v1/providers/heartbeat", json=body).status_code == 200
+    assert client.post("/v1/providers/heartbeat", json=body).status_code == 409
+    older = bob.heartbeat(NOW - 5)
+    assert client.post("/v1/providers/heartbeat", json=older).status_code == 409
+
+
+def test_heartbeat_when_advert_altered_then_401(client: TestClient, bob: Trader) -> None:
+    body = bob.heartbeat(NOW)
+    body["advert"]["throughput"] = 1e6
+    assert client.post("/v1/providers/heartbeat", json=body).status_code == 401
+
+
+def test_heartbeat_when_clock_skewed_then_401(client: TestClient, bob: Trader) -> None:
+    body = bob.heartbeat(NOW - 3_600)
+    assert client.post("/v1/providers/heartbeat", json=body).status_code == 401
+
+
+def test_offline_job_when_provider_silent_then_marked_offline(
+    client: TestClient, service: MarketService, clock: Clock, bob: Trader
+) -> None:
+    client.post("/v1/providers/heartbeat", json=bob.heartbeat(NOW))
+    clock.advance(service.settings.provider_offline_after_s + 1)
+    assert service.mark_offline() == 1
+    assert client.get("/v1/providers").json()[0]["online"] is False
+    client.post("/v1/providers/heartbeat", json=bob.heartbeat(int(clock.now)))
+    assert client.get("/v1/providers").json()[0]["online"] is True
+
+
+def test_metrics_and_docs_are_served(client: TestClient, alice: Trader) -> None:
+    place(client, alice.bid(NOW))
+    metrics = client.get("/metrics").text
+    assert 'market_orders_accepted_total{device_class="tpu-v5e",side="bid"} 1.0' in metrics
+    assert client.get("/docs").status_code == 200
+    assert "/v1/orders/batch" in client.get("/openapi.json").json()["paths"]
+
+
+def test_history_and_fills_when_trades_then_bars(
+    client: TestClient, clock: Clock, alice: Trader, bob: Trader
+) -> None:
+    place(client, bob.ask(NOW, price=90, quantity=2))
+    place(client, alice.bid(NOW, price=95, quantity=1))
+    clock.advance(120)
+    place(client, alice.bid(int(clock.now), price=95, quantity=1))
+    bars = client.get("/v1/history/tpu-v5e", params={"bucket_s": 60}).json()
+    assert [bar[1:] for bar in bars] == [[90, 90, 90, 90, 1], [90, 90, 90, 90, 1]]
+    assert len(client.get("/v1/fills").json()) == 2
+
+
+def _two_deals(client: TestClient, alice: Trader, bob: Trader) -> list[str]:
+    place(client, bob.ask(NOW, price=100, quantity=10))
+    first = place(client, alice.bid(NOW, price=100, quantity=4))["fills"][0]["id"]
+    second = place(client, Trader().bid(NOW, price=100, quantity=4))["fills"][0]["id"]
+    return [first, second]
+
+
+def test_attach_quote_when_provider_signs_fresh_quote_then_deal_carries_it(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    first, second = _two_deals(client, alice, bob)
+    shared = client.get(f"/v1/deals/{first}").json()["quote_hash"]
+    assert client.get(f"/v1/deals/{second}").json()["quote_hash"] == shared
+    fresh = bob.quote(slo_ms=100, valid_until=NOW + 600)
+    body = {
+        "quote": fresh.to_json(),
+        "quote_signature": "0x" + fresh.sign(bob.escrow_domain, bob.key).hex(),
+    }
+    response = client.post(f"/v1/deals/{second}/quote", json=body)
+    assert response.status_code == 200, response.text
+    deal = response.json()
+    assert deal["quote_hash"] == "0x" + fresh.struct_hash().hex() != shared
+    assert Quote.from_json(deal["quote"]).struct_hash() == fresh.struct_hash()
+
+
+def test_attach_quote_when_not_the_deals_provider_or_terms_change_then_rejected(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    _, second = _two_deals(client, alice, bob)
+    mallory = Trader()
+    foreign = mallory.quote(slo_ms=100, valid_until=NOW + 600)
+    signed = {
+        "quote": foreign.to_json(),
+        "quote_signature": "0x" + foreign.sign(mallory.escrow_domain, mallory.key).hex(),
+    }
+    assert client.post(f"/v1/deals/{second}/quote", json=signed).status_code == 403
+    slower = bob.quote(slo_ms=500, valid_until=NOW + 600)
+    body = {
+        "quote": slower.to_json(),
+        "quote_signature": "0x" + slower.sign(bob.escrow_domain, bob.key).hex(),
+    }
+    assert client.post(f"/v1/deals/{second}/quote", json=body).status_code == 422
+    forged = bob.quote(slo_ms=100, valid_until=NOW + 600)
+    body = {
+        "quote": forged.to_json(),
+        "quote_signature": "0x" + forged.sign(mallory.escrow_domain, mallory.key).hex(),
+    }
+    assert client.post(f"/v1/deals/{second}/quote", json=body).status_code == 401
