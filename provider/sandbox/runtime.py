@@ -144,7 +144,7 @@ class WorkerRuntime:
     # ---- validation -------------------------------------------------------------------
 
     def _load(self, payload: bytes, progress: Progress) -> tuple[ProgramEnvelope, Any]:
-        progress(Stage.PARSE)
+        # The parent starts every task in the parse stage: no message needed for it.
         if len(payload) > self.limits.max_envelope_bytes:
             raise RejectedProgram(
                 Category.MALFORMED_INPUT,
@@ -213,8 +213,11 @@ class WorkerRuntime:
             )
         return platform, count
 
+    def _is_validated(self, exported: Any) -> bool:
+        return any(e is exported for e in self._programs.values())
+
     def _validate(self, exported: Any, program_sha: bytes) -> None:
-        if any(e is exported for e in self._programs.values()):
+        if self._is_validated(exported):
             return
         try:
             walk_module(exported, self.limits.max_ops)
@@ -460,16 +463,19 @@ class WorkerRuntime:
         program_sha: bytes | None = None
         compile_time = 0.0
 
-        def track(new_stage: Stage) -> None:
+        def track(new_stage: Stage, *, notify: bool = True) -> None:
             nonlocal stage
             stage = new_stage
-            progress(new_stage)
+            if notify:
+                progress(new_stage)
 
         try:
             target = parse_target("local")
             envelope, exported = self._load(payload, track)
             program_sha = envelope.program_sha256
-            track(Stage.VALIDATE)
+            # A program validated before cannot hang or crash the parser: the parent's
+            # parse-stage deadline covers the checks left, so spare it a message (hot path).
+            track(Stage.VALIDATE, notify=not self._is_validated(exported))
             self._check_target(exported, target)
             self._validate(exported, envelope.program_sha256)
             arguments = envelope.arguments()

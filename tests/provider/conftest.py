@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from provider.sandbox import Sandbox, SandboxLimits
+from tests.provider.daemon_support import ChainWorld, start_world
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +33,13 @@ def sandbox(cache_dir: Path) -> Iterator[Sandbox]:
 def rng() -> np.random.Generator:
     """A seeded generator, so every run sees the same numbers."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def chain_world() -> Iterator[ChainWorld]:
+    """One anvil with the escrow deployed, shared by the daemon tests (fresh deal per test)."""
+    world = start_world()
+    try:
+        yield world
+    finally:
+        world.anvil.stop()

@@ -1,0 +1,24 @@
+"""The FastAPI application of one daemon."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from provider.api import errors
+from provider.api.routes import system, tasks, vouchers
+from provider.daemon import Daemon
+
+
+def create_app(daemon: Daemon) -> FastAPI:
+    """Return the API app serving ``daemon`` (whose lifecycle the caller owns)."""
+    app = FastAPI(
+        title="tpumarket provider",
+        version="1",
+        description="Signed tasks in, signed acks and receipts out. See docs/provider-api.md.",
+    )
+    app.state.daemon = daemon
+    errors.install(app)
+    app.include_router(tasks.router)
+    app.include_router(vouchers.router)
+    app.include_router(system.router)
+    return app

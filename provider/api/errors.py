@@ -1,0 +1,56 @@
+"""The one place domain errors become HTTP statuses."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from provider.errors import NotFoundError, ProviderError, RejectedError
+
+STATUS_BY_CODE: Final[dict[str, int]] = {
+    "bad_request": 400,
+    "insufficient_budget": 402,
+    "signature_invalid": 403,
+    "deal_not_ours": 403,
+    "deal_not_found": 404,
+    "deal_not_open": 409,
+    "deal_expired": 409,
+    "unknown_plan": 409,
+    "task_index_used": 409,
+    "voucher_stale": 409,
+    "voucher_not_cumulative": 409,
+    "not_delivered": 409,
+    "envelope_too_large": 413,
+    "envelope_malformed": 422,
+    "hash_mismatch": 422,
+    "price_above_max": 422,
+    "voucher_covers_undelivered": 422,
+    "voucher_covers_claimed": 422,
+    "voucher_amount_mismatch": 422,
+    "chain_unavailable": 503,
+}
+
+
+def error_body(code: str, reason: str) -> dict[str, str]:
+    """Return the JSON body of every error answer."""
+    return {"error": code, "reason": reason}
+
+
+def install(app: FastAPI) -> None:
+    """Map :class:`RejectedError`, :class:`NotFoundError` and other provider errors."""
+
+    async def rejected(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RejectedError)
+        return JSONResponse(error_body(exc.code, exc.reason), STATUS_BY_CODE.get(exc.code, 400))
+
+    async def not_found(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body("not_found", str(exc)), 404)
+
+    async def provider_error(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body("provider_error", str(exc)), 500)
+
+    app.add_exception_handler(RejectedError, rejected)
+    app.add_exception_handler(NotFoundError, not_found)
+    app.add_exception_handler(ProviderError, provider_error)

@@ -1,0 +1,109 @@
+"""Request and response schemas of the API, in one place."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from provider.journal import Journal
+from provider.service import TaskView
+
+INLINE_OUTPUTS_MAX = 4 * 1024 * 1024
+REQUEST_HEADER = "X-Tpumarket-Request"
+SIGNATURE_HEADER = "X-Tpumarket-Signature"
+TARGET_HEADER = "X-Tpumarket-Target"
+
+
+class TaskPublic(BaseModel):
+    """A task as the client sees it: ack, then the signed receipt and what was delivered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    deal_id: int
+    task_index: int
+    state: str = Field(description="acked | succeeded | failed")
+    created: bool = Field(False, description="whether this call created the ack")
+    ack: dict[str, Any]
+    ack_signature: str
+    receipt: dict[str, Any] | None = None
+    receipt_signature: str | None = None
+    receipt_hash: str | None = None
+    outputs_size: int | None = None
+    outputs_b64: str | None = Field(
+        None, description="the outputs, when at most 4 MiB; else GET .../outputs"
+    )
+    report: dict[str, Any] | None = Field(None, description="a compile task's report")
+    diagnosis: dict[str, Any] | None = Field(None, description="a failed task's diagnosis")
+
+    @classmethod
+    def of(cls, view: TaskView, journal: Journal, *, created: bool = False) -> TaskPublic:
+        """Build the public form of a task (reads the outputs once delivered)."""
+        return cls(**task_dict(view, journal, created=created))
+
+
+def task_json(view: TaskView, journal: Journal, *, created: bool = False) -> bytes:
+    """Return a task's :class:`TaskPublic` JSON without pydantic (the hot path)."""
+    return json.dumps(task_dict(view, journal, created=created), separators=(",", ":")).encode()
+
+
+def task_dict(view: TaskView, journal: Journal, *, created: bool = False) -> dict[str, Any]:
+    """Return the fields of :class:`TaskPublic` for a task."""
+    ack = view.ack
+    data: dict[str, Any] = {
+        "deal_id": ack.ack.deal_id,
+        "task_index": ack.ack.task_index,
+        "state": view.state,
+        "created": created,
+        "ack": ack.ack.to_json(),
+        "ack_signature": "0x" + ack.ack_sig.hex(),
+    }
+    if view.receipt is not None:
+        record = view.receipt
+        outputs = journal.outputs(ack.key)
+        data.update(
+            receipt=record.receipt.to_json(),
+            receipt_signature="0x" + record.signature.hex(),
+            receipt_hash="0x" + record.receipt_hash.hex(),
+            outputs_size=len(outputs),
+            outputs_b64=(
+                base64.b64encode(outputs).decode() if len(outputs) <= INLINE_OUTPUTS_MAX else None
+            ),
+            report=record.detail.get("report"),
+            diagnosis=record.detail.get("diagnosis"),
+        )
+    return data
+
+
+class VoucherIn(BaseModel):
+    """A client-signed cumulative voucher."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voucher: dict[str, Any]
+    signature: str
+
+
+class VoucherPublic(BaseModel):
+    """An accepted voucher."""
+
+    deal_id: int
+    cumulative_amount: str
+    tasks: list[int]
+    new: bool
+
+
+class DealPublic(BaseModel):
+    """What the journal knows of a deal."""
+
+    deal_id: int
+    acked: int
+    delivered: int
+    receipted_amount: str
+    vouched_amount: str
+    redeemed_amount: str
+    claimed_tasks: list[int]
+    chain_head: str
+    closed: bool

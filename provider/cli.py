@@ -1,0 +1,79 @@
+"""``tpumarket provider run --config FILE``: serve the daemon's API with uvicorn.
+
+Registered through the ``tpumarket.commands`` entry point ``provider = "provider.cli:register"``;
+``python -m provider.cli run ...`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from provider.errors import ProviderError
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``tpumarket provider ...``."""
+    provider = commands.add_parser("provider", help="run the provider daemon")
+    actions = provider.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", help="serve tasks, sign receipts, settle on chain")
+    run.add_argument("--config", type=Path, default=None, help="TOML file (env vars override)")
+    run.add_argument("--host", default=None, help="bind address (default: from config)")
+    run.add_argument("--port", type=int, default=None, help="port (default: from config)")
+    run.add_argument(
+        "--no-jobs", action="store_true", help="do not schedule settlement jobs (debugging)"
+    )
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import uvicorn
+
+    from provider.api import create_app
+    from provider.config import load_config
+    from provider.daemon import Daemon
+    from provider.logs import configure_logging
+
+    try:
+        config = load_config(args.config)
+    except ProviderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.host is not None:
+        config = dataclasses.replace(config, host=args.host)
+    if args.port is not None:
+        config = dataclasses.replace(config, port=args.port)
+    configure_logging(config.log_level)
+    try:
+        daemon = Daemon(config)
+    except ProviderError as exc:  # e.g. a journal whose receipt chain does not verify
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        daemon.start(schedule=not args.no_jobs)
+        uvicorn.run(
+            create_app(daemon),
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+        )
+    finally:
+        daemon.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``provider ...`` without the ``tpumarket`` entry point."""
+    parser = argparse.ArgumentParser(prog="tpumarket")
+    register(parser.add_subparsers(dest="command", required=True))
+    namespace = parser.parse_args(["provider", *(sys.argv[1:] if argv is None else argv)])
+    code: int = namespace.handler(namespace)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Daemon configuration: a TOML file, overridden by ``TPUMARKET_PROVIDER_*`` environment variables.
+
+Example ``provider.toml``::
+
+    private_key_file = "/etc/tpumarket/provider.key"   # or env TPUMARKET_PROVIDER_PRIVATE_KEY
+    rpc_url = "http://127.0.0.1:8545"
+    escrow = "0x..."
+    market_url = "https://market.example"              # optional: adverts are sent only if set
+    public_url = "http://tpu-host:8700"                # what adverts tell clients to call
+    host = "0.0.0.0"
+    port = 8700
+    data_dir = "/var/lib/tpumarket-provider"
+    pool_size = 2
+    slo_ms = 2000
+
+    [plan]                       # field names of contracts.messages.Plan
+    compile_price = 1000
+    inference_price = 500
+
+    [settlement]
+    redeem_threshold = 100000    # redeem once this much is vouched but unredeemed ...
+    redeem_max_age_s = 3600      # ... or once the oldest unredeemed voucher is this old
+    silent_after_s = 600         # claim delivered receipts no voucher covered for this long
+    interval_s = 30
+
+Every top-level key can be set by ``TPUMARKET_PROVIDER_<KEY>`` (upper case); settlement keys
+by ``TPUMARKET_PROVIDER_SETTLEMENT_<KEY>``; the plan by ``TPUMARKET_PROVIDER_PLAN`` (JSON).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from contracts.messages import Plan, address_of
+from contracts.pricing import plan_is_valid
+from provider.errors import ConfigError
+
+ENV_PREFIX = "TPUMARKET_PROVIDER_"
+
+
+@dataclass(frozen=True, slots=True)
+class SettlementConfig:
+    """When the settlement jobs redeem, claim and finalize."""
+
+    redeem_threshold: int = 100_000
+    redeem_max_age_s: float = 3_600.0
+    silent_after_s: float = 600.0
+    interval_s: float = 30.0
+    expiry_margin_s: float = 300.0
+    claim_batch_max: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """Everything the daemon needs; build with :func:`load_config` or directly in tests."""
+
+    private_key: str
+    rpc_url: str
+    escrow: str
+    data_dir: Path
+    plan: Plan
+    slo_ms: int = 2_000
+    pool_size: int = 1
+    market_url: str | None = None
+    public_url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8700
+    deal_cache_ttl_s: float = 2.0
+    max_envelope_bytes: int = 256 * 1024 * 1024
+    heartbeat_interval_s: float = 30.0
+    benchmark_on_start: bool = True
+    jax_platforms: str | None = None
+    log_level: str = "INFO"
+    settlement: SettlementConfig = field(default_factory=SettlementConfig)
+
+    def __post_init__(self) -> None:
+        """Reject settings that cannot work."""
+        if self.slo_ms < 1000:
+            raise ConfigError("slo_ms must be at least 1000 (deadlines are whole seconds)")
+        if self.pool_size < 1:
+            raise ConfigError("pool_size must be at least 1")
+        if not plan_is_valid(self.plan):
+            raise ConfigError("plan has a discount above 100% or unordered tiers")
+        try:
+            address_of(self.private_key)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"private key is not a secp256k1 key: {exc}") from exc
+
+    @property
+    def address(self) -> str:
+        """Return the provider's checksummed address."""
+        return address_of(self.private_key)
+
+    @property
+    def slo_s(self) -> int:
+        """Return the SLO rounded up to whole seconds (the unit of on-chain deadlines)."""
+        return -(-self.slo_ms // 1000)
+
+
+def _coerce(kind: Any, value: Any, name: str) -> Any:
+    text = str(kind)
+    try:
+        if text in ("int", "<class 'int'>"):
+            return int(value)
+        if text in ("float", "<class 'float'>"):
+            return float(value)
+        if text in ("bool", "<class 'bool'>"):
+            if isinstance(value, bool):
+                return value
+            return str(value).strip().lower() in ("1", "true", "yes", "on")
+        if "Path" in text:
+            return Path(str(value))
+        return None if value is None else str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
+
+
+def _plan_from(data: Mapping[str, Any]) -> Plan:
+    known = {f.name for f in dataclasses.fields(Plan)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"plan has unknown fields {unknown}")
+    try:
+        values: dict[str, Any] = {
+            k: bool(v) if k == "outcome_based" else int(v) for k, v in data.items()
+        }
+        return Plan(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"plan: {exc}") from exc
+
+
+def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> ProviderConfig:
+    """Read ``path`` (TOML, optional) and apply environment overrides; validate everything."""
+    environ = os.environ if env is None else env
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    settlement_raw: dict[str, Any] = dict(raw.pop("settlement", {}))
+    plan_raw: dict[str, Any] = dict(raw.pop("plan", {}))
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX) :].lower()
+        if name == "plan":
+            plan_raw = json.loads(value)
+        elif name.startswith("settlement_"):
+            settlement_raw[name[len("settlement_") :]] = value
+        else:
+            raw[name] = value
+    key_file = raw.pop("private_key_file", None)
+    if "private_key" not in raw and key_file is not None:
+        try:
+            raw["private_key"] = Path(str(key_file)).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read private_key_file: {exc}") from exc
+    fields = {f.name: f for f in dataclasses.fields(ProviderConfig)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config keys {unknown}")
+    for required in ("private_key", "rpc_url", "escrow", "data_dir"):
+        if required not in raw:
+            raise ConfigError(f"config lacks {required} (or {ENV_PREFIX}{required.upper()})")
+    kwargs = {n: _coerce(fields[n].type, v, n) for n, v in raw.items()}
+    s_fields = {f.name: f for f in dataclasses.fields(SettlementConfig)}
+    s_unknown = sorted(set(settlement_raw) - set(s_fields))
+    if s_unknown:
+        raise ConfigError(f"unknown settlement keys {s_unknown}")
+    settlement = SettlementConfig(
+        **{n: _coerce(s_fields[n].type, v, n) for n, v in settlement_raw.items()}
+    )
+    return ProviderConfig(**kwargs, plan=_plan_from(plan_raw), settlement=settlement)

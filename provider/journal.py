@@ -1,0 +1,481 @@
+"""The crash-safe journal: acks, chained receipts with results, vouchers, settlements.
+
+SQLite in WAL mode with ``synchronous=NORMAL``: every commit is in the OS before the call
+returns, so a ``kill -9`` of the daemon loses nothing it answered (power loss may lose the last
+transactions; set ``synchronous=FULL`` through ``durable=True`` for that). Tables are
+append-only, enforced by triggers: state changes are new rows (a redeemed voucher, a claimed
+batch, a finalized batch), never updates.
+
+Receipts chain per deal: each receipt's ``prevReceiptHash`` is the EIP-712 struct hash of the
+deal's previous receipt (zero for the first). :meth:`Journal.verify` walks every chain, checks
+each link, hash and signature, and runs on every open.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from contracts.errors import SignatureError
+from contracts.messages import ZERO_HASH, Ack, Domain, Receipt, TaskRequest, Voucher, recover_digest
+from provider.errors import JournalCorruptError, JournalError
+
+Key = tuple[int, int]
+
+_TABLES = ("acks", "receipts", "vouchers", "settlements")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS acks (
+    deal_id TEXT NOT NULL,
+    task_index INTEGER NOT NULL,
+    request_json TEXT NOT NULL,
+    request_sig BLOB NOT NULL,
+    request_hash BLOB NOT NULL,
+    target TEXT,
+    envelope BLOB NOT NULL,
+    ack_json TEXT NOT NULL,
+    ack_sig BLOB NOT NULL,
+    acked_at REAL NOT NULL,
+    PRIMARY KEY (deal_id, task_index)
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    deal_id TEXT NOT NULL,
+    task_index INTEGER NOT NULL,
+    receipt_json TEXT NOT NULL,
+    receipt_sig BLOB NOT NULL,
+    receipt_hash BLOB NOT NULL,
+    outputs BLOB NOT NULL,
+    detail_json TEXT NOT NULL,
+    recorded_at REAL NOT NULL,
+    UNIQUE (deal_id, task_index)
+);
+CREATE TABLE IF NOT EXISTS vouchers (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    deal_id TEXT NOT NULL,
+    voucher_json TEXT NOT NULL,
+    signature BLOB NOT NULL,
+    received_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settlements (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    deal_id TEXT NOT NULL,
+    action TEXT NOT NULL,
+    data_json TEXT NOT NULL,
+    tx_hash TEXT,
+    recorded_at REAL NOT NULL
+);
+"""
+
+
+def _append_only_triggers() -> str:
+    return "".join(
+        f"CREATE TRIGGER IF NOT EXISTS {t}_no_{op} BEFORE {op.upper()} ON {t} "
+        f"BEGIN SELECT RAISE(ABORT, 'the journal is append-only'); END;\n"
+        for t in _TABLES
+        for op in ("update", "delete")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AckRecord:
+    """A task the daemon accepted: the client's signed request and our signed ack."""
+
+    request: TaskRequest
+    request_sig: bytes
+    request_hash: bytes
+    target: str | None
+    ack: Ack
+    ack_sig: bytes
+    acked_at: float
+
+    @property
+    def key(self) -> Key:
+        """Return (deal id, task index)."""
+        return (self.ack.deal_id, self.ack.task_index)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRecord:
+    """A delivered task: the signed receipt, its hash and what the client gets besides."""
+
+    receipt: Receipt
+    signature: bytes
+    receipt_hash: bytes
+    detail: dict[str, Any]
+    seq: int
+
+    @property
+    def key(self) -> Key:
+        """Return (deal id, task index)."""
+        return (self.receipt.deal_id, self.receipt.task_index)
+
+
+@dataclass(frozen=True, slots=True)
+class VoucherRecord:
+    """A client-signed cumulative voucher as received."""
+
+    voucher: Voucher
+    signature: bytes
+    received_at: float
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SettlementRecord:
+    """An on-chain settlement step: ``redeem``, ``claim``, ``finalize`` or ``closed``."""
+
+    deal_id: int
+    action: str
+    data: dict[str, Any]
+    tx_hash: str | None
+    recorded_at: float
+    seq: int
+
+
+@dataclass
+class DealBook:
+    """What the journal knows of one deal, kept in memory for the hot path."""
+
+    acks: dict[int, AckRecord]
+    receipts: dict[int, ReceiptRecord]
+    vouchers: list[VoucherRecord]
+    settlements: list[SettlementRecord]
+    last_receipt_hash: bytes = ZERO_HASH
+    ack_total: int = 0
+    settled_ack_total: int | None = None
+
+    @property
+    def latest_voucher(self) -> VoucherRecord | None:
+        """Return the voucher with the highest cumulative amount, if any."""
+        return self.vouchers[-1] if self.vouchers else None
+
+    def redeemed(self) -> VoucherRecord | None:
+        """Return the last voucher redeemed on chain, if any."""
+        for settlement in reversed(self.settlements):
+            if settlement.action == "redeem":
+                seq = int(settlement.data["voucher_seq"])
+                return next(v for v in self.vouchers if v.seq == seq)
+        return None
+
+    def claimed_tasks(self) -> set[int]:
+        """Return the task indices claimed on chain."""
+        return {int(i) for s in self.settlements if s.action == "claim" for i in s.data["tasks"]}
+
+    def closed(self) -> bool:
+        """Return whether a settlement job saw the deal closed on chain."""
+        return any(s.action == "closed" for s in self.settlements)
+
+    def unpaid_ack_total(self) -> int:
+        """Return the ack prices of accepted tasks not yet paid on chain (redeemed or claimed)."""
+        if self.settled_ack_total is None:
+            redeemed = self.redeemed()
+            claimed = self.claimed_tasks()
+            self.settled_ack_total = sum(
+                record.ack.price
+                for index, record in self.acks.items()
+                if index in claimed or (redeemed is not None and redeemed.voucher.covers(index))
+            )
+        return self.ack_total - self.settled_ack_total
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Journal:
+    """The append-only SQLite journal with an in-memory index of every deal.
+
+    Thread-safe: one connection, one lock; writes commit before the method returns.
+    """
+
+    def __init__(self, path: Path, provider: str, domain: Domain, *, durable: bool = False) -> None:
+        """Open (or create) the journal at ``path`` and verify it.
+
+        ``provider`` signs receipts under ``domain``; a journal written for another provider,
+        chain or escrow fails verification.
+        """
+        self.path = path
+        self.provider = provider
+        self.domain = domain
+        self._lock = threading.RLock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.executescript(_SCHEMA + _append_only_triggers())
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot open the journal at {path}: {exc}") from exc
+        self._deals: dict[int, DealBook] = {}
+        self._load()
+        self.verify()
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    # ---- loading and verification --------------------------------------------------------
+
+    def _book(self, deal_id: int) -> DealBook:
+        book = self._deals.get(deal_id)
+        if book is None:
+            book = self._deals[deal_id] = DealBook({}, {}, [], [])
+        return book
+
+    def _load(self) -> None:
+        rows = self._db.execute(
+            "SELECT request_json, request_sig, request_hash, target, ack_json, ack_sig, acked_at "
+            "FROM acks ORDER BY acked_at"
+        )
+        for req, req_sig, req_hash, target, ack, ack_sig, acked_at in rows:
+            record = AckRecord(
+                request=TaskRequest.from_json(json.loads(req)),
+                request_sig=bytes(req_sig),
+                request_hash=bytes(req_hash),
+                target=target,
+                ack=Ack.from_json(json.loads(ack)),
+                ack_sig=bytes(ack_sig),
+                acked_at=float(acked_at),
+            )
+            book = self._book(record.ack.deal_id)
+            book.acks[record.ack.task_index] = record
+            book.ack_total += record.ack.price
+        rows = self._db.execute(
+            "SELECT seq, receipt_json, receipt_sig, receipt_hash, detail_json FROM receipts "
+            "ORDER BY seq"
+        )
+        for seq, receipt_json, sig, receipt_hash, detail in rows:
+            receipt = Receipt.from_json(json.loads(receipt_json))
+            book = self._book(receipt.deal_id)
+            book.receipts[receipt.task_index] = ReceiptRecord(
+                receipt=receipt,
+                signature=bytes(sig),
+                receipt_hash=bytes(receipt_hash),
+                detail=json.loads(detail),
+                seq=int(seq),
+            )
+            book.last_receipt_hash = bytes(receipt_hash)
+        for seq, deal, voucher_json, sig, received_at in self._db.execute(
+            "SELECT seq, deal_id, voucher_json, signature, received_at FROM vouchers ORDER BY seq"
+        ):
+            self._book(int(deal)).vouchers.append(
+                VoucherRecord(
+                    voucher=Voucher.from_json(json.loads(voucher_json)),
+                    signature=bytes(sig),
+                    received_at=float(received_at),
+                    seq=int(seq),
+                )
+            )
+        for seq, deal, action, data, tx_hash, at in self._db.execute(
+            "SELECT seq, deal_id, action, data_json, tx_hash, recorded_at FROM settlements "
+            "ORDER BY seq"
+        ):
+            self._book(int(deal)).settlements.append(
+                SettlementRecord(int(deal), action, json.loads(data), tx_hash, float(at), int(seq))
+            )
+
+    def verify(self) -> int:
+        """Check every deal's receipt chain, hashes and signatures; return receipts checked.
+
+        Raise :class:`JournalCorruptError` on a broken link, a hash that does not match its
+        receipt, a receipt not signed by this provider, or a receipt without an ack.
+        """
+        checked = 0
+        with self._lock:
+            for deal_id, book in self._deals.items():
+                previous = ZERO_HASH
+                for record in sorted(book.receipts.values(), key=lambda r: r.seq):
+                    receipt = record.receipt
+                    where = f"deal {deal_id} task {receipt.task_index}"
+                    if receipt.prev_receipt_hash != previous:
+                        raise JournalCorruptError(f"{where}: receipt chain broken")
+                    if receipt.struct_hash() != record.receipt_hash:
+                        raise JournalCorruptError(f"{where}: stored hash differs from receipt")
+                    ack = book.acks.get(receipt.task_index)
+                    if ack is None:
+                        raise JournalCorruptError(f"{where}: receipt without an ack")
+                    if receipt.deadline != ack.ack.deadline:
+                        raise JournalCorruptError(f"{where}: receipt deadline differs from ack")
+                    try:
+                        signer = recover_digest(self._digest(receipt), record.signature)
+                    except SignatureError as exc:
+                        raise JournalCorruptError(f"{where}: bad receipt signature") from exc
+                    if signer.lower() != self.provider.lower():
+                        raise JournalCorruptError(f"{where}: receipt signed by {signer}")
+                    previous = record.receipt_hash
+                    checked += 1
+                if previous != book.last_receipt_hash:
+                    raise JournalCorruptError(f"deal {deal_id}: chain head mismatch")
+        return checked
+
+    def _digest(self, receipt: Receipt) -> bytes:
+        return receipt.digest(self.domain)
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def deal(self, deal_id: int) -> DealBook | None:
+        """Return the in-memory book of a deal, if the journal has seen it."""
+        return self._deals.get(deal_id)
+
+    def deal_ids(self) -> list[int]:
+        """Return every deal the journal has seen."""
+        with self._lock:
+            return list(self._deals)
+
+    def ack(self, key: Key) -> AckRecord | None:
+        """Return the ack of a task, if accepted."""
+        book = self._deals.get(key[0])
+        return None if book is None else book.acks.get(key[1])
+
+    def receipt(self, key: Key) -> ReceiptRecord | None:
+        """Return the receipt of a delivered task, if any."""
+        book = self._deals.get(key[0])
+        return None if book is None else book.receipts.get(key[1])
+
+    def outputs(self, key: Key) -> bytes:
+        """Return the stored outputs of a delivered task (empty for failures and compiles)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT outputs FROM receipts WHERE deal_id = ? AND task_index = ?",
+                (str(key[0]), key[1]),
+            ).fetchone()
+        return b"" if row is None else bytes(row[0])
+
+    def envelope(self, key: Key) -> bytes:
+        """Return the envelope bytes an acked task was submitted with."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT envelope FROM acks WHERE deal_id = ? AND task_index = ?",
+                (str(key[0]), key[1]),
+            ).fetchone()
+        if row is None:
+            raise JournalError(f"no envelope journaled for task {key}")
+        return bytes(row[0])
+
+    def unfinished(self) -> list[AckRecord]:
+        """Return acked tasks without a receipt, oldest first."""
+        with self._lock:
+            pending = [
+                a for b in self._deals.values() for i, a in b.acks.items() if i not in b.receipts
+            ]
+        return sorted(pending, key=lambda a: a.acked_at)
+
+    def iter_books(self) -> Iterator[tuple[int, DealBook]]:
+        """Yield (deal id, book) for every deal, under no lock (for jobs; they re-check)."""
+        yield from list(self._deals.items())
+
+    # ---- writes ------------------------------------------------------------------------
+
+    def record_ack(self, record: AckRecord, envelope: bytes) -> None:
+        """Append an ack with the request and envelope it answers."""
+        deal_id, index = record.key
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
+                "target, envelope, ack_json, ack_sig, acked_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    str(deal_id),
+                    index,
+                    json.dumps(record.request.to_json()),
+                    record.request_sig,
+                    record.request_hash,
+                    record.target,
+                    envelope,
+                    json.dumps(record.ack.to_json()),
+                    record.ack_sig,
+                    record.acked_at,
+                ),
+            )
+            book = self._book(deal_id)
+            book.acks[index] = record
+            book.ack_total += record.ack.price
+
+    def next_prev_hash(self, deal_id: int) -> bytes:
+        """Return the hash the deal's next receipt must chain to (hold :meth:`lock`)."""
+        return self._book(deal_id).last_receipt_hash
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Return the lock that serializes receipt chaining with :meth:`record_receipt`."""
+        return self._lock
+
+    def record_receipt(
+        self,
+        receipt: Receipt,
+        signature: bytes,
+        outputs: bytes,
+        detail: dict[str, Any],
+        *,
+        receipt_hash: bytes | None = None,
+    ) -> ReceiptRecord:
+        """Append a signed receipt and its result; it must extend the deal's chain.
+
+        ``receipt_hash`` saves recomputing the struct hash when the caller has it.
+        """
+        if receipt_hash is None:
+            receipt_hash = receipt.struct_hash()
+        with self._lock:
+            book = self._book(receipt.deal_id)
+            if receipt.prev_receipt_hash != book.last_receipt_hash:
+                raise JournalError("receipt does not extend its deal's chain")
+            if receipt.task_index in book.receipts:
+                raise JournalError(f"task {receipt.task_index} already has a receipt")
+            cursor = self._db.execute(
+                "INSERT INTO receipts (deal_id, task_index, receipt_json, receipt_sig, "
+                "receipt_hash, outputs, detail_json, recorded_at) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    str(receipt.deal_id),
+                    receipt.task_index,
+                    json.dumps(receipt.to_json()),
+                    signature,
+                    receipt_hash,
+                    outputs,
+                    json.dumps(detail),
+                    _now(),
+                ),
+            )
+            record = ReceiptRecord(
+                receipt, signature, receipt_hash, detail, int(cursor.lastrowid or 0)
+            )
+            book.receipts[receipt.task_index] = record
+            book.last_receipt_hash = receipt_hash
+        return record
+
+    def record_voucher(self, voucher: Voucher, signature: bytes) -> VoucherRecord:
+        """Append an accepted voucher."""
+        received = _now()
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT INTO vouchers (deal_id, voucher_json, signature, received_at) "
+                "VALUES (?,?,?,?)",
+                (str(voucher.deal_id), json.dumps(voucher.to_json()), signature, received),
+            )
+            record = VoucherRecord(voucher, signature, received, int(cursor.lastrowid or 0))
+            self._book(voucher.deal_id).vouchers.append(record)
+        return record
+
+    def record_settlement(
+        self, deal_id: int, action: str, data: dict[str, Any], tx_hash: str | None
+    ) -> SettlementRecord:
+        """Append an on-chain settlement step of a deal."""
+        at = _now()
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT INTO settlements (deal_id, action, data_json, tx_hash, recorded_at) "
+                "VALUES (?,?,?,?,?)",
+                (str(deal_id), action, json.dumps(data), tx_hash, at),
+            )
+            record = SettlementRecord(
+                deal_id, action, data, tx_hash, at, int(cursor.lastrowid or 0)
+            )
+            book = self._book(deal_id)
+            book.settlements.append(record)
+            book.settled_ack_total = None
+        return record

@@ -1,0 +1,176 @@
+"""Pure core of task accounting: ack prices, receipts from sandbox results, voucher coverage.
+
+No I/O: the service feeds it plans, requests and sandbox results and signs what it returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from contracts.messages import KIND_COMPILE, STATUS_SUCCESS, Plan, Receipt, TaskRequest, Voucher
+from contracts.pricing import price
+from provider.diagnosis import Diagnosis
+from provider.sandbox.results import CompileResult, InferenceResult, TaskFailure
+
+SandboxOutcome = InferenceResult | CompileResult | TaskFailure
+
+
+def ack_price(plan: Plan, request: TaskRequest) -> int:
+    """Return the most the plan can charge for the request: the ack's price.
+
+    A plan without a metered part charges exactly its (discounted) flat price for a success,
+    and never more for a failure; a metered plan has no bound but the client's ``maxPrice``.
+    """
+    if plan.price_per_device_ms:
+        return request.max_price
+    return price(
+        plan,
+        kind=request.kind,
+        status=STATUS_SUCCESS,
+        cache_hit=False,
+        device_ms=0,
+        task_index=request.task_index,
+    )
+
+
+def canonical_json(data: Any) -> bytes:
+    """Return the canonical JSON bytes whose sha256 a receipt's ``outputHash`` commits to."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def diagnosis_to_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    """Return a diagnosis as the JSON object the API returns (and the failure output bytes)."""
+    return {
+        "category": diagnosis.category.value,
+        "code": diagnosis.code,
+        "message": diagnosis.message,
+        "stage": None if diagnosis.stage is None else diagnosis.stage.value,
+        "op": diagnosis.op,
+        "required_bytes": diagnosis.required_bytes,
+        "available_bytes": diagnosis.available_bytes,
+        "hints": list(diagnosis.hints),
+    }
+
+
+def compile_report(result: CompileResult) -> dict[str, Any]:
+    """Return a compile result as the JSON report delivered as the task's outputs."""
+    return {
+        "target": result.target,
+        "platform": result.platform,
+        "device_kind": result.device_kind,
+        "compile_time_s": result.compile_time_s,
+        "cache_hit": result.cache_hit,
+        "memory": None if result.memory is None else asdict(result.memory),
+        "memory_total_bytes": None if result.memory is None else result.memory.total_bytes,
+        "cost": None if result.cost is None else asdict(result.cost),
+        "available_bytes": result.available_bytes,
+    }
+
+
+def _ms(seconds: float) -> int:
+    return max(0, math.ceil(seconds * 1000))
+
+
+def delivery(outcome: SandboxOutcome) -> tuple[bytes, dict[str, Any], int, int, int, bool]:
+    """Return (output bytes, detail JSON, status code, device ms, compile ms, cache hit).
+
+    Output bytes: safetensors for an inference, the canonical JSON report for a compile, the
+    canonical JSON diagnosis for a failure, so the receipt's ``outputHash`` always commits to
+    exactly what the client receives.
+    """
+    if isinstance(outcome, InferenceResult):
+        detail = {
+            "state": "succeeded",
+            "platform": outcome.platform,
+            "device_kind": outcome.device_kind,
+        }
+        return (
+            outcome.outputs,
+            detail,
+            STATUS_SUCCESS,
+            _ms(outcome.device_time_s),
+            _ms(outcome.compile_time_s),
+            outcome.cache_hit,
+        )
+    if isinstance(outcome, CompileResult):
+        report = compile_report(outcome)
+        return (
+            canonical_json(report),
+            {"state": "succeeded", "report": report},
+            STATUS_SUCCESS,
+            0,
+            _ms(outcome.compile_time_s),
+            outcome.cache_hit,
+        )
+    diagnosis = diagnosis_to_json(outcome.diagnosis)
+    return (
+        canonical_json(diagnosis),
+        {"state": "failed", "diagnosis": diagnosis},
+        outcome.diagnosis.code,
+        _ms(outcome.device_time_s),
+        _ms(outcome.compile_time_s),
+        False,
+    )
+
+
+def build_receipt(
+    plan: Plan,
+    request: TaskRequest,
+    *,
+    deadline: int,
+    outputs: bytes,
+    status: int,
+    device_ms: int,
+    compile_ms: int,
+    cache_hit: bool,
+    started_at: int,
+    finished_at: int,
+    prev_receipt_hash: bytes,
+) -> Receipt:
+    """Return the unsigned receipt of a task, its amount priced by the deal's plan.
+
+    A compile runs on the host's compiler, not on a device: its ``deviceMs`` is 0.
+    """
+    device = 0 if request.kind == KIND_COMPILE else device_ms
+    amount = price(
+        plan,
+        kind=request.kind,
+        status=status,
+        cache_hit=cache_hit,
+        device_ms=device,
+        task_index=request.task_index,
+    )
+    return Receipt(
+        deal_id=request.deal_id,
+        task_index=request.task_index,
+        kind=request.kind,
+        status=status,
+        cache_hit=cache_hit,
+        device_ms=device,
+        compile_ms=compile_ms,
+        program_hash=request.program_hash,
+        input_hash=request.input_hash,
+        output_hash=hashlib.sha256(outputs).digest(),
+        started_at=started_at,
+        finished_at=finished_at,
+        deadline=deadline,
+        amount=amount,
+        prev_receipt_hash=prev_receipt_hash,
+    )
+
+
+def voucher_tasks(voucher: Voucher) -> list[int]:
+    """Return the task indices a voucher's bitmap covers, ascending."""
+    out = []
+    for word_index, word in enumerate(voucher.tasks):
+        bit = 0
+        while word:
+            if word & 1:
+                out.append(word_index * 256 + bit)
+            word >>= 1
+            bit += 1
+    return out

@@ -1,0 +1,422 @@
+"""The task service: accept signed tasks, ack them, run them in the sandbox, sign receipts.
+
+A task's life: ``acked`` (journaled with its envelope, ack signed) → ``delivered`` (receipt
+signed and journaled with the outputs, chained to the deal's previous receipt) → settled by a
+voucher or a claim (see :mod:`provider.settlement`). The service raises
+:class:`provider.errors.RejectedError` with a stable code for every refusal; the API maps codes
+to HTTP statuses.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from eth_utils.crypto import keccak
+
+from contracts.binding import DEAL_OPEN
+from contracts.errors import SignatureError
+from contracts.messages import (
+    KIND_COMPILE,
+    KIND_INFERENCE,
+    Ack,
+    Domain,
+    Plan,
+    TaskRequest,
+    Voucher,
+    recover_digest,
+    sign_digest,
+)
+from contracts.program import ProgramFormatError, decode_envelope, request_input_hash
+from provider.deals import DealCache
+from provider.errors import NotFoundError, ProviderError, RejectedError, SandboxClosedError
+from provider.journal import AckRecord, Journal, Key, ReceiptRecord, VoucherRecord
+from provider.metrics import ProviderMetrics
+from provider.receipts import ack_price, build_receipt, delivery, voucher_tasks
+from provider.sandbox import Sandbox
+
+log = logging.getLogger("provider.service")
+_KIND_NAMES = {KIND_COMPILE: "compile", KIND_INFERENCE: "inference"}
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """The answer to a submission: the ack, and whether this call created it."""
+
+    record: AckRecord
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """Everything the API returns about one task."""
+
+    ack: AckRecord
+    receipt: ReceiptRecord | None
+
+    @property
+    def state(self) -> str:
+        """Return ``acked`` until delivered, then ``succeeded`` or ``failed``."""
+        if self.receipt is None:
+            return "acked"
+        return str(self.receipt.detail.get("state", "failed"))
+
+
+def parse_signature(text: str) -> bytes:
+    """Parse a 0x-hex 65-byte signature; raise RejectedError(bad_request) otherwise."""
+    try:
+        raw = bytes.fromhex(text.strip().removeprefix("0x"))
+    except ValueError as exc:
+        raise RejectedError("bad_request", "signature is not hex") from exc
+    if len(raw) != 65:
+        raise RejectedError("bad_request", f"signature must be 65 bytes, got {len(raw)}")
+    return raw
+
+
+class TaskService:
+    """Accept, run and account for tasks of this provider's deals."""
+
+    def __init__(
+        self,
+        *,
+        private_key: str,
+        address: str,
+        domain: Domain,
+        journal: Journal,
+        deals: DealCache,
+        sandbox: Sandbox,
+        slo_s: int,
+        workers: int,
+        metrics: ProviderMetrics,
+        max_envelope_bytes: int = 256 * 1024 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Wire the service; :meth:`recover` re-runs what a previous process left unfinished."""
+        self._key = private_key
+        self.address = address
+        self.domain = domain
+        self.journal = journal
+        self.deals = deals
+        self.sandbox = sandbox
+        self.slo_s = slo_s
+        self.metrics = metrics
+        self.max_envelope_bytes = max_envelope_bytes
+        self._clock = clock
+        self._separator = domain.separator()
+        self._acked = {k: metrics.tasks_acked.labels(name) for k, name in _KIND_NAMES.items()}
+        self._lock = threading.Lock()
+        self._inflight: dict[Key, Future[ReceiptRecord]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
+        self._closed = False
+
+    # ---- submission --------------------------------------------------------------------
+
+    def submit(
+        self, request_json: str, signature: str, target: str | None, envelope: bytes
+    ) -> Submission:
+        """Check a signed task and its envelope; journal and sign an ack; start the task.
+
+        Idempotent on (deal, task index): the same signed request gets the same ack back and
+        never runs twice; a different request for a used index is refused (``task_index_used``).
+        """
+        try:
+            request = TaskRequest.from_json(json.loads(request_json))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._reject("bad_request", f"malformed TaskRequest: {exc}") from exc
+        sig = parse_signature(signature)
+        key = (request.deal_id, request.task_index)
+        request_hash = request.struct_hash()
+        existing = self.journal.ack(key)
+        if existing is not None:
+            return self._existing(existing, request_hash)
+        deal = self.deals.get(request.deal_id)
+        if deal.provider.lower() != self.address.lower():
+            raise self._reject(
+                "deal_not_ours", f"deal {request.deal_id} names provider {deal.provider}"
+            )
+        try:
+            signer = recover_digest(self._digest(request_hash), sig)
+        except SignatureError as exc:
+            raise self._reject("signature_invalid", str(exc)) from exc
+        if signer.lower() != deal.client.lower():
+            raise self._reject(
+                "signature_invalid",
+                f"TaskRequest signed by {signer}, but deal {request.deal_id}'s client is "
+                f"{deal.client} (forged, or signed for another deal, chain or escrow "
+                f"than chain {self.domain.chain_id} escrow {self.domain.verifying_contract})",
+            )
+        if deal.status != DEAL_OPEN:
+            raise self._reject("deal_not_open", f"deal {request.deal_id} is closed")
+        now = self._clock()
+        if now >= deal.expiry:
+            raise self._reject("deal_expired", f"deal {request.deal_id} expired at {deal.expiry}")
+        plan = self.deals.plan_of(deal)
+        if plan is None:
+            raise self._reject(
+                "unknown_plan", f"deal {request.deal_id} uses a plan this provider never quoted"
+            )
+        self._check_envelope(request, target, envelope)
+        price = ack_price(plan, request)
+        if price > request.max_price:
+            raise self._reject(
+                "price_above_max", f"the plan charges {price}, above maxPrice {request.max_price}"
+            )
+        with self._lock:
+            existing = self.journal.ack(key)
+            if existing is not None:
+                return self._existing(existing, request_hash)
+            book = self.journal.deal(request.deal_id)
+            unpaid = 0 if book is None else book.unpaid_ack_total()
+            available = deal.max_spend - deal.committed - deal.pending
+            if available < request.max_price or available - unpaid < price:
+                raise self._reject(
+                    "insufficient_budget",
+                    f"deal {request.deal_id} has {available} left with {unpaid} acked but "
+                    f"unpaid; this task needs {price} (maxPrice {request.max_price})",
+                )
+            ack = Ack(
+                deal_id=request.deal_id,
+                task_index=request.task_index,
+                request_hash=request_hash,
+                deadline=int(now) + self.slo_s,
+                price=price,
+            )
+            record = AckRecord(
+                request=request,
+                request_sig=sig,
+                request_hash=request_hash,
+                target=target,
+                ack=ack,
+                ack_sig=sign_digest(self._digest(ack.struct_hash()), self._key),
+                acked_at=now,
+            )
+            self.journal.record_ack(record, envelope)
+            self._start(record, plan, envelope)
+        self._acked[request.kind].inc()
+        return Submission(record, created=True)
+
+    def _digest(self, struct_hash: bytes) -> bytes:
+        """Return the EIP-712 digest of a struct hash under our domain (separator cached)."""
+        return keccak(b"\x19\x01" + self._separator + struct_hash)
+
+    def _reject(self, code: str, reason: str) -> RejectedError:
+        self.metrics.tasks_rejected.labels(code).inc()
+        log.info("task rejected", extra={"code": code, "reason": reason})
+        return RejectedError(code, reason)
+
+    def _existing(self, existing: AckRecord, request_hash: bytes) -> Submission:
+        if existing.request_hash != request_hash:
+            raise self._reject(
+                "task_index_used",
+                f"task {existing.ack.task_index} of deal {existing.ack.deal_id} was acked for "
+                "another request",
+            )
+        self.metrics.tasks_retried.inc()
+        return Submission(existing, created=False)
+
+    def _check_envelope(self, request: TaskRequest, target: str | None, data: bytes) -> None:
+        if request.kind not in _KIND_NAMES:
+            raise self._reject("bad_request", f"unknown task kind {request.kind}")
+        if request.kind == KIND_COMPILE and target is None:
+            raise self._reject("bad_request", "a compile task needs a target header")
+        if request.kind == KIND_INFERENCE and target is not None:
+            raise self._reject("bad_request", "an inference task takes no target")
+        if len(data) > self.max_envelope_bytes:
+            raise self._reject(
+                "envelope_too_large", f"{len(data)} bytes, cap {self.max_envelope_bytes}"
+            )
+        try:
+            envelope = decode_envelope(data, max_bytes=self.max_envelope_bytes)
+            input_hash = request_input_hash(request.kind, envelope, target)
+        except ProgramFormatError as exc:
+            raise self._reject("envelope_malformed", str(exc)) from exc
+        if envelope.program_sha256 != request.program_hash:
+            raise self._reject(
+                "hash_mismatch", "programHash of the request differs from the envelope's program"
+            )
+        if input_hash != request.input_hash:
+            raise self._reject(
+                "hash_mismatch",
+                "inputHash of the request differs from the envelope's inputs"
+                + (f" bound to target {target!r}" if target is not None else ""),
+            )
+
+    # ---- execution ---------------------------------------------------------------------
+
+    def _start(self, record: AckRecord, plan: Plan, envelope: bytes) -> None:
+        future = self._executor.submit(self._execute, record, plan, envelope)
+        self._inflight[record.key] = future
+        self.metrics.inflight.inc()
+        future.add_done_callback(functools.partial(self._done, record.key))
+
+    def _done(self, key: Key, future: Future[ReceiptRecord]) -> None:
+        # Runs in the task thread, or at once in the submitting thread (which holds
+        # self._lock) when the task already finished: so it must not take self._lock.
+        self.metrics.inflight.dec()
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self._inflight.pop(key, None)
+        elif not isinstance(error, SandboxClosedError):
+            log.error(
+                "task failed without a receipt", extra={"task": list(key), "error": str(error)}
+            )
+
+    def _execute(self, record: AckRecord, plan: Plan, envelope: bytes) -> ReceiptRecord:
+        request = record.request
+        started = self._clock()
+        if request.kind == KIND_COMPILE:
+            outcome: Any = self.sandbox.compile(envelope, record.target or "local")
+        else:
+            outcome = self.sandbox.run(envelope)
+        finished = self._clock()
+        outputs, detail, status, device_ms, compile_ms, cache_hit = delivery(outcome)
+        with self.journal.lock:
+            receipt = build_receipt(
+                plan,
+                request,
+                deadline=record.ack.deadline,
+                outputs=outputs,
+                status=status,
+                device_ms=device_ms,
+                compile_ms=compile_ms,
+                cache_hit=cache_hit,
+                started_at=int(started),
+                finished_at=int(finished),
+                prev_receipt_hash=self.journal.next_prev_hash(request.deal_id),
+            )
+            receipt_hash = receipt.struct_hash()
+            signature = sign_digest(self._digest(receipt_hash), self._key)
+            stored = self.journal.record_receipt(
+                receipt, signature, outputs, detail, receipt_hash=receipt_hash
+            )
+        kind = _KIND_NAMES.get(request.kind, "other")
+        self.metrics.tasks_delivered.labels(kind, detail["state"]).inc()
+        self.metrics.task_seconds.labels(kind).observe(max(0.0, finished - record.acked_at))
+        self.metrics.amount_receipted.inc(receipt.amount)
+        return stored
+
+    def recover(self, plans: Callable[[int], Plan | None]) -> list[Key]:
+        """Re-run every acked task without a receipt (after a crash); return their keys.
+
+        ``plans`` gives a deal's plan. A re-run whose deadline passed still gets an honest
+        receipt (``finishedAt`` after ``deadline``): the client may refuse it and ask for a
+        breach refund, and the contract would refuse to pay a claim of it.
+        """
+        keys = []
+        for record in self.journal.unfinished():
+            plan = plans(record.ack.deal_id)
+            if plan is None:
+                log.error("no plan for an unfinished task", extra={"task": list(record.key)})
+                continue
+            with self._lock:
+                self._start(record, plan, self.journal.envelope(record.key))
+            keys.append(record.key)
+        if keys:
+            log.info("re-running unfinished tasks", extra={"tasks": [list(k) for k in keys]})
+        return keys
+
+    def future(self, key: Key) -> Future[ReceiptRecord] | None:
+        """Return the running task's future, if the task is in flight."""
+        return self._inflight.get(key)
+
+    def view(self, key: Key) -> TaskView:
+        """Return the ack and (once delivered) the receipt of a task."""
+        ack = self.journal.ack(key)
+        if ack is None:
+            raise NotFoundError(f"no task {key[1]} in deal {key[0]}")
+        return TaskView(ack, self.journal.receipt(key))
+
+    def close(self) -> None:
+        """Stop: drop queued tasks (journaled, so re-run on restart) and wait for running ones.
+
+        Closing the sandbox first would turn running tasks into ``worker_crash`` receipts.
+        """
+        self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # ---- vouchers ----------------------------------------------------------------------
+
+    def accept_voucher(self, voucher_json: str, signature: str) -> tuple[VoucherRecord, bool]:
+        """Verify and store a client's cumulative voucher; return it and whether it is new.
+
+        It must be signed by the deal's client, cover only delivered tasks that were not
+        claimed on chain, state exactly the sum of their receipts' amounts, and include every
+        task of the previous voucher.
+        """
+        try:
+            voucher = Voucher.from_json(json.loads(voucher_json))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise self._voucher_reject("bad_request", f"malformed Voucher: {exc}") from exc
+        sig = parse_signature(signature)
+        deal = self.deals.get(voucher.deal_id)
+        if deal.provider.lower() != self.address.lower():
+            raise self._voucher_reject("deal_not_ours", f"deal {voucher.deal_id} is not ours")
+        try:
+            signer = voucher.recover(self.domain, sig)
+        except SignatureError as exc:
+            raise self._voucher_reject("signature_invalid", str(exc)) from exc
+        if signer.lower() != deal.client.lower():
+            raise self._voucher_reject(
+                "signature_invalid",
+                f"Voucher signed by {signer}, but deal {voucher.deal_id}'s client is {deal.client}",
+            )
+        book = self.journal.deal(voucher.deal_id)
+        if book is None:
+            raise self._voucher_reject("voucher_covers_undelivered", "no task was delivered")
+        tasks = voucher_tasks(voucher)
+        claimed = book.claimed_tasks()
+        total = 0
+        for index in tasks:
+            record = book.receipts.get(index)
+            if record is None:
+                raise self._voucher_reject(
+                    "voucher_covers_undelivered", f"task {index} has no receipt"
+                )
+            if index in claimed:
+                raise self._voucher_reject(
+                    "voucher_covers_claimed", f"task {index} was claimed on chain"
+                )
+            total += record.receipt.amount
+        if total != voucher.cumulative_amount:
+            raise self._voucher_reject(
+                "voucher_amount_mismatch",
+                f"the covered receipts sum to {total}, the voucher says "
+                f"{voucher.cumulative_amount}",
+            )
+        with self._lock:
+            latest = book.latest_voucher
+            if latest is not None:
+                previous = set(voucher_tasks(latest.voucher))
+                if voucher.cumulative_amount < latest.voucher.cumulative_amount:
+                    raise self._voucher_reject(
+                        "voucher_stale",
+                        f"cumulative {voucher.cumulative_amount} is below the previous "
+                        f"{latest.voucher.cumulative_amount}",
+                    )
+                missing = sorted(previous - set(tasks))
+                if missing:
+                    raise self._voucher_reject(
+                        "voucher_not_cumulative", f"drops tasks {missing} of the previous voucher"
+                    )
+                if latest.voucher == voucher:
+                    self.metrics.vouchers.labels("duplicate").inc()
+                    return latest, False
+            stored = self.journal.record_voucher(voucher, sig)
+        self.metrics.vouchers.labels("accepted").inc()
+        return stored, True
+
+    def _voucher_reject(self, code: str, reason: str) -> RejectedError:
+        self.metrics.vouchers.labels(code).inc()
+        return RejectedError(code, reason)
+
+
+__all__ = ["ProviderError", "Submission", "TaskService", "TaskView", "parse_signature"]

@@ -1,0 +1,234 @@
+"""A chain with a deployed escrow, deals, and signed task requests for the daemon tests."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from contracts.binding import Chain, Escrow, Token
+from contracts.chain import Anvil
+from contracts.messages import (
+    KIND_COMPILE,
+    KIND_INFERENCE,
+    Domain,
+    Plan,
+    Quote,
+    TaskRequest,
+    address_of,
+)
+from contracts.program import ProgramEnvelope, encode_envelope, request_input_hash
+from provider.config import ProviderConfig, SettlementConfig
+from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
+
+FUNDS = 10**15
+PLAN = Plan(compile_price=1_000, inference_price=500, price_per_device_ms=0)
+CHALLENGE_WINDOW = 60
+_nonces = itertools.count(1)
+
+
+@dataclass
+class ChainWorld:
+    """A running anvil with token and escrow deployed and funded actors."""
+
+    anvil: Anvil
+    chain: Chain
+    escrow: Escrow
+    token: Token
+    deployer: str
+    provider: str
+    other_provider: str
+    client: str
+    other_client: str
+    arbiter: str
+    deals: list[int] = field(default_factory=list)
+
+    @property
+    def domain(self) -> Domain:
+        """Return the escrow's EIP-712 domain."""
+        return self.escrow.domain
+
+    def now(self) -> int:
+        """Return the latest block's timestamp."""
+        return int(self.chain.w3.eth.get_block("latest")["timestamp"])
+
+    def open_deal(
+        self,
+        *,
+        provider: str | None = None,
+        client: str | None = None,
+        max_spend: int = 10**8,
+        plan: Plan = PLAN,
+        duration: int = 3_600,
+    ) -> int:
+        """Open a deal from a quote the provider signs; return its id."""
+        provider = provider or self.provider
+        client = client or self.client
+        quote = Quote(
+            provider=address_of(provider),
+            client=address_of(client),
+            arbiter=address_of(self.arbiter),
+            max_spend=max_spend,
+            stake=10**6,
+            penalty=50_000,
+            duration=duration,
+            challenge_window=CHALLENGE_WINDOW,
+            slo_ms=10_000,
+            valid_until=self.now() + 600,
+            nonce=next(_nonces),
+            plan=plan,
+        )
+        self.escrow.deposit(client, max_spend)
+        self.escrow.stake(provider, quote.stake)
+        result = self.escrow.open_deal(client, quote, quote.sign(self.domain, provider), max_spend)
+        return int(result.event("DealOpened").args["dealId"])
+
+
+def start_world() -> ChainWorld:
+    """Start anvil, deploy, mint and approve for every actor."""
+    anvil = Anvil.start(accounts=8)
+    chain = Chain(anvil.url)
+    keys = anvil.keys
+    deployment = chain.deploy(keys[0])
+    escrow = chain.escrow(deployment.escrow)
+    token = chain.token(deployment.token)
+    for key in keys[1:7]:
+        token.mint(keys[0], address_of(key), FUNDS)
+        token.approve(key, escrow.address, 2**256 - 1)
+    return ChainWorld(
+        anvil=anvil,
+        chain=chain,
+        escrow=escrow,
+        token=token,
+        deployer=keys[0],
+        provider=keys[1],
+        other_provider=keys[2],
+        client=keys[3],
+        other_client=keys[4],
+        arbiter=keys[5],
+    )
+
+
+def provider_config(world: ChainWorld, data_dir: Path, **changes: Any) -> ProviderConfig:
+    """Return a daemon config for ``world.provider`` (jobs triggered by hand in tests)."""
+    settings: dict[str, Any] = {
+        "private_key": world.provider,
+        "rpc_url": world.anvil.url,
+        "escrow": world.escrow.address,
+        "data_dir": data_dir,
+        "plan": PLAN,
+        "slo_ms": 30_000,
+        "pool_size": 1,
+        "jax_platforms": "cpu",
+        "benchmark_on_start": False,
+        "settlement": SettlementConfig(
+            redeem_threshold=10**12, redeem_max_age_s=10**9, silent_after_s=10**9
+        ),
+    }
+    settings.update(changes)
+    return ProviderConfig(**settings)
+
+
+# ---- programs ----------------------------------------------------------------------------
+
+
+def tiny_mlp_envelope(
+    seed: int = 0, batch: int = 1, platforms: tuple[str, ...] | None = None
+) -> tuple[ProgramEnvelope, np.ndarray[Any, Any]]:
+    """Return an MLP envelope (weights + input) and the reference output."""
+    rng = np.random.default_rng(seed)
+    params = mlp_params(rng, 16, 32, 4)
+    x = rng.standard_normal((batch, 16), dtype=np.float32)
+    exported = export_fn(
+        mlp, *(spec(*p.shape) for p in params), spec(batch, 16), platforms=platforms
+    )
+    envelope = envelope_for(exported, [*params, x], weights=dict(enumerate(params)))
+    return envelope, np.asarray(mlp(*params, x))
+
+
+def spin(n: jax.Array, x: jax.Array) -> jax.Array:
+    """Loop ``n[0]`` times (~18 ns per step on this CPU): a task whose length we choose."""
+
+    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, y = carry
+        return i + 1, jnp.sin(y) + 1.0
+
+    return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
+
+
+def spin_envelope(steps: int) -> ProgramEnvelope:
+    """Return an envelope that spins ``steps`` loop iterations."""
+    exported = export_fn(spin, spec(1, dtype=jnp.int32), spec(4))
+    return envelope_for(exported, [np.array([steps], np.int32), np.ones(4, np.float32)])
+
+
+# ---- signed requests ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SignedTask:
+    """A signed task request and the HTTP pieces to submit it."""
+
+    request: TaskRequest
+    signature: bytes
+    body: bytes
+    target: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """Return the submission headers."""
+        out = {
+            "X-Tpumarket-Request": json.dumps(self.request.to_json()),
+            "X-Tpumarket-Signature": "0x" + self.signature.hex(),
+            "Content-Type": "application/octet-stream",
+        }
+        if self.target is not None:
+            out["X-Tpumarket-Target"] = self.target
+        return out
+
+
+def sign_task(
+    domain: Domain,
+    client: str,
+    deal_id: int,
+    index: int,
+    envelope: ProgramEnvelope,
+    *,
+    kind: int = KIND_INFERENCE,
+    target: str | None = None,
+    max_price: int = 10_000,
+) -> SignedTask:
+    """Sign a task request for ``envelope`` as ``client``."""
+    request = TaskRequest(
+        deal_id=deal_id,
+        task_index=index,
+        kind=kind,
+        program_hash=envelope.program_sha256,
+        input_hash=request_input_hash(kind, envelope, target),
+        max_price=max_price,
+    )
+    return SignedTask(request, request.sign(domain, client), encode_envelope(envelope), target)
+
+
+def compile_task(
+    domain: Domain, client: str, deal_id: int, index: int, envelope: ProgramEnvelope, target: str
+) -> SignedTask:
+    """Sign a compile task for ``target``."""
+    return sign_task(domain, client, deal_id, index, envelope, kind=KIND_COMPILE, target=target)
+
+
+def wait_until(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:
+    """Poll an external process's state with backoff (readiness only, never for ordering)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)

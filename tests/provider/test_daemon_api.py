@@ -1,0 +1,518 @@
+"""The daemon's task API over the real app: real anvil, real escrow, real sandbox workers."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from contracts.binding import DEAL_CLOSED
+from contracts.messages import (
+    ZERO_HASH,
+    Ack,
+    Domain,
+    Receipt,
+    Voucher,
+    address_of,
+    task_bitmap,
+    verify,
+)
+from contracts.pricing import price_receipt
+from contracts.program import (
+    ArrayFormat,
+    ProgramEnvelope,
+    compile_input_hash,
+    decode_arrays,
+    encode_arrays,
+)
+from provider.api import create_app
+from provider.daemon import Daemon
+from provider.diagnosis import Category
+from provider.sandbox import Sandbox
+from tests.provider.daemon_support import (
+    CHALLENGE_WINDOW,
+    PLAN,
+    ChainWorld,
+    SignedTask,
+    compile_task,
+    provider_config,
+    sign_task,
+    tiny_mlp_envelope,
+)
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    chain_world: ChainWorld, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    data = tmp_path_factory.mktemp("provider-data")
+    node = Daemon(provider_config(chain_world, data), chain=chain_world.chain, sandbox=sandbox)
+    node.start(schedule=False)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="module")
+def api(daemon: Daemon) -> Iterator[TestClient]:
+    with TestClient(create_app(daemon)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def mlp_task() -> tuple[ProgramEnvelope, np.ndarray[Any, Any]]:
+    return tiny_mlp_envelope()
+
+
+def submit(api: TestClient, task: SignedTask, wait: float = 0.0) -> Any:
+    return api.post("/v1/tasks", content=task.body, headers=task.headers(), params={"wait": wait})
+
+
+def delivered(api: TestClient, deal_id: int, index: int) -> dict[str, Any]:
+    reply = api.get(f"/v1/tasks/{deal_id}/{index}", params={"wait": 60})
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    assert body["state"] in ("succeeded", "failed"), body
+    return body
+
+
+def receipt_of(body: dict[str, Any], domain: Domain, provider: str) -> Receipt:
+    receipt = Receipt.from_json(body["receipt"])
+    signature = bytes.fromhex(body["receipt_signature"].removeprefix("0x"))
+    return verify(receipt, domain, signature, address_of(provider))
+
+
+def run_tasks(
+    api: TestClient, world: ChainWorld, deal_id: int, envelope: ProgramEnvelope, count: int
+) -> list[Receipt]:
+    receipts = []
+    for index in range(count):
+        task = sign_task(world.domain, world.client, deal_id, index, envelope)
+        assert submit(api, task).status_code == 200
+        receipts.append(receipt_of(delivered(api, deal_id, index), world.domain, world.provider))
+    return receipts
+
+
+def voucher_json(world: ChainWorld, deal_id: int, amount: int, tasks: list[int]) -> dict[str, Any]:
+    voucher = Voucher(deal_id=deal_id, cumulative_amount=amount, tasks=task_bitmap(tasks))
+    return {
+        "voucher": voucher.to_json(),
+        "signature": "0x" + voucher.sign(world.domain, world.client).hex(),
+    }
+
+
+# ---- happy path --------------------------------------------------------------------------
+
+
+def test_inference_task_when_signed_by_client_then_acked_run_and_receipt_verifies(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, expected = mlp_task
+    deal_id = world.open_deal()
+    task = sign_task(world.domain, world.client, deal_id, 0, envelope)
+    before = time.time()
+
+    reply = submit(api, task)
+
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["created"] is True
+    ack = verify(
+        Ack.from_json(body["ack"]),
+        world.domain,
+        bytes.fromhex(body["ack_signature"][2:]),
+        address_of(world.provider),
+    )
+    assert ack.request_hash == task.request.struct_hash()
+    assert ack.price == PLAN.inference_price
+    assert int(before) + 30 <= ack.deadline <= int(time.time()) + 30
+
+    result = delivered(api, deal_id, 0)
+    receipt = receipt_of(result, world.domain, world.provider)
+    outputs = base64.b64decode(result["outputs_b64"])
+    assert result["state"] == "succeeded"
+    assert receipt.status == 0
+    assert receipt.output_hash == hashlib.sha256(outputs).digest()
+    assert receipt.program_hash == task.request.program_hash
+    assert receipt.input_hash == task.request.input_hash
+    assert receipt.amount == price_receipt(PLAN, receipt) == 500
+    assert receipt.amount == world.escrow.price(
+        PLAN,
+        kind=receipt.kind,
+        status=receipt.status,
+        cache_hit=receipt.cache_hit,
+        device_ms=receipt.device_ms,
+        task_index=receipt.task_index,
+    )
+    assert receipt.prev_receipt_hash == ZERO_HASH
+    assert receipt.deadline == ack.deadline >= receipt.finished_at >= receipt.started_at
+    np.testing.assert_allclose(
+        decode_arrays(outputs, ArrayFormat.SAFETENSORS)["0"], expected, rtol=1e-5, atol=1e-5
+    )
+    raw = api.get(f"/v1/tasks/{deal_id}/0/outputs")
+    assert raw.content == outputs
+
+    second = sign_task(world.domain, world.client, deal_id, 1, envelope)
+    assert submit(api, second, wait=60).json()["state"] == "succeeded"
+    chained = receipt_of(delivered(api, deal_id, 1), world.domain, world.provider)
+    assert chained.prev_receipt_hash == receipt.struct_hash()
+
+
+def test_compile_task_when_target_bound_then_report_and_mismatch_rejected(
+    api: TestClient, chain_world: ChainWorld
+) -> None:
+    world = chain_world
+    envelope, _ = tiny_mlp_envelope(platforms=("cpu", "tpu"))
+    deal_id = world.open_deal()
+    task = compile_task(world.domain, world.client, deal_id, 0, envelope, "v5e:1x1")
+    assert task.request.input_hash == compile_input_hash("v5e:1x1", envelope.inputs_sha256)
+
+    relabelled = replace(task, target="local")
+    refused = submit(api, relabelled)
+    assert refused.status_code == 422
+    assert refused.json()["error"] == "hash_mismatch"
+
+    body = submit(api, task, wait=60).json()
+    assert body["state"] == "succeeded", body
+    receipt = receipt_of(body, world.domain, world.provider)
+    assert body["report"]["device_kind"] == "TPU v5 lite"
+    assert body["report"]["memory_total_bytes"] > 0
+    assert receipt.kind == 0 and receipt.amount == PLAN.compile_price
+    assert receipt.device_ms == 0 and receipt.compile_ms >= 0
+    assert receipt.output_hash == hashlib.sha256(base64.b64decode(body["outputs_b64"])).digest()
+
+
+def test_failed_task_when_program_is_garbage_then_receipt_carries_the_diagnosis(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    good, _ = mlp_task
+    garbage = ProgramEnvelope.create(
+        program=b"definitely not a flatbuffer",
+        inputs=good.inputs,
+        producer=good.producer,
+        platforms=good.platforms,
+    )
+    deal_id = world.open_deal()
+    body = submit(api, sign_task(world.domain, world.client, deal_id, 0, garbage), 60).json()
+
+    assert body["state"] == "failed"
+    receipt = receipt_of(body, world.domain, world.provider)
+    assert body["diagnosis"]["category"] == Category.MALFORMED_INPUT.value
+    assert receipt.status == Category.MALFORMED_INPUT.code
+    assert body["diagnosis"]["hints"] and body["diagnosis"]["message"]
+    assert receipt.amount == price_receipt(PLAN, receipt)
+
+
+# ---- idempotency -------------------------------------------------------------------------
+
+
+def test_resubmission_when_same_signed_request_then_same_ack_and_runs_once(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    deal_id = world.open_deal()
+    task = sign_task(world.domain, world.client, deal_id, 0, envelope)
+    first = submit(api, task).json()
+    retry_in_flight = submit(api, task).json()
+    result = delivered(api, deal_id, 0)
+    retry_after = submit(api, task).json()
+
+    assert retry_in_flight["created"] is False and retry_after["created"] is False
+    for again in (retry_in_flight, retry_after):
+        assert again["ack"] == first["ack"]
+        assert again["ack_signature"] == first["ack_signature"]
+    assert retry_after["receipt"] == result["receipt"]
+    book = daemon.journal.deal(deal_id)
+    assert book is not None and len(book.receipts) == 1 and len(book.acks) == 1
+
+    other = sign_task(world.domain, world.client, deal_id, 0, envelope, max_price=9_999)
+    conflict = submit(api, other)
+    assert conflict.status_code == 409
+    assert conflict.json()["error"] == "task_index_used"
+
+
+# ---- refusals ----------------------------------------------------------------------------
+
+
+def test_forged_signature_when_not_the_deals_client_then_403_with_reason(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    deal_id = world.open_deal()
+    forged = sign_task(world.domain, world.other_client, deal_id, 0, envelope)
+
+    reply = submit(api, forged)
+
+    assert reply.status_code == 403
+    assert reply.json()["error"] == "signature_invalid"
+    assert address_of(world.client) in reply.json()["reason"]
+
+
+@pytest.mark.parametrize("where", ["other_chain", "other_escrow"])
+def test_replayed_signature_when_signed_for_another_domain_then_403(
+    api: TestClient,
+    chain_world: ChainWorld,
+    mlp_task: tuple[ProgramEnvelope, Any],
+    where: str,
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    deal_id = world.open_deal()
+    domain = (
+        replace(world.domain, chain_id=1)
+        if where == "other_chain"
+        else replace(world.domain, verifying_contract=address_of(world.arbiter))
+    )
+    replayed = sign_task(domain, world.client, deal_id, 0, envelope)
+
+    reply = submit(api, replayed)
+
+    assert reply.status_code == 403
+    assert reply.json()["error"] == "signature_invalid"
+
+
+def test_replayed_signature_when_moved_to_another_deal_then_403(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    first, second = world.open_deal(), world.open_deal()
+    task = sign_task(world.domain, world.client, first, 0, envelope)
+    moved = replace(task, request=replace(task.request, deal_id=second))
+
+    reply = submit(api, moved)
+
+    assert reply.status_code == 403
+    assert reply.json()["error"] == "signature_invalid"
+
+
+def test_malformed_signature_then_400(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    task = sign_task(world.domain, world.client, world.open_deal(), 0, mlp_task[0])
+    reply = submit(api, replace(task, signature=task.signature[:30]))
+    assert reply.status_code == 400
+    assert reply.json()["error"] == "bad_request"
+
+
+def test_deal_of_another_provider_then_403(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal(provider=world.other_provider)
+    reply = submit(api, sign_task(world.domain, world.client, deal_id, 0, mlp_task[0]))
+    assert reply.status_code == 403
+    assert reply.json()["error"] == "deal_not_ours"
+
+
+def test_unknown_deal_then_404(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    reply = submit(api, sign_task(world.domain, world.client, 10**6, 0, mlp_task[0]))
+    assert reply.status_code == 404
+    assert reply.json()["error"] == "deal_not_found"
+
+
+def test_closed_deal_then_409(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    world.escrow.close_deal(world.client, deal_id)
+    world.escrow.close_deal(world.provider, deal_id)
+    assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
+
+    reply = submit(api, sign_task(world.domain, world.client, deal_id, 0, mlp_task[0]))
+
+    assert reply.status_code == 409
+    assert reply.json()["error"] == "deal_not_open"
+
+
+def test_budget_when_acked_unpaid_tasks_fill_the_cap_then_402(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    deal_id = world.open_deal(max_spend=1_000)
+    too_dear = sign_task(world.domain, world.client, deal_id, 0, envelope, max_price=1_001)
+    refused = submit(api, too_dear)
+    assert refused.status_code == 402, refused.text
+
+    for index in (0, 1):
+        task = sign_task(world.domain, world.client, deal_id, index, envelope, max_price=500)
+        assert submit(api, task).status_code == 200
+    third = sign_task(world.domain, world.client, deal_id, 2, envelope, max_price=500)
+    reply = submit(api, third)
+
+    assert reply.status_code == 402
+    assert reply.json()["error"] == "insufficient_budget"
+
+
+def test_price_when_plan_charges_more_than_max_price_then_422(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    task = sign_task(world.domain, world.client, world.open_deal(), 0, mlp_task[0], max_price=499)
+    reply = submit(api, task)
+    assert reply.status_code == 422
+    assert reply.json()["error"] == "price_above_max"
+
+
+def test_hashes_when_envelope_differs_from_signed_request_then_422(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    envelope, _ = mlp_task
+    other_inputs = ProgramEnvelope.create(
+        program=envelope.program,
+        inputs=encode_arrays({"4": np.zeros((1, 16), np.float32)}),
+        weights=envelope.weights,
+        producer=envelope.producer,
+        platforms=envelope.platforms,
+    )
+    task = sign_task(world.domain, world.client, world.open_deal(), 0, envelope)
+    swapped = replace(task, body=sign_task(world.domain, world.client, 1, 0, other_inputs).body)
+
+    reply = submit(api, swapped)
+
+    assert reply.status_code == 422
+    assert reply.json()["error"] == "hash_mismatch"
+
+
+# ---- vouchers and settlement ---------------------------------------------------------------
+
+
+def test_voucher_when_valid_then_stored_and_redeem_job_pays_on_chain(
+    api: TestClient,
+    chain_world: ChainWorld,
+    daemon: Daemon,
+    mlp_task: tuple[ProgramEnvelope, Any],
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, mlp_task[0], 2)
+    total = sum(r.amount for r in receipts)
+    post = api.post
+
+    assert post("/v1/vouchers", json=voucher_json(world, deal_id, total + 1, [0, 1])).json()[
+        "error"
+    ] == ("voucher_amount_mismatch")
+    assert post("/v1/vouchers", json=voucher_json(world, deal_id, total, [0, 1, 2])).json()[
+        "error"
+    ] == ("voucher_covers_undelivered")
+    forged = voucher_json(world, deal_id, total, [0, 1])
+    other = Voucher.from_json(forged["voucher"])
+    forged["signature"] = "0x" + other.sign(world.domain, world.other_client).hex()
+    assert post("/v1/vouchers", json=forged).status_code == 403
+
+    first = post("/v1/vouchers", json=voucher_json(world, deal_id, receipts[0].amount, [0]))
+    assert first.status_code == 200 and first.json()["new"] is True
+    full = post("/v1/vouchers", json=voucher_json(world, deal_id, total, [0, 1]))
+    assert full.status_code == 200 and full.json()["tasks"] == [0, 1]
+    stale = post("/v1/vouchers", json=voucher_json(world, deal_id, receipts[0].amount, [0]))
+    assert stale.status_code == 409
+
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    assert daemon.jobs.redeem_due(now=time.time()) == []  # below threshold, not old enough
+
+    redeemed = daemon.jobs.redeem_due(now=time.time() + 10**9 + 1)  # past the age limit
+
+    assert [r.deal_id for r in redeemed] == [deal_id]
+    assert world.escrow.balance_of(provider) == balance + total
+    assert world.escrow.get_deal(deal_id).vouched == total
+    assert daemon.jobs.redeem_due(now=time.time() + 10**9 + 1) == []
+    summary = api.get(f"/v1/deals/{deal_id}").json()
+    assert summary["redeemed_amount"] == str(total)
+
+
+def test_silent_client_when_no_voucher_then_claim_pays_after_the_window(
+    api: TestClient,
+    chain_world: ChainWorld,
+    daemon: Daemon,
+    mlp_task: tuple[ProgramEnvelope, Any],
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, mlp_task[0], 2)
+    total = sum(r.amount for r in receipts)
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    assert daemon.jobs.claim_silent(now=time.time()) == []  # the client may still vouch
+
+    # Every deal of this module with unvouched receipts is claimed, ours among them.
+    all_claims = daemon.jobs.claim_silent(now=time.time() + 10**9)
+    claims = [c for c in all_claims if c.deal_id == deal_id]
+
+    assert len(claims) == 1 and claims[0].data["tasks"] == [0, 1]
+    assert world.escrow.get_deal(deal_id).pending == total
+    assert daemon.jobs.finalize_claims() == []  # the challenge window is open
+    world.anvil.increase_time(CHALLENGE_WINDOW + 1)
+    finalized = daemon.jobs.finalize_claims()
+    assert sorted(f.deal_id for f in finalized) == sorted(c.deal_id for c in all_claims)
+    paid = sum(int(c.data["amount"]) for c in all_claims)
+    assert world.escrow.balance_of(provider) == balance + paid
+    deal = world.escrow.get_deal(deal_id)
+    assert deal.pending == 0 and deal.committed == total
+
+    late = api.post("/v1/vouchers", json=voucher_json(world, deal_id, total, [0, 1]))
+    assert late.status_code == 422
+    assert late.json()["error"] == "voucher_covers_claimed"
+
+
+def test_watch_when_deal_closed_on_chain_then_recorded(
+    api: TestClient,
+    chain_world: ChainWorld,
+    daemon: Daemon,
+    mlp_task: tuple[ProgramEnvelope, Any],
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, mlp_task[0], 1)
+    voucher = voucher_json(world, deal_id, receipts[0].amount, [0])
+    assert api.post("/v1/vouchers", json=voucher).status_code == 200
+    daemon.jobs.redeem_due(now=time.time() + 10**9 + 1)
+    world.escrow.close_deal(world.client, deal_id)
+    world.escrow.close_deal(world.provider, deal_id)
+
+    assert deal_id in daemon.jobs.watch_deals()
+    assert api.get(f"/v1/deals/{deal_id}").json()["closed"] is True
+
+
+# ---- system --------------------------------------------------------------------------------
+
+
+def test_info_and_metrics_when_tasks_ran_then_exposed(
+    api: TestClient, chain_world: ChainWorld
+) -> None:
+    info = api.get("/v1/info").json()
+    assert bytes.fromhex(info["plan_hash"][2:]) == chain_world.escrow.plan_hash(PLAN)
+    assert info["provider"] == address_of(chain_world.provider)
+    metrics = api.get("/metrics").text
+    assert "tpumarket_provider_tasks_acked_total" in metrics
+    assert 'tpumarket_provider_tasks_rejected_total{reason="signature_invalid"}' in metrics
+    assert api.get("/v1/health").json()["ok"] is True
+
+
+def test_journal_when_reopened_then_every_chain_verifies(daemon: Daemon) -> None:
+    from provider.journal import Journal
+
+    copy = Journal(daemon.journal.path, daemon.address, daemon.domain)
+    try:
+        assert copy.verify() == sum(len(b.receipts) for _, b in daemon.journal.iter_books())
+    finally:
+        copy.close()

@@ -1,0 +1,412 @@
+"""Pure parts of the daemon and its journal: no chain, no workers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from client.market_http import MarketHttp, MarketHttpError
+from contracts.messages import (
+    KIND_COMPILE,
+    KIND_INFERENCE,
+    ZERO_HASH,
+    Ack,
+    Domain,
+    Plan,
+    TaskRequest,
+    Voucher,
+    address_of,
+    recover_digest,
+    task_bitmap,
+)
+from contracts.pricing import flat, metered, price_receipt
+from contracts.program import (
+    ProducerVersions,
+    ProgramEnvelope,
+    ProgramFormatError,
+    compile_input_hash,
+    request_input_hash,
+)
+from provider.config import load_config
+from provider.errors import ConfigError, JournalCorruptError
+from provider.heartbeat import Heartbeat, build_advert, heartbeat_digest, signed_heartbeat
+from provider.journal import AckRecord, Journal
+from provider.metrics import ProviderMetrics
+from provider.receipts import ack_price, build_receipt, voucher_tasks
+
+KEY = "0x" + "11" * 32
+DOMAIN = Domain(chain_id=31337, verifying_contract="0x" + "22" * 20)
+PLAN = flat(compile_price=1_000, inference_price=500)
+
+
+def request(index: int, kind: int = KIND_INFERENCE, max_price: int = 900) -> TaskRequest:
+    return TaskRequest(
+        deal_id=7,
+        task_index=index,
+        kind=kind,
+        program_hash=b"\x01" * 32,
+        input_hash=b"\x02" * 32,
+        max_price=max_price,
+    )
+
+
+# ---- binding a compile target ------------------------------------------------------------
+
+
+def envelope() -> ProgramEnvelope:
+    return ProgramEnvelope.create(
+        program=b"blob",
+        inputs=b"inputs",
+        producer=ProducerVersions(jax="0.10.2", jaxlib="0.10.2", calling_convention=9),
+        platforms=("cpu",),
+    )
+
+
+def test_request_input_hash_when_inference_then_plain_inputs_hash() -> None:
+    env = envelope()
+    assert request_input_hash(KIND_INFERENCE, env) == env.inputs_sha256
+
+
+def test_request_input_hash_when_compile_then_bound_to_the_exact_target() -> None:
+    env = envelope()
+    local = request_input_hash(KIND_COMPILE, env, "local")
+    expected = hashlib.sha256(
+        b"tpumarket.compile-target.v1" + bytes([5]) + b"local" + env.inputs_sha256
+    ).digest()
+    assert local == expected == compile_input_hash("local", env.inputs_sha256)
+    assert local != request_input_hash(KIND_COMPILE, env, "v5e:1x1")
+    assert local != env.inputs_sha256
+
+
+@pytest.mark.parametrize("target", ["", "v5e 1x1", "x" * 65, "tpu\n"])
+def test_compile_input_hash_when_target_is_odd_then_rejected(target: str) -> None:
+    with pytest.raises(ProgramFormatError):
+        compile_input_hash(target, b"\x00" * 32)
+
+
+def test_request_input_hash_when_target_missing_or_superfluous_then_rejected() -> None:
+    with pytest.raises(ProgramFormatError):
+        request_input_hash(KIND_COMPILE, envelope())
+    with pytest.raises(ProgramFormatError):
+        request_input_hash(KIND_INFERENCE, envelope(), "local")
+
+
+@given(
+    st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=64)
+)
+def test_compile_input_hash_is_injective_in_the_target(target: str) -> None:
+    assert compile_input_hash(target, b"\x00" * 32) != compile_input_hash(
+        target + "x" if len(target) < 64 else target[:-1], b"\x00" * 32
+    )
+
+
+# ---- pricing and receipts ----------------------------------------------------------------
+
+
+def test_ack_price_when_flat_plan_then_flat_price_else_max_price() -> None:
+    assert ack_price(PLAN, request(0)) == 500
+    assert ack_price(PLAN, request(0, KIND_COMPILE)) == 1_000
+    assert ack_price(metered(3), request(0, max_price=777)) == 777
+
+
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([KIND_COMPILE, KIND_INFERENCE]),
+    st.integers(0, 10),
+    st.booleans(),
+)
+def test_build_receipt_amount_equals_plan_price(
+    device_ms: int, kind: int, status: int, cache_hit: bool
+) -> None:
+    plan = Plan(
+        compile_price=900, inference_price=300, price_per_device_ms=2, cache_hit_discount_bps=5000
+    )
+    receipt = build_receipt(
+        plan,
+        request(3, kind),
+        deadline=100,
+        outputs=b"out",
+        status=status,
+        device_ms=device_ms,
+        compile_ms=5,
+        cache_hit=cache_hit,
+        started_at=90,
+        finished_at=95,
+        prev_receipt_hash=ZERO_HASH,
+    )
+    assert receipt.amount == price_receipt(plan, receipt)
+    assert receipt.output_hash == hashlib.sha256(b"out").digest()
+    assert receipt.device_ms == (0 if kind == KIND_COMPILE else device_ms)
+
+
+@given(st.sets(st.integers(0, 2_000), max_size=40))
+def test_voucher_tasks_inverts_task_bitmap(tasks: set[int]) -> None:
+    voucher = Voucher(deal_id=1, cumulative_amount=0, tasks=task_bitmap(tasks))
+    assert voucher_tasks(voucher) == sorted(tasks)
+
+
+# ---- journal -----------------------------------------------------------------------------
+
+
+def ack_record(index: int) -> AckRecord:
+    req = request(index)
+    ack = Ack(
+        deal_id=7, task_index=index, request_hash=req.struct_hash(), deadline=1_000, price=500
+    )
+    return AckRecord(
+        request=req,
+        request_sig=b"\x00" * 65,
+        request_hash=req.struct_hash(),
+        target=None,
+        ack=ack,
+        ack_sig=ack.sign(DOMAIN, KEY),
+        acked_at=float(index),
+    )
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal(tmp_path / "journal.sqlite3", address_of(KEY), DOMAIN)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def deliver(journal: Journal, index: int) -> bytes:
+    record = ack_record(index)
+    journal.record_ack(record, b"envelope-%d" % index)
+    with journal.lock:
+        receipt = build_receipt(
+            PLAN,
+            record.request,
+            deadline=record.ack.deadline,
+            outputs=b"o",
+            status=0,
+            device_ms=1,
+            compile_ms=0,
+            cache_hit=False,
+            started_at=1,
+            finished_at=2,
+            prev_receipt_hash=journal.next_prev_hash(7),
+        )
+        journal.record_receipt(receipt, receipt.sign(DOMAIN, KEY), b"o", {"state": "succeeded"})
+    return receipt.struct_hash()
+
+
+def test_journal_when_reopened_then_chain_acks_and_envelopes_survive(
+    journal: Journal, tmp_path: Path
+) -> None:
+    hashes = [deliver(journal, i) for i in range(3)]
+    journal.record_ack(ack_record(3), b"pending")
+    journal.close()
+
+    reopened = Journal(tmp_path / "journal.sqlite3", address_of(KEY), DOMAIN)
+    try:
+        assert reopened.verify() == 3
+        book = reopened.deal(7)
+        assert book is not None
+        assert [book.receipts[i].receipt.prev_receipt_hash for i in range(3)] == [
+            ZERO_HASH,
+            *hashes[:2],
+        ]
+        assert [a.key for a in reopened.unfinished()] == [(7, 3)]
+        assert reopened.envelope((7, 3)) == b"pending"
+        assert book.unpaid_ack_total() == 4 * 500
+    finally:
+        reopened.close()
+
+
+def test_journal_when_someone_updates_a_row_then_the_trigger_refuses(journal: Journal) -> None:
+    deliver(journal, 0)
+    db = sqlite3.connect(journal.path)
+    try:
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            db.execute("UPDATE receipts SET outputs = x'00'")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            db.execute("DELETE FROM acks")
+    finally:
+        db.close()
+
+
+def test_journal_when_a_receipt_is_tampered_then_startup_refuses(
+    journal: Journal, tmp_path: Path
+) -> None:
+    deliver(journal, 0)
+    deliver(journal, 1)
+    journal.close()
+    db = sqlite3.connect(tmp_path / "journal.sqlite3")
+    db.execute("DROP TRIGGER receipts_no_update")
+    row = db.execute("SELECT receipt_json FROM receipts WHERE task_index = 1").fetchone()
+    forged = json.loads(row[0]) | {"amount": 10**6}
+    db.execute("UPDATE receipts SET receipt_json = ? WHERE task_index = 1", (json.dumps(forged),))
+    db.commit()
+    db.close()
+
+    with pytest.raises(JournalCorruptError, match="task 1"):
+        Journal(tmp_path / "journal.sqlite3", address_of(KEY), DOMAIN)
+
+
+def test_journal_when_opened_for_another_escrow_then_signatures_fail(
+    journal: Journal, tmp_path: Path
+) -> None:
+    deliver(journal, 0)
+    journal.close()
+    other = replace(DOMAIN, chain_id=1)
+    with pytest.raises(JournalCorruptError, match="signed by"):
+        Journal(tmp_path / "journal.sqlite3", address_of(KEY), other)
+
+
+# ---- config ------------------------------------------------------------------------------
+
+
+def test_load_config_when_toml_and_env_then_env_wins(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'rpc_url = "http://a"\nescrow = "0x' + "33" * 20 + '"\ndata_dir = "/tmp/x"\n'
+        "slo_ms = 5000\npool_size = 2\n[plan]\ninference_price = 7\n[settlement]\n"
+        "silent_after_s = 12\n"
+    )
+    env = {
+        "TPUMARKET_PROVIDER_PRIVATE_KEY": KEY,
+        "TPUMARKET_PROVIDER_SLO_MS": "3000",
+        "TPUMARKET_PROVIDER_SETTLEMENT_REDEEM_THRESHOLD": "99",
+        "HOME": "/root",
+    }
+    config = load_config(path, env)
+    assert config.slo_ms == 3000 and config.slo_s == 3 and config.pool_size == 2
+    assert config.plan == Plan(inference_price=7)
+    assert config.settlement.silent_after_s == 12.0
+    assert config.settlement.redeem_threshold == 99
+    assert config.address == address_of(KEY)
+    assert config.data_dir == Path("/tmp/x")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "bogus = 1\n",
+        "slo_ms = 10\n",
+        "[plan]\nwhat = 1\n",
+        "[plan]\ncache_hit_discount_bps = 20000\n",
+    ],
+)
+def test_load_config_when_invalid_then_config_error(tmp_path: Path, extra: str) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(f'rpc_url = "x"\nescrow = "y"\ndata_dir = "z"\n{extra}')
+    with pytest.raises(ConfigError):
+        load_config(path, {"TPUMARKET_PROVIDER_PRIVATE_KEY": KEY})
+
+
+def test_load_config_when_key_missing_then_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="private_key"):
+        load_config(None, {"TPUMARKET_PROVIDER_RPC_URL": "x"})
+
+
+# ---- heartbeat ---------------------------------------------------------------------------
+
+
+class _Market(BaseHTTPRequestHandler):
+    received: list[tuple[str, dict[str, Any]]] = []
+    status = 200
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).received.append((self.path, body))
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"ok": true}')
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def market() -> Iterator[str]:
+    _Market.received = []
+    _Market.status = 200
+    server = HTTPServer(("127.0.0.1", 0), _Market)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_heartbeat_when_market_configured_then_signed_advert_posted(market: str) -> None:
+    advert = build_advert(capacity=None, plan=PLAN, slo_ms=2000, endpoint="http://p", domain=DOMAIN)
+    metrics = ProviderMetrics()
+    beat = Heartbeat(
+        MarketHttp(market),
+        private_key=KEY,
+        provider=address_of(KEY),
+        advert=advert,
+        metrics=metrics,
+    )
+
+    assert beat.beat() is True
+
+    path, body = _Market.received[0]
+    assert path == "/v1/providers/heartbeat"
+    assert body["advert"]["plan_hash"] == "0x" + PLAN.struct_hash().hex()
+    digest = heartbeat_digest(body["provider"], body["timestamp"], body["advert"])
+    assert recover_digest(digest, bytes.fromhex(body["signature"][2:])) == address_of(KEY)
+
+
+def test_heartbeat_when_market_refuses_then_counted_not_raised(market: str) -> None:
+    _Market.status = 503
+    advert = build_advert(capacity=None, plan=PLAN, slo_ms=2000, endpoint="", domain=DOMAIN)
+    metrics = ProviderMetrics()
+    beat = Heartbeat(
+        MarketHttp(market),
+        private_key=KEY,
+        provider=address_of(KEY),
+        advert=advert,
+        metrics=metrics,
+    )
+    assert beat.beat() is False
+    assert b'tpumarket_provider_heartbeats_total{result="failed"} 1.0' in metrics.render()
+
+
+def test_market_http_when_unreachable_then_market_http_error() -> None:
+    client = MarketHttp("http://127.0.0.1:9", timeout_s=1)
+    with pytest.raises(MarketHttpError):
+        client.heartbeat(signed_heartbeat(KEY, address_of(KEY), {"x": 1}))
+
+
+# ---- CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_register_when_added_to_tpumarket_then_provider_run_parses() -> None:
+    import argparse
+
+    from provider.cli import register
+
+    parser = argparse.ArgumentParser(prog="tpumarket")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["provider", "run", "--config", "p.toml", "--port", "9", "--no-jobs"])
+    assert args.config == Path("p.toml") and args.port == 9 and args.no_jobs
+    assert callable(args.handler)
+
+
+def test_cli_when_config_invalid_then_exit_code_2(tmp_path: Path, capsys: Any) -> None:
+    from provider.cli import main
+
+    path = tmp_path / "p.toml"
+    path.write_text("bogus = 1\n")
+    assert main(["run", "--config", str(path)]) == 2
+    assert "error:" in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""``kill -9`` of the daemon process mid-task, then a restart: nothing acked is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.chain import free_port
+from contracts.messages import ZERO_HASH, Receipt, address_of, verify
+from provider.journal import Journal
+from tests.provider.daemon_support import (
+    PLAN,
+    ChainWorld,
+    SignedTask,
+    sign_task,
+    spin_envelope,
+    tiny_mlp_envelope,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+SLOW_STEPS = 150_000_000  # a few seconds of device time: the kill lands while it runs
+
+
+class DaemonProcess:
+    """The daemon run as its own process through the CLI, the way an operator runs it."""
+
+    def __init__(self, config: Path, world: ChainWorld, log: Path) -> None:
+        self.config = config
+        self.world = world
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, port: int) -> str:
+        env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=self.world.provider)
+        env["JAX_PLATFORMS"] = "cpu"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "provider.cli", "run"),
+                    *("--config", str(self.config), "--port", str(port), "--no-jobs"),
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=log,
+            )
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: self._healthy(url), 120, "daemon health")
+        return url
+
+    def _healthy(self, url: str) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"daemon exited: {self.log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"{url}/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+
+
+@pytest.fixture
+def daemon_process(chain_world: ChainWorld, tmp_path: Path) -> Iterator[DaemonProcess]:
+    config = tmp_path / "provider.toml"
+    config.write_text(
+        f'rpc_url = "{chain_world.anvil.url}"\n'
+        f'escrow = "{chain_world.escrow.address}"\n'
+        f'data_dir = "{tmp_path / "data"}"\n'
+        'jax_platforms = "cpu"\n'
+        "slo_ms = 120000\n"
+        "benchmark_on_start = false\n"
+        "[plan]\n"
+        f"compile_price = {PLAN.compile_price}\n"
+        f"inference_price = {PLAN.inference_price}\n"
+    )
+    node = DaemonProcess(config, chain_world, tmp_path / "daemon.log")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def post(url: str, task: SignedTask, wait: float = 0) -> dict[str, Any]:
+    reply = httpx.post(
+        f"{url}/v1/tasks",
+        content=task.body,
+        headers=task.headers(),
+        params={"wait": wait},
+        timeout=wait + 30,
+    )
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def test_kill9_mid_task_then_restart_serves_results_reruns_acked_and_keeps_the_chain(
+    chain_world: ChainWorld, daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    fast = sign_task(world.domain, world.client, deal_id, 0, tiny_mlp_envelope()[0])
+    slow = sign_task(world.domain, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
+    url = daemon_process.start(free_port())
+
+    done = post(url, fast, wait=60)
+    acked = post(url, slow)
+    assert done["state"] == "succeeded" and acked["state"] == "acked"
+    daemon_process.kill9()  # the slow task is running in the sandbox right now
+
+    url = daemon_process.start(free_port())
+    served = httpx.get(f"{url}/v1/tasks/{deal_id}/0", timeout=30).json()
+    rerun = httpx.get(f"{url}/v1/tasks/{deal_id}/1", params={"wait": 60}, timeout=90).json()
+    retried = post(url, slow)
+
+    assert served["receipt"] == done["receipt"]
+    assert served["receipt_signature"] == done["receipt_signature"]
+    assert served["outputs_b64"] == done["outputs_b64"]
+    assert rerun["state"] == "succeeded", rerun.get("diagnosis")
+    assert rerun["ack"] == acked["ack"] and rerun["ack_signature"] == acked["ack_signature"]
+    assert retried["created"] is False and retried["receipt"] == rerun["receipt"]
+    provider = address_of(world.provider)
+    first = Receipt.from_json(done["receipt"])
+    second = verify(
+        Receipt.from_json(rerun["receipt"]),
+        world.domain,
+        bytes.fromhex(rerun["receipt_signature"][2:]),
+        provider,
+    )
+    assert first.prev_receipt_hash == ZERO_HASH
+    assert second.prev_receipt_hash == first.struct_hash()
+    summary = httpx.get(f"{url}/v1/deals/{deal_id}", timeout=30).json()
+    assert summary["acked"] == 2 and summary["delivered"] == 2
+    assert summary["receipted_amount"] == str(first.amount + second.amount)
+
+    journal = Journal(tmp_path / "data" / "journal.sqlite3", provider, world.domain)
+    try:
+        assert journal.verify() == 2
+        book = journal.deal(deal_id)
+        assert book is not None and sorted(book.receipts) == [0, 1]
+    finally:
+        journal.close()
