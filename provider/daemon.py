@@ -107,6 +107,7 @@ class Daemon:
                     endpoint=endpoint,
                     domain=self.domain,
                 ),
+                domain=self.domain,
                 metrics=self.metrics,
             )
             self.heartbeat.beat()

@@ -1,29 +1,26 @@
 """Heartbeat adverts to the market (only when a market URL is configured).
 
 The heartbeat has the market's ``HeartbeatCreate`` shape: ``{provider, timestamp, advert,
-signature}``. The signature is the provider's secp256k1 signature (r||s||v, hex) over
-``keccak256("tpumarket.heartbeat.v1" || provider address (20 bytes) || timestamp (uint64,
-big-endian) || keccak256(canonical JSON of the advert))``, canonical JSON being sorted keys
-and no spaces.
+signature}``. The signature is the provider's EIP-712 signature of
+``contracts.orders.Heartbeat(provider, advertHash, timestamp)`` under the market's domain
+(``tpumarket-market``, ``1``, chain id, escrow), ``advertHash`` being keccak256 of the advert's
+canonical JSON (sorted keys, no spaces): the market verifies exactly that.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
-from eth_utils.address import to_canonical_address
-from eth_utils.crypto import keccak
-
 from client.market_http import MarketHttp, MarketHttpError
-from contracts.messages import Domain, Plan, sign_digest
+from contracts.messages import Domain, Plan
+from contracts.orders import Heartbeat as HeartbeatMessage
+from contracts.orders import advert_hash, market_domain
 from provider.capacity import Capacity, capacity_to_wire
 from provider.metrics import ProviderMetrics
 
 log = logging.getLogger("provider.heartbeat")
-HEARTBEAT_DOMAIN = b"tpumarket.heartbeat.v1"
 
 
 def build_advert(
@@ -56,23 +53,23 @@ def build_advert(
     }
 
 
-def heartbeat_digest(provider: str, timestamp: int, advert: dict[str, Any]) -> bytes:
-    """Return the digest a heartbeat's signature signs."""
-    canonical = json.dumps(advert, sort_keys=True, separators=(",", ":")).encode()
-    return keccak(
-        HEARTBEAT_DOMAIN
-        + to_canonical_address(provider)
-        + timestamp.to_bytes(8, "big")
-        + keccak(canonical)
-    )
+def heartbeat_message(provider: str, timestamp: int, advert: dict[str, Any]) -> HeartbeatMessage:
+    """Return the EIP-712 heartbeat message for an advert."""
+    return HeartbeatMessage(provider=provider, advert_hash=advert_hash(advert), timestamp=timestamp)
 
 
 def signed_heartbeat(
-    private_key: str, provider: str, advert: dict[str, Any], timestamp: int | None = None
+    private_key: str,
+    provider: str,
+    advert: dict[str, Any],
+    domain: Domain,
+    timestamp: int | None = None,
 ) -> dict[str, Any]:
-    """Return the heartbeat JSON, signed by the provider."""
+    """Return the heartbeat JSON, signed by the provider under the market domain of `domain`'s
+    chain and escrow."""
     ts = int(time.time()) if timestamp is None else timestamp
-    signature = sign_digest(heartbeat_digest(provider, ts, advert), private_key)
+    market = market_domain(domain.chain_id, domain.verifying_contract)
+    signature = heartbeat_message(provider, ts, advert).sign(market, private_key)
     return {
         "provider": provider,
         "timestamp": ts,
@@ -91,10 +88,12 @@ class Heartbeat:
         private_key: str,
         provider: str,
         advert: dict[str, Any],
+        domain: Domain,
         metrics: ProviderMetrics,
     ) -> None:
-        """Advertise ``advert`` as ``provider`` on ``market``."""
+        """Advertise ``advert`` as ``provider`` on ``market`` (for ``domain``'s chain, escrow)."""
         self.market = market
+        self.domain = domain
         self._key = private_key
         self.provider = provider
         self.advert = advert
@@ -103,7 +102,9 @@ class Heartbeat:
     def beat(self) -> bool:
         """Send one heartbeat; return whether the market accepted it."""
         try:
-            self.market.heartbeat(signed_heartbeat(self._key, self.provider, self.advert))
+            self.market.heartbeat(
+                signed_heartbeat(self._key, self.provider, self.advert, self.domain)
+            )
         except MarketHttpError as exc:
             self.metrics.heartbeats.labels("failed").inc()
             log.warning("heartbeat failed", extra={"error": str(exc)})

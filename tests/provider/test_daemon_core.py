@@ -27,9 +27,9 @@ from contracts.messages import (
     TaskRequest,
     Voucher,
     address_of,
-    recover_digest,
     task_bitmap,
 )
+from contracts.orders import market_domain
 from contracts.pricing import flat, metered, price_receipt
 from contracts.program import (
     ProducerVersions,
@@ -40,7 +40,7 @@ from contracts.program import (
 )
 from provider.config import load_config
 from provider.errors import ConfigError, JournalCorruptError
-from provider.heartbeat import Heartbeat, build_advert, heartbeat_digest, signed_heartbeat
+from provider.heartbeat import Heartbeat, build_advert, heartbeat_message, signed_heartbeat
 from provider.journal import AckRecord, Journal
 from provider.metrics import ProviderMetrics
 from provider.receipts import ack_price, build_receipt, voucher_tasks
@@ -355,6 +355,7 @@ def test_heartbeat_when_market_configured_then_signed_advert_posted(market: str)
         private_key=KEY,
         provider=address_of(KEY),
         advert=advert,
+        domain=DOMAIN,
         metrics=metrics,
     )
 
@@ -363,8 +364,9 @@ def test_heartbeat_when_market_configured_then_signed_advert_posted(market: str)
     path, body = _Market.received[0]
     assert path == "/v1/providers/heartbeat"
     assert body["advert"]["plan_hash"] == "0x" + PLAN.struct_hash().hex()
-    digest = heartbeat_digest(body["provider"], body["timestamp"], body["advert"])
-    assert recover_digest(digest, bytes.fromhex(body["signature"][2:])) == address_of(KEY)
+    message = heartbeat_message(body["provider"], body["timestamp"], body["advert"])
+    market = market_domain(DOMAIN.chain_id, DOMAIN.verifying_contract)
+    assert message.recover(market, bytes.fromhex(body["signature"][2:])) == address_of(KEY)
 
 
 def test_heartbeat_when_market_refuses_then_counted_not_raised(market: str) -> None:
@@ -376,6 +378,7 @@ def test_heartbeat_when_market_refuses_then_counted_not_raised(market: str) -> N
         private_key=KEY,
         provider=address_of(KEY),
         advert=advert,
+        domain=DOMAIN,
         metrics=metrics,
     )
     assert beat.beat() is False
@@ -385,7 +388,7 @@ def test_heartbeat_when_market_refuses_then_counted_not_raised(market: str) -> N
 def test_market_http_when_unreachable_then_market_http_error() -> None:
     client = MarketHttp("http://127.0.0.1:9", timeout_s=1)
     with pytest.raises(MarketHttpError):
-        client.heartbeat(signed_heartbeat(KEY, address_of(KEY), {"x": 1}))
+        client.heartbeat(signed_heartbeat(KEY, address_of(KEY), {"x": 1}, DOMAIN))
 
 
 # ---- CLI ---------------------------------------------------------------------------------
