@@ -103,7 +103,7 @@ class _Message:
     @classmethod
     def typehash(cls) -> bytes:
         """Return keccak256 of the type string."""
-        return keccak(text=cls.encode_type())
+        return _typehash(cls)
 
     def _encode_field(self, kind: str, value: Any) -> bytes:
         return _word(kind, value)
@@ -204,6 +204,12 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
     return nested.from_json(value)
 
 
+@functools.cache
+def _typehash(cls: type[_Message]) -> bytes:
+    return keccak(text=cls.encode_type())
+
+
+@functools.cache
 def _attr(name: str) -> str:
     """Map a camelCase EIP-712 field name to the dataclass attribute name."""
     out = []
