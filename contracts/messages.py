@@ -103,7 +103,7 @@ class _Message:
     @classmethod
     def typehash(cls) -> bytes:
         """Return keccak256 of the type string."""
-        return _typehash(cls)
+        return _typehash(cls.encode_type())
 
     def _encode_field(self, kind: str, value: Any) -> bytes:
         return _word(kind, value)
@@ -205,8 +205,8 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
 
 
 @functools.cache
-def _typehash(cls: type[_Message]) -> bytes:
-    return keccak(text=cls.encode_type())
+def _typehash(encoded_type: str) -> bytes:
+    return keccak(text=encoded_type)
 
 
 @functools.cache
