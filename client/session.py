@@ -38,6 +38,7 @@ from contracts.program import (
     encode_envelope,
     request_input_hash,
 )
+from contracts.reverts import EscrowTaskAlreadySettled
 
 Progress = Callable[["TaskOutcome"], None]
 
@@ -208,22 +209,30 @@ class DealSession:
         return voucher
 
     def breached(self, chain_now: int) -> list[TaskOutcome]:
-        """Return acked tasks with no delivery whose deadline and grace have passed."""
+        """Return acked tasks not verified (undelivered, late or wrong) past deadline and grace."""
         return [
             o
             for o in self.outcomes.values()
             if o.ack is not None
+            and not o.verified
             and o.refunded is None
-            and (o.view is None or o.view.receipt is None)
             and chain_now > o.ack.deadline + self.challenge_window
         ]
 
     def refund_breaches(self, chain_now: int) -> list[TaskOutcome]:
-        """Refund every breached task on chain with the penalty; return them."""
+        """Refund every breached task on chain with the penalty; return those refunded.
+
+        A task the provider already claimed on chain cannot be refunded: it is left for a
+        dispute of its claimed batch (`ClientAccount.dispute`).
+        """
         refunded = []
         for outcome in self.breached(chain_now):
             assert outcome.ack is not None
-            outcome.refunded = self.account.refund_breach(outcome.ack, outcome.ack_signature)
+            try:
+                outcome.refunded = self.account.refund_breach(outcome.ack, outcome.ack_signature)
+            except EscrowTaskAlreadySettled:
+                outcome.rejected = outcome.rejected or "claimed on chain by the provider"
+                continue
             with self._lock:
                 self.book.mark_claimed(outcome.index)
             refunded.append(outcome)
