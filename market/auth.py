@@ -11,32 +11,21 @@ import threading
 import time
 from collections.abc import Callable
 
-from market.errors import MarketError
+from market.errors import (
+    AuthError,
+    ForbiddenError,
+    RateLimitedError,
+    ReplayError,
+    SignatureExpiredError,
+)
 
-
-class AuthError(MarketError, PermissionError):
-    """Raise when a signature is malformed or not by the party it claims."""
-
-
-class ForbiddenError(MarketError, PermissionError):
-    """Raise when a correctly signed request acts on something the signer does not own."""
-
-
-class SignatureExpiredError(AuthError):
-    """Raise when a signed request is past its expiry or outside the allowed clock skew."""
-
-
-class ReplayError(MarketError, ValueError):
-    """Raise when a nonce (or heartbeat timestamp) was used before."""
-
-
-class RateLimitedError(MarketError):
-    """Raise when a signer or an IP address exceeds its rate."""
-
-    def __init__(self, key: str, retry_after: float) -> None:
-        self.key = key
-        self.retry_after = retry_after
-        super().__init__(f"rate limit exceeded for {key}; retry after {retry_after:.2f}s")
+__all__ = [
+    "AuthError",
+    "ForbiddenError",
+    "RateLimitedError",
+    "ReplayError",
+    "SignatureExpiredError",
+]
 
 
 class RateLimiter:

@@ -74,3 +74,40 @@ class OrderStateError(MarketError, ValueError):
 
 class SnapshotError(MarketError, ValueError):
     """Raise when snapshot data cannot be restored (malformed, inconsistent, wrong version)."""
+
+
+class AuthError(MarketError, PermissionError):
+    """Raise when a signature is malformed or not by the party it claims."""
+
+
+class ForbiddenError(MarketError, PermissionError):
+    """Raise when a correctly signed request acts on something the signer does not own."""
+
+
+class SignatureExpiredError(AuthError):
+    """Raise when a signed request is past its expiry or outside the allowed clock skew."""
+
+
+class ReplayError(MarketError, ValueError):
+    """Raise when a nonce (or heartbeat timestamp) was used before."""
+
+
+class RateLimitedError(MarketError):
+    """Raise when a signer or an IP address exceeds its rate."""
+
+    def __init__(self, key: str, retry_after: float) -> None:
+        self.key = key
+        self.retry_after = retry_after
+        super().__init__(f"rate limit exceeded for {key}; retry after {retry_after:.2f}s")
+
+
+class NotFoundError(MarketError, LookupError):
+    """Raise when a requested record does not exist."""
+
+
+class InvalidRequestError(MarketError, ValueError):
+    """Raise when a request is well-formed but breaks a market rule."""
+
+
+class PayloadTooLargeError(MarketError):
+    """Raise when a request carries more than the market accepts at once."""

@@ -41,20 +41,20 @@ from contracts.orders import keccak256 as fast_keccak
 from contracts.orders import struct_hash as fast_struct_hash
 from contracts.pricing import plan_is_valid
 from market import storage
-from market.auth import (
-    AuthError,
-    ForbiddenError,
-    RateLimiter,
-    ReplayError,
-    SignatureExpiredError,
-)
+from market.auth import RateLimiter
 from market.engine import Fill as EngineFill
 from market.engine import MatchingEngine, OrderRecord, Side
 from market.engine import Order as EngineOrder
 from market.errors import (
+    AuthError,
     DuplicateOrderError,
+    ForbiddenError,
     InvalidOrderError,
     MarketError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ReplayError,
+    SignatureExpiredError,
     UnknownOrderError,
 )
 from market.models import (
@@ -76,18 +76,6 @@ from market.models import (
     QuoteAttach,
     QuoteIn,
 )
-
-
-class NotFoundError(MarketError, LookupError):
-    """Raise when a requested record does not exist."""
-
-
-class InvalidRequestError(MarketError, ValueError):
-    """Raise when a request is well-formed but breaks a market rule."""
-
-
-class PayloadTooLargeError(MarketError):
-    """Raise when a request carries more than the market accepts at once."""
 
 
 @dataclass

@@ -5,16 +5,21 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from market.auth import AuthError, ForbiddenError, RateLimitedError, ReplayError
 from market.errors import (
+    AuthError,
     DuplicateOrderError,
+    ForbiddenError,
     InvalidOrderError,
+    InvalidRequestError,
     MarketError,
+    NotFoundError,
     OrderStateError,
+    PayloadTooLargeError,
+    RateLimitedError,
+    ReplayError,
     SnapshotError,
     UnknownOrderError,
 )
-from market.service import InvalidRequestError, NotFoundError, PayloadTooLargeError
 
 STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (RateLimitedError, 429),
