@@ -31,6 +31,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     serve.add_argument("--rpc-url", default=None, help="chain JSON-RPC URL (env RPC_URL)")
     serve.add_argument("--escrow", default=None, help="escrow address (env MARKET_ESCROW)")
     serve.add_argument("--chain-id", type=int, default=None, help="chain id (env MARKET_CHAIN_ID)")
+    serve.add_argument(
+        "--from-block",
+        type=int,
+        default=None,
+        help="first block to index, e.g. the escrow's deployment block (env MARKET_FROM_BLOCK)",
+    )
     serve.add_argument("--no-jobs", action="store_true", help="do not run the scheduled jobs")
     serve.add_argument(
         "--rate-per-address", type=float, default=None, help="orders/s per signer (0: no limit)"
@@ -50,6 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "rpc_url": args.rpc_url,
         "escrow": args.escrow,
         "chain_id": args.chain_id,
+        "index_from_block": args.from_block,
         "rate_per_address": args.rate_per_address,
         "rate_per_ip": args.rate_per_ip,
     }

@@ -42,6 +42,7 @@ class Indexer:
         rpc_url: str,
         escrow: str,
         chunk_blocks: int = 2_000,
+        from_block: int = 0,
         chain_factory: Callable[[str], Chain] = Chain,
     ) -> None:
         """Bind lazily: the chain may be down when the market starts."""
@@ -49,6 +50,7 @@ class Indexer:
         self.rpc_url = rpc_url
         self.escrow_address = to_checksum_address(escrow)
         self.chunk_blocks = chunk_blocks
+        self.from_block = from_block
         self.name = f"escrow:{service.settings.chain_id}:{self.escrow_address.lower()}"
         self._chain_factory = chain_factory
         self._escrow: Escrow | None = None
@@ -77,7 +79,7 @@ class Indexer:
         head = int(w3.eth.block_number)
         with self.service.session() as session:
             last = storage.indexed_block(session=session, name=self.name)
-        start = 0 if last is None else last + 1
+        start = self.from_block if last is None else last + 1
         total = 0
         while start <= head:
             end = min(head, start + self.chunk_blocks - 1)

@@ -101,10 +101,12 @@ class Settings:
     offline_every_s: float = 5.0
     index_every_s: float = 2.0
     index_chunk_blocks: int = 2_000
+    index_from_block: int = 0  # the escrow's deployment block: nothing before it to index
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
-        """Read `MARKET_DATA_DIR`, `DATABASE_URL`, `MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`."""
+        """Read `MARKET_DATA_DIR`, `DATABASE_URL`, `MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`,
+        `MARKET_FROM_BLOCK`."""
         env = os.environ
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MARKET_DATA_DIR", "data")),
@@ -112,6 +114,7 @@ class Settings:
             "chain_id": int(env.get("MARKET_CHAIN_ID", "31337")),
             "escrow": env.get("MARKET_ESCROW", ZERO_ADDRESS),
             "rpc_url": env.get("RPC_URL") or None,
+            "index_from_block": int(env.get("MARKET_FROM_BLOCK", "0")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -46,6 +46,7 @@ def create_app(
                 rpc_url=settings.rpc_url,
                 escrow=settings.escrow,
                 chunk_blocks=settings.index_chunk_blocks,
+                from_block=settings.index_from_block,
             )
         app.state.indexer = indexer
         scheduler = start_scheduler(svc, indexer) if settings.run_jobs else None

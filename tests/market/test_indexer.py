@@ -199,3 +199,20 @@ def test_indexer_when_one_ask_fills_two_clients_then_each_opens_its_own_deal(
     Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address).run_once()
     assert [service.deal(d).chain_deal_id for d in deals] == opened
     assert [service.deal(d).status for d in deals] == ["opened", "opened"]
+
+
+def test_indexer_when_from_block_given_then_skips_earlier_history(
+    chain_world: World,
+    market: tuple[MarketService, Settings, Clock],
+) -> None:
+    world = chain_world
+    service, _, _ = market
+    world.escrow.deposit(world.clients[0], 10_000)
+    head = int(world.chain.w3.eth.block_number)
+    indexer = Indexer(
+        service, rpc_url=world.anvil.url, escrow=world.escrow.address, from_block=head + 1
+    )
+    assert indexer.run_once() == 0
+    world.escrow.deposit(world.clients[0], 5_000)
+    assert indexer.run_once() == 1
+    assert indexer.indexed_block() == head + 1
