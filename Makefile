@@ -24,7 +24,7 @@ $(NPMSTAMP): package.json package-lock.json
 	touch $(NPMSTAMP)
 
 demo: setup
-	$(PY) -m contracts.demo $(ARGS)
+	$(PY) -m client.demo $(ARGS)
 
 lint: setup
 	.venv/bin/ruff check .

@@ -1,0 +1,125 @@
+"""`make demo` end to end, once: its JSON figures add up and equal what the chain holds.
+
+The demo runs as a subprocess exactly as `tpumarket demo --json` does (anvil, the market, two
+provider daemons, the client), against an anvil this test starts, so the chain outlives the
+demo and can be audited afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from client.demo import CLIENT_FUNDS
+from contracts.binding import DEAL_CLOSED, TASK_NONE, TASK_REFUNDED, TASK_VOUCHED, Chain, Escrow
+from contracts.chain import Anvil, dev_keys
+from contracts.messages import address_of
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {
+    "tasks_run",
+    "tasks_paid",
+    "tasks_refunded",
+    "failures_diagnosed",
+    "total_spent",
+    "gas_per_paid_task",
+}
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("silero_vad") is None or importlib.util.find_spec("onnx") is None,
+    reason="the demo's model needs silero-vad and onnx (make setup installs them)",
+)
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One finished demo: its output, figures and the chain it settled on."""
+
+    stdout: str
+    figures: dict[str, int]
+    escrow: Escrow
+    urls: list[str]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[DemoRun]:
+    with Anvil.start(accounts=6) as anvil:
+        done = subprocess.run(
+            [sys.executable, "-m", "client.demo", "--json", "--rpc-url", anvil.url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        lines = done.stdout.strip().splitlines()
+        escrow = re.search(r"^escrow\s+(0x[0-9a-fA-F]{40})$", done.stdout, re.MULTILINE)
+        assert escrow is not None, done.stdout
+        urls = re.findall(
+            r"^(?:market|provider)\s+(?:\w+\s+)?(http://127\.0\.0\.1:\d+)",
+            done.stdout,
+            re.MULTILINE,
+        )
+        yield DemoRun(
+            stdout=done.stdout,
+            figures=json.loads(lines[-1]),
+            escrow=Chain(anvil.url).escrow(escrow.group(1)),
+            urls=urls,
+        )
+
+
+def test_demo_ends_with_one_json_line_of_the_six_figures(demo: DemoRun) -> None:
+    assert set(demo.figures) == KEYS
+    assert all(isinstance(v, int) and v >= 0 for v in demo.figures.values())
+
+
+def test_demo_tasks_are_each_paid_refunded_or_diagnosed(demo: DemoRun) -> None:
+    f = demo.figures
+    assert f["tasks_paid"] + f["tasks_refunded"] + f["failures_diagnosed"] == f["tasks_run"]
+    assert f["tasks_paid"] >= 1 and f["tasks_refunded"] >= 1 and f["failures_diagnosed"] >= 1
+    assert f["gas_per_paid_task"] > 0
+    assert "oom" in demo.stdout and "refunded" in demo.stdout
+
+
+def test_demo_figures_equal_the_chain(demo: DemoRun) -> None:
+    escrow, f = demo.escrow, demo.figures
+    deal_ids = range(1, escrow.deal_count() + 1)
+    deals = [escrow.get_deal(d) for d in deal_ids]
+    assert deals and all(d.status == DEAL_CLOSED for d in deals)
+    assert sum(d.vouched for d in deals) == f["total_spent"]
+
+    statuses = []
+    for deal_id in deal_ids:
+        index = 0
+        while (status := escrow.task_status(deal_id, index)) != TASK_NONE:
+            statuses.append(status)
+            index += 1
+    assert statuses.count(TASK_REFUNDED) == f["tasks_refunded"]
+    assert statuses.count(TASK_VOUCHED) == f["tasks_paid"] + f["failures_diagnosed"]
+    assert len(statuses) == f["tasks_run"]
+
+    w3 = escrow.tx.w3
+    logs = w3.eth.get_logs({"address": escrow.address, "fromBlock": 0, "toBlock": "latest"})
+    refunds = [e for e in escrow.decode_events(logs) if e.name == "BreachRefunded"]
+    assert len(refunds) == f["tasks_refunded"]
+    penalties = sum(int(e.args["penalty"]) for e in refunds)
+    client = address_of(dev_keys(2)[1])
+    token = Chain(w3.provider.endpoint_uri).token(escrow.token())  # type: ignore[attr-defined]
+    held = token.balance_of(client) + escrow.balance_of(client)
+    assert held == CLIENT_FUNDS - f["total_spent"] + penalties
+
+
+def test_demo_stops_every_process_it_started(demo: DemoRun) -> None:
+    assert len(demo.urls) == 3  # the market and two providers
+    for url in demo.urls:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url, timeout=2)
