@@ -508,9 +508,6 @@ def _run(
             env={
                 "TPUMARKET_PROVIDER_PRIVATE_KEY": key,
                 "JAX_PLATFORMS": "cpu",
-                # Both daemons load libtpu (AOT compiles need no chip): without this the second
-                # one fails on libtpu's single-process lockfile in /tmp.
-                "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
             },
         )
         provider_urls[profile.name] = url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +45,11 @@ class Sandbox:
         """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``."""
         self.limits = limits or SandboxLimits()
         env = {} if jax_platforms is None else {"JAX_PLATFORMS": jax_platforms}
+        platforms = jax_platforms or os.environ.get("JAX_PLATFORMS", "")
+        if platforms and "tpu" not in platforms.split(","):
+            # libtpu only compiles ahead of time here and opens no chip, so several workers and
+            # daemons on one host may load it; its single-process lockfile would refuse them.
+            env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
         self._pool = WorkerPool(pool_size, self.limits, cache_dir, env, on_stage)
 
     def __enter__(self) -> Sandbox:
