@@ -37,7 +37,7 @@ system-deps:
 	scripts/system-deps
 
 unit: setup system-deps
-	JAX_PLATFORMS=cpu .venv/bin/pytest $(ARGS)
+	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest $(ARGS)
 
 test: lint typecheck unit
 

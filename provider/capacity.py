@@ -119,9 +119,7 @@ def tpu_compiler_available() -> bool:
 def _compile_targets(names: tuple[str, ...]) -> tuple[CompileTarget, ...]:
     if not names or not tpu_compiler_available():
         return ()
-    from jax.experimental import topologies
-
-    from provider.sandbox.targets import HBM_BYTES_BY_KIND, parse_target
+    from provider.sandbox.targets import HBM_BYTES_BY_KIND, aot_devices, parse_target
 
     found = []
     for name in names:
@@ -129,22 +127,14 @@ def _compile_targets(names: tuple[str, ...]) -> tuple[CompileTarget, ...]:
         if target.aot_topology is None:
             continue
         try:
-            bounds = target.chips_per_host_bounds
-            if bounds is not None:
-                topology = topologies.get_topology_desc(
-                    target.aot_topology, "tpu", chips_per_host_bounds=bounds
-                )
-            else:
-                topology = topologies.get_topology_desc(target.aot_topology, "tpu")
+            devices = aot_devices(target)
         except Exception:
             continue
-        device: Any = topology.devices[0]
+        device: Any = devices[0]
         kind = str(device.device_kind)
         hbm = measure_hbm_bytes(device) or HBM_BYTES_BY_KIND.get(kind)
         found.append(
-            CompileTarget(
-                name=target.name, device_kind=kind, chips=len(topology.devices), hbm_bytes=hbm
-            )
+            CompileTarget(name=target.name, device_kind=kind, chips=len(devices), hbm_bytes=hbm)
         )
     return tuple(found)
 

@@ -42,6 +42,7 @@ from provider.sandbox.targets import (
     EXPORT_PLATFORM_ALIASES,
     HBM_BYTES_BY_KIND,
     Target,
+    aot_devices,
     kind_slug,
     parse_target,
 )
@@ -292,17 +293,7 @@ class WorkerRuntime:
     def _devices_for(self, target: Target) -> tuple[Any, ...]:
         if not target.is_aot:
             return tuple(self._jax.devices())
-        from jax.experimental import topologies
-
-        assert target.aot_topology is not None
-        bounds = target.chips_per_host_bounds
-        if bounds is not None:
-            topology = topologies.get_topology_desc(
-                target.aot_topology, "tpu", chips_per_host_bounds=bounds
-            )
-        else:
-            topology = topologies.get_topology_desc(target.aot_topology, "tpu")
-        return tuple(topology.devices)
+        return aot_devices(target)
 
     def _aot_report_path(self, key: tuple[Any, ...], kind: str) -> Path | None:
         if self.cache_root is None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 LOCAL_PLATFORMS: Final = frozenset({"cpu", "gpu", "tpu"})
 _TOPOLOGY = re.compile(r"^(?P<gen>v4|v5e|v5p|v6e)(?::(?P<shape>\d+x\d+(?:x\d+)?))?$")
@@ -70,3 +71,26 @@ def kind_slug(device_kind: str) -> str:
     """Return a directory-safe name for a device kind (``TPU v5 lite`` -> ``tpu-v5-lite``)."""
     slug = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-")
     return slug or "unknown"
+
+
+def aot_devices(target: Target) -> tuple[Any, ...]:
+    """Return the devices of a TPU topology to compile for ahead of time (needs libtpu).
+
+    When this process drives no TPU chip, libtpu serves only as a compiler, so several
+    processes on one host may load it: its single-process lockfile is waived for them.
+    """
+    import jax
+    from jax.experimental import topologies
+
+    if target.aot_topology is None:
+        raise ValueError(f"target {target.name} is not an ahead-of-time TPU topology")
+    if jax.default_backend() != "tpu":
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    bounds = target.chips_per_host_bounds
+    if bounds is not None:
+        topology = topologies.get_topology_desc(
+            target.aot_topology, "tpu", chips_per_host_bounds=bounds
+        )
+    else:
+        topology = topologies.get_topology_desc(target.aot_topology, "tpu")
+    return tuple(topology.devices)
