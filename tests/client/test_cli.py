@@ -1,0 +1,263 @@
+"""`tpumarket client ...` in-process against a real anvil (and a real market for deals/bids)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import contracts.cli
+from client.cli import Progress, build_parser, parse_amount, register
+from contracts.orders import Ask, market_domain, plan_kind
+from tests.contracts.builders import quote
+from tests.contracts.conftest import World
+from tests.market.server import market_server
+
+CHAIN_ID = "31337"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+
+    def load(self) -> Any:
+        return register
+
+
+@pytest.fixture(autouse=True)
+def _client_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `contracts.cli.main` see `client = "client.cli:register"` as pyproject will."""
+    monkeypatch.setattr(contracts.cli, "entry_points", lambda group: [_Entry("client")])
+    monkeypatch.delenv("TPUMARKET_CLIENT_KEY", raising=False)
+
+
+def _cli(world: World, *argv: str, key: str | None = None, market: str | None = None) -> int:
+    action, *rest = argv
+    common = ["--rpc-url", world.anvil.url, "--escrow", world.escrow.address]
+    if key:
+        common += ["--key", key]
+    if market:
+        common += ["--market-url", market]
+    return contracts.cli.main(["client", action, *common, *rest])
+
+
+def _last_json(out: str) -> dict[str, Any]:
+    value = json.loads(out.strip().splitlines()[-1])
+    assert isinstance(value, dict)
+    return value
+
+
+@pytest.fixture
+def client_key(world: World) -> str:
+    """A fresh client holding 10 tokens in its wallet and nothing in the escrow."""
+    key = world.anvil.new_funded_key()
+    world.token.mint(world.deployer, world.addr(key), 10_000_000)
+    return key
+
+
+def test_amounts_parse_to_units_or_exit_2(
+    world: World, client_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parse_amount("1.5") == 1_500_000
+    assert parse_amount("0.000001") == 1
+    assert parse_amount("3") == 3_000_000
+    for bad, why in (
+        ("abc", "not an amount"),
+        ("1.0000001", "more than 6 decimals"),
+        ("-1", "positive"),
+        ("0", "positive"),
+        ("nan", "positive"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            _cli(world, "deposit", bad, key=client_key)
+        assert exit_.value.code == 2
+        assert why in capsys.readouterr().err
+    assert world.escrow.balance_of(world.addr(client_key)) == 0
+
+
+def test_deposit_withdraw_and_balances(
+    world: World, client_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = world.addr(client_key)
+    assert _cli(world, "deposit", "2.5", key=client_key) == 0
+    out = capsys.readouterr()
+    assert "deposit 2.500000 tokens: tx 0x" in out.out
+    assert "deposit: 1/1 confirmed" in out.err  # plain progress: stderr is not a TTY
+    assert world.escrow.balance_of(address) == 2_500_000
+    assert world.token.balance_of(address) == 7_500_000
+
+    assert _cli(world, "withdraw", "0.5", "--json", key=client_key) == 0
+    moved = _last_json(capsys.readouterr().out)
+    assert moved["action"] == "withdraw" and moved["amount"] == 500_000
+    assert moved["free"] == 2_000_000 == world.escrow.balance_of(address)
+
+    # A deal opened with a provider's quote locks 1 token.
+    q = quote(world, world.providers[0], stake=0)
+    world.escrow.open_deal(client_key, q, q.sign(world.escrow.domain, world.providers[0]), 10**6)
+
+    assert _cli(world, "balances", key=client_key) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"client {address}"
+    assert table[1].split() == ["balance", "tokens"]
+    assert table[2:] == [
+        "wallet   8.000000",
+        "free     1.000000",
+        "locked   1.000000",
+        "total    10.000000",
+    ]
+    assert _cli(world, "balances", "--json", key=client_key) == 0
+    assert _last_json(capsys.readouterr().out) == {
+        "address": address,
+        "wallet": 8_000_000,
+        "free": 1_000_000,
+        "locked": 1_000_000,
+        "total": 10_000_000,
+    }
+
+
+def test_sdk_errors_exit_1_and_missing_key_exits_2(
+    world: World, client_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _cli(world, "withdraw", "1", key=client_key) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Escrow") and "Traceback" not in err
+
+    assert _cli(world, "balances") == 2
+    assert "error: no client key: pass --key or set TPUMARKET_CLIENT_KEY" in capsys.readouterr().err
+
+
+def test_key_from_environment(
+    world: World,
+    client_key: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TPUMARKET_CLIENT_KEY", client_key)
+    assert _cli(world, "balances", "--json") == 0
+    assert _last_json(capsys.readouterr().out)["wallet"] == 10_000_000
+
+
+def test_progress_draws_a_bar_only_on_a_tty() -> None:
+    class Tty:
+        def __init__(self, tty: bool) -> None:
+            self.text, self.tty = "", tty
+
+        def write(self, text: str) -> int:
+            self.text += text
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    for tty in (True, False):
+        stream = Tty(tty)
+        progress = Progress("scan", 2, stream)  # type: ignore[arg-type]
+        progress.step("a")
+        progress.step("b")
+        if tty:
+            assert "\r" in stream.text and "[########################] 2/2 b" in stream.text
+        else:
+            assert stream.text == "scan: 1/2 a\nscan: 2/2 b\n"
+
+
+@pytest.fixture
+def market(world: World, tmp_path: Path) -> Iterator[str]:
+    data = tmp_path / "market"
+    data.mkdir()
+    with market_server(
+        data,
+        "--rpc-url",
+        world.anvil.url,
+        "--escrow",
+        world.escrow.address,
+        "--chain-id",
+        CHAIN_ID,
+    ) as url:
+        yield url
+
+
+def _post_ask(world: World, market: str, provider: str, quantity: int, price: int) -> None:
+    from client.market_http import MarketHttp
+
+    q = quote(world, provider, stake=0, max_spend=quantity * price, valid_for=3_600)
+    ask = Ask(
+        owner=world.addr(provider),
+        device_class="tpu-v5e",
+        quantity=quantity,
+        price=price,
+        plan=plan_kind(q.plan),
+        slo_ms=q.slo_ms,
+        memory=0,
+        expiry=q.valid_until,
+        nonce=q.nonce,
+        quote_hash=q.struct_hash(),
+    )
+    domain = market_domain(world.escrow.domain.chain_id, world.escrow.address)
+    http = MarketHttp(market)
+    try:
+        http.place_order(
+            ask,
+            ask.sign(domain, provider),
+            quote=q,
+            quote_signature=q.sign(world.escrow.domain, provider),
+        )
+    finally:
+        http.close()
+
+
+def test_bid_fills_and_deals_list(
+    world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provider = world.providers[1]
+    _post_ask(world, market, provider, quantity=4, price=10_000)
+    plan = plan_kind(quote(world, provider).plan)
+    bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.02"]
+    bid += ["--plan", plan, "--slo-ms", "5000", "--memory", "0", "--expiry-s", "600"]
+    assert _cli(world, "bid", *bid, "--json", key=client_key, market=market) == 0
+    placed = _last_json(capsys.readouterr().out)
+    assert placed["order_id"].startswith("0x") and placed["remaining"] == 0
+    assert [(f["price"], f["quantity"]) for f in placed["fills"]] == [(10_000, 3)]
+
+    assert _cli(world, "deals", "--json", key=client_key, market=market) == 0
+    listed = _last_json(capsys.readouterr().out)
+    assert listed["client"] == world.addr(client_key)
+    [deal] = listed["deals"]
+    assert deal["provider"].lower() == world.addr(provider).lower()
+    assert (deal["price"], deal["quantity"], deal["total"]) == (10_000, 3, 30_000)
+
+    assert _cli(world, "deals", key=client_key, market=market) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["id", "provider", "price", "x", "qty", "status"]
+    assert deal["deal_id"] in lines[1] and "0.010000 x 3 = 0.030000" in lines[1]
+    assert lines[1].rstrip().endswith(deal["status"])
+
+    # A bid with nothing to cross rests: table output, no fills.
+    bid[bid.index("0.02")] = "0.001"
+    assert _cli(world, "bid", *bid, key=client_key, market=market) == 0
+    out = capsys.readouterr().out
+    assert "(open, 3 unmatched)" in out and "no fills yet" in out
+
+
+def test_market_unreachable_is_an_error(
+    world: World, client_key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = "http://127.0.0.1:9"
+    assert _cli(world, "deals", key=client_key, market=dead) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: market at http://127.0.0.1:9 unreachable")
+
+
+def test_build_parser_lists_the_client_actions() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["client", "deposit", "1.25", "--key", "0x01"])
+    assert isinstance(args, argparse.Namespace) and args.amount == 1_250_000
+    with pytest.raises(SystemExit):
+        parser.parse_args(["client", "bid", "--quantity", "1"])
