@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import coincurve
 from eth_utils.address import to_canonical_address, to_checksum_address
-from eth_utils.crypto import keccak
 
 from contracts.errors import SignatureError
+from contracts.hashing import keccak256, keccak_text
 
 KIND_COMPILE = 0
 KIND_INFERENCE = 1
@@ -26,8 +26,8 @@ SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 ZERO_ADDRESS = "0x" + "00" * 20
 ZERO_HASH = b"\x00" * 32
 
-_DOMAIN_TYPEHASH = keccak(
-    text="EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
+_DOMAIN_TYPEHASH = keccak_text(
+    "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
 )
 
 
@@ -45,10 +45,10 @@ class Domain:
         return _separator(self)
 
     def _compute_separator(self) -> bytes:
-        return keccak(
+        return keccak256(
             _DOMAIN_TYPEHASH
-            + keccak(text=self.name)
-            + keccak(text=self.version)
+            + keccak_text(self.name)
+            + keccak_text(self.version)
             + _word("uint256", self.chain_id)
             + _word("address", self.verifying_contract)
         )
@@ -111,11 +111,11 @@ class _Message:
     def struct_hash(self) -> bytes:
         """Return the EIP-712 struct hash."""
         encoded = b"".join(self._encode_field(t, getattr(self, _attr(n))) for n, t in self.TYPES)
-        return keccak(self.typehash() + encoded)
+        return keccak256(self.typehash() + encoded)
 
     def digest(self, domain: Domain) -> bytes:
         """Return the digest a signer signs under `domain`."""
-        return keccak(b"\x19\x01" + domain.separator() + self.struct_hash())
+        return keccak256(b"\x19\x01" + domain.separator() + self.struct_hash())
 
     def sign(self, domain: Domain, private_key: bytes | str) -> bytes:
         """Sign under `domain`; return a 65-byte r||s||v signature (low s, v in {27, 28})."""
@@ -206,7 +206,7 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
 
 @functools.cache
 def _typehash(encoded_type: str) -> bytes:
-    return keccak(text=encoded_type)
+    return keccak_text(encoded_type)
 
 
 @functools.cache
@@ -395,7 +395,7 @@ class Voucher(_Message):
 
     def _encode_field(self, kind: str, value: Any) -> bytes:
         if kind == "uint256[]":
-            return keccak(b"".join(_word("uint256", v) for v in value))
+            return keccak256(b"".join(_word("uint256", v) for v in value))
         return _word(kind, value)
 
     def _typed_value(self, kind: str, value: Any) -> Any:
@@ -458,13 +458,13 @@ def recover_digest(digest: bytes, signature: bytes) -> str:
         )
     except Exception as exc:  # coincurve raises plain Exception on bad points
         raise SignatureError(f"signature does not recover: {exc}") from exc
-    return to_checksum_address(keccak(public.format(compressed=False)[1:])[-20:])
+    return to_checksum_address(keccak256(public.format(compressed=False)[1:])[-20:])
 
 
 def address_of(private_key: bytes | str) -> str:
     """Return the checksummed address of a private key."""
     public = _private_key(private_key).public_key.format(compressed=False)
-    return to_checksum_address(keccak(public[1:])[-20:])
+    return to_checksum_address(keccak256(public[1:])[-20:])
 
 
 def verify(message: M, domain: Domain, signature: bytes, expected: str) -> M:

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 import coincurve
-from Crypto.Hash.keccak import new as _keccak_new
-from eth_utils.crypto import keccak
 
 from contracts.errors import SignatureError
+from contracts.hashing import keccak256, keccak_text
 from contracts.messages import SECP256K1_N, Domain, Plan, _attr, _from_json, _Message, _word
 
 MARKET_DOMAIN_NAME = "tpumarket-market"
@@ -49,11 +48,6 @@ def plan_kind(plan: Plan) -> str:
     if plan.price_per_device_ms:
         return "metered"
     return "flat"
-
-
-def keccak256(data: bytes) -> bytes:
-    """Return keccak-256 of `data` (pycryptodome directly: the market hashes every order)."""
-    return bytes(_keccak_new(digest_bits=256, data=data).digest())
 
 
 _LAYOUTS: dict[type[_Message], tuple[tuple[str, str, int], ...]] = {}
@@ -171,7 +165,7 @@ class _MarketMessage(_Message):
         if kind == "string":
             if not isinstance(value, str):
                 raise ValueError("string field needs a str")
-            return keccak(value.encode())
+            return keccak256(value.encode())
         return _word(kind, value)
 
     @classmethod
@@ -195,7 +189,7 @@ class _MarketMessage(_Message):
 def _typehash(cls: type[_Message]) -> bytes:
     typehash = _TYPEHASHES.get(cls)
     if typehash is None:
-        typehash = _TYPEHASHES[cls] = keccak(text=cls.encode_type())
+        typehash = _TYPEHASHES[cls] = keccak_text(cls.encode_type())
     return typehash
 
 
@@ -307,7 +301,7 @@ def canonical_json(value: Any) -> bytes:
 
 def advert_hash(advert: dict[str, Any]) -> bytes:
     """Return keccak256 of an advert's canonical JSON (what a `Heartbeat` signs)."""
-    return keccak(canonical_json(advert))
+    return keccak256(canonical_json(advert))
 
 
 def order_request(

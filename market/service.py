@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from contracts.errors import SignatureError
+from contracts.hashing import keccak256 as fast_keccak
 from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote
 from contracts.orders import (
     Ask,
@@ -37,7 +38,6 @@ from contracts.orders import (
     recover_address,
 )
 from contracts.orders import digest as fast_digest
-from contracts.orders import keccak256 as fast_keccak
 from contracts.orders import struct_hash as fast_struct_hash
 from contracts.pricing import plan_is_valid
 from market import storage

@@ -19,10 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from eth_utils.crypto import keccak
-
 from contracts.binding import DEAL_OPEN
 from contracts.errors import SignatureError
+from contracts.hashing import keccak256
 from contracts.messages import (
     KIND_COMPILE,
     KIND_INFERENCE,
@@ -204,7 +203,7 @@ class TaskService:
 
     def _digest(self, struct_hash: bytes) -> bytes:
         """Return the EIP-712 digest of a struct hash under our domain (separator cached)."""
-        return keccak(b"\x19\x01" + self._separator + struct_hash)
+        return keccak256(b"\x19\x01" + self._separator + struct_hash)
 
     def _reject(self, code: str, reason: str) -> RejectedError:
         self.metrics.tasks_rejected.labels(code).inc()
