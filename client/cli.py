@@ -50,7 +50,8 @@ def parse_amount(text: str) -> int:
     return int(units)
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """Parse a positive integer option."""
     try:
         value = int(text)
     except ValueError:
@@ -109,29 +110,32 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
-def _emit_json(value: dict[str, Any]) -> None:
+def emit_json(value: dict[str, Any]) -> None:
+    """Print one JSON object on one line (the last line of a `--json` run)."""
     print(json.dumps(value, sort_keys=True), flush=True)
 
 
 # ---- connections ---------------------------------------------------------------------------
 
 
-def _key(args: argparse.Namespace) -> str:
+def key_from(args: argparse.Namespace) -> str:
+    """Return the client key from `--key` or the environment."""
     key = args.key or os.environ.get(KEY_ENV)
     if not key:
         raise UsageError(f"no client key: pass --key or set {KEY_ENV}")
     return str(key)
 
 
-def _escrow(args: argparse.Namespace) -> Escrow:
+def escrow_from(args: argparse.Namespace) -> Escrow:
+    """Return the escrow named by `--escrow` on `--rpc-url`."""
     if not args.escrow:
         raise UsageError("no escrow address: pass --escrow or set TPUMARKET_ESCROW")
     return Chain(args.rpc_url).escrow(args.escrow)
 
 
 def _account(args: argparse.Namespace) -> ClientAccount:
-    key = _key(args)
-    escrow = _escrow(args)
+    key = key_from(args)
+    escrow = escrow_from(args)
     token = Chain(args.rpc_url).token(escrow.token())
     return ClientAccount(escrow, token, key)
 
@@ -165,7 +169,7 @@ def _balances(args: argparse.Namespace) -> int:
     plain = account.balances()
     balances = Balances(wallet=plain.wallet, free=plain.free, locked=_locked(account))
     if args.json:
-        _emit_json(
+        emit_json(
             {
                 "address": account.address,
                 "wallet": balances.wallet,
@@ -195,7 +199,7 @@ def _move(args: argparse.Namespace, action: str) -> int:
     after = account.balances()
     tx = result.tx_hash
     if args.json:
-        _emit_json(
+        emit_json(
             {
                 "action": action,
                 "amount": amount,
@@ -221,7 +225,7 @@ def _withdraw(args: argparse.Namespace) -> int:
 
 
 def _deals(args: argparse.Namespace) -> int:
-    address = address_of(_key(args))
+    address = address_of(key_from(args))
     market = _market(args)
     try:
         records = market.deals(address, limit=args.limit)
@@ -246,7 +250,7 @@ def _deals(args: argparse.Namespace) -> int:
         total = f"{tokens(price)} x {quantity} = {tokens(price * quantity)}"
         rows.append([str(r["deal_id"]), str(r["provider"]), total, status])
     if args.json:
-        _emit_json({"client": address, "deals": deals})
+        emit_json({"client": address, "deals": deals})
         return 0
     if not deals:
         print(f"no deals for {address}")
@@ -256,8 +260,8 @@ def _deals(args: argparse.Namespace) -> int:
 
 
 def _bid(args: argparse.Namespace) -> int:
-    key = _key(args)
-    escrow = _escrow(args)
+    key = key_from(args)
+    escrow = escrow_from(args)
     market = _market(args)
     progress = Progress("bid", 2)
     try:
@@ -300,7 +304,7 @@ def _bid(args: argparse.Namespace) -> int:
         "fills": fills,
     }
     if args.json:
-        _emit_json(summary)
+        emit_json(summary)
         return 0
     print(f"order {summary['order_id']} ({summary['state']}, {summary['remaining']} unmatched)")
     if fills:
@@ -310,7 +314,9 @@ def _bid(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(handler: Handler) -> Handler:
+def guarded(handler: Handler) -> Handler:
+    """Wrap a handler: SDK errors print `error: ...` and exit 1, bad input exits 2."""
+
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
@@ -327,7 +333,8 @@ def _run(handler: Handler) -> Handler:
 # ---- parser --------------------------------------------------------------------------------
 
 
-def _common() -> argparse.ArgumentParser:
+def common_options() -> argparse.ArgumentParser:
+    """Return the options every client command shares (chain, escrow, market, key, --json)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--rpc-url",
@@ -352,15 +359,18 @@ def _common() -> argparse.ArgumentParser:
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add `tpumarket client ...`."""
+    """Add `tpumarket client ...` and `tpumarket job ...` (`client.job_cli`)."""
+    from client import job_cli  # it builds on this module's helpers
+
+    job_cli.register(commands)
     client = commands.add_parser("client", help="a client's balances, deposits, deals and bids")
     actions = client.add_subparsers(dest="action", required=True)
-    common = _common()
+    common = common_options()
 
     balances = actions.add_parser(
         "balances", parents=[common], help="wallet, free and locked tokens"
     )
-    balances.set_defaults(handler=_run(_balances))
+    balances.set_defaults(handler=guarded(_balances))
 
     for name, handler, what in (
         ("deposit", _deposit, "deposit tokens into the escrow (approving it if needed)"),
@@ -368,24 +378,24 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     ):
         move = actions.add_parser(name, parents=[common], help=what)
         move.add_argument("amount", type=parse_amount, help="tokens, up to 6 decimals (1.5)")
-        move.set_defaults(handler=_run(handler))
+        move.set_defaults(handler=guarded(handler))
 
     deals = actions.add_parser("deals", parents=[common], help="the client's deals on the market")
-    deals.add_argument("--limit", type=_positive_int, default=50, help="at most this many")
-    deals.set_defaults(handler=_run(_deals))
+    deals.add_argument("--limit", type=positive_int, default=50, help="at most this many")
+    deals.set_defaults(handler=guarded(_deals))
 
     bid = actions.add_parser("bid", parents=[common], help="place a signed bid on the market")
     bid.add_argument("--device-class", required=True, help="e.g. tpu-v5e")
-    bid.add_argument("--quantity", type=_positive_int, required=True, help="units wanted")
+    bid.add_argument("--quantity", type=positive_int, required=True, help="units wanted")
     bid.add_argument("--price", type=parse_amount, required=True, help="tokens per unit, at most")
     bid.add_argument("--plan", choices=PLANS, default="flat", help="plan kind to trade under")
-    bid.add_argument("--slo-ms", type=_positive_int, required=True, help="worst latency accepted")
+    bid.add_argument("--slo-ms", type=positive_int, required=True, help="worst latency accepted")
     bid.add_argument("--memory", type=_non_negative_int, default=0, help="bytes needed")
     bid.add_argument(
-        "--expiry-s", type=_positive_int, default=1_800, help="seconds the bid may trade"
+        "--expiry-s", type=positive_int, default=1_800, help="seconds the bid may trade"
     )
     bid.add_argument("--nonce", type=_non_negative_int, default=None, help="default: the time")
-    bid.set_defaults(handler=_run(_bid))
+    bid.set_defaults(handler=guarded(_bid))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,6 +39,28 @@ class VoucherBook:
         """Return what the next voucher owes in all."""
         return sum(self._paid.values())
 
+    @property
+    def paid(self) -> dict[int, int]:
+        """Return the amount of every task the next voucher pays, by task index."""
+        return dict(self._paid)
+
+    @property
+    def claimed(self) -> frozenset[int]:
+        """Return the tasks settled on chain without a voucher (claimed or refunded)."""
+        return frozenset(self._claimed)
+
+    def restore(self, paid: dict[int, int], claimed: set[int], last_signed: int) -> None:
+        """Load what an earlier run of this deal recorded, so vouchers stay cumulative."""
+        if self._paid or self._claimed or self._last_signed:
+            raise ClientError(f"voucher book of deal {self.deal_id} is not empty")
+        if set(paid) & claimed:
+            raise ClientError("a task cannot be both paid and claimed")
+        if sum(paid.values()) > self.cap or last_signed > sum(paid.values()):
+            raise ClientError(f"recorded payments of deal {self.deal_id} exceed its cap")
+        self._paid = dict(paid)
+        self._claimed = set(claimed)
+        self._last_signed = last_signed
+
     def projected(self, extra: int = 0) -> int:
         """Return the bill if `extra` more were vouched."""
         return self.total + extra

@@ -1,8 +1,9 @@
 """`make demo` end to end, once: its JSON figures add up and equal what the chain holds.
 
-The demo runs as a subprocess exactly as `tpumarket demo --json` does (anvil, the market, two
-provider daemons, the client), against an anvil this test starts, so the chain outlives the
-demo and can be audited afterwards.
+The demo runs through the README's own command, `make demo ARGS="--json ..."` (anvil, the
+market, two provider daemons, the client), against an anvil this test starts, so the chain
+outlives the demo and can be audited afterwards. The README's Quickstart must list exactly
+the two commands (`make demo`, `make test`) that this test and the suite itself run.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +35,13 @@ KEYS = {
     "gas_per_paid_task",
 }
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("silero_vad") is None or importlib.util.find_spec("onnx") is None,
-    reason="the demo's model needs silero-vad and onnx (make setup installs them)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("silero_vad") is None or importlib.util.find_spec("onnx") is None,
+        reason="the demo's model needs silero-vad and onnx (make setup installs them)",
+    ),
+    pytest.mark.skipif(shutil.which("make") is None, reason="the README's commands need make"),
+]
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class DemoRun:
 def demo() -> Iterator[DemoRun]:
     with Anvil.start(accounts=6) as anvil:
         done = subprocess.run(
-            [sys.executable, "-m", "client.demo", "--json", "--rpc-url", anvil.url],
+            ["make", "--no-print-directory", "demo", f"ARGS=--json --rpc-url {anvil.url}"],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -123,3 +127,15 @@ def test_demo_stops_every_process_it_started(demo: DemoRun) -> None:
     for url in demo.urls:
         with pytest.raises(httpx.TransportError):
             httpx.get(url, timeout=2)
+
+
+def test_readme_quickstart_lists_exactly_make_demo_and_make_test() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert block is not None, "the Quickstart has no sh block"
+    commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    assert [c for c in commands if c] == ["make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, re.MULTILINE)
+    assert re.search(r"^test:", makefile, re.MULTILINE)

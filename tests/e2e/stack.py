@@ -1,0 +1,363 @@
+"""Real processes for the end-to-end tests: anvil, the market and provider daemons by their CLIs.
+
+Nothing here is a stand-in: the market runs as ``python -m market.cli market serve``, each
+provider as ``python -m provider.cli run --config FILE``, and the client is the SDK or the
+``tpumarket`` CLI. Providers' operators sign quotes and asks the way the demo's do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from client.models import ExportedModel, export_jax
+from contracts.binding import Chain, Escrow, Token
+from contracts.chain import Anvil, free_port
+from contracts.messages import ZERO_ADDRESS, Plan, Quote, address_of
+from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = 10**6
+CLIENT_FUNDS = 100 * UNIT
+PROVIDER_STAKE = 5 * UNIT
+DEVICE_CLASS = "cpu"
+SLOW_STEPS = 150_000_000  # ~3 s of device time on this CPU: past a 1 s SLO
+_nonces = itertools.count(1)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll an external process's state (readiness and settlement only, never for ordering)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.05
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class Process:
+    """One subprocess (``python -m ...``) with its log; stopped by PID."""
+
+    def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str]) -> None:
+        self.name, self.args, self.log, self.env = name, args, log, env
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process, appending to its log."""
+        with self.log.open("ab") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, *self.args],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+
+    def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
+        """Wait until ``url`` answers 200, failing at once if the process exited."""
+
+        def up() -> bool:
+            assert self.popen is not None
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self.log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(url, timeout=2).status_code == 200
+            return False
+
+        wait_until(up, timeout_s, f"{self.name} at {url}")
+
+    def kill9(self) -> None:
+        """SIGKILL the process (no cleanup of any kind) and reap it."""
+        assert self.popen is not None
+        os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(30)
+
+    def stop(self) -> None:
+        """SIGTERM by PID; SIGKILL if it lingers."""
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        os.kill(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+
+
+@dataclass
+class Provider:
+    """A provider daemon process, its key, terms and URL."""
+
+    name: str
+    key: str
+    plan: Plan
+    slo_ms: int
+    url: str
+    process: Process
+
+    @property
+    def address(self) -> str:
+        """Return the provider's address."""
+        return address_of(self.key)
+
+    def restart(self) -> None:
+        """Start the daemon again on the same config, data dir and port."""
+        self.process.start()
+        self.process.wait_http(self.url + "/v1/health")
+
+
+@dataclass
+class Stack:
+    """A chain with the contracts, optionally the market, and the providers started on it."""
+
+    anvil: Anvil
+    chain: Chain
+    escrow: Escrow
+    token: Token
+    deployer: str
+    client: str
+    arbiter: str
+    spare_keys: list[str]
+    work: Path
+    market_url: str | None = None
+    processes: list[Process] = field(default_factory=list)
+    providers: list[Provider] = field(default_factory=list)
+
+    @property
+    def rpc_url(self) -> str:
+        """Return the chain's RPC URL."""
+        return self.anvil.url
+
+    def start_market(self) -> str:
+        """Start the market (SQLite) with its chain indexer; return its URL."""
+        port = free_port()
+        flags = ["--port", str(port), "--data-dir", str(self.work / "market")]
+        flags += ["--rpc-url", self.rpc_url, "--escrow", self.escrow.address]
+        flags += ["--chain-id", str(self.escrow.domain.chain_id)]
+        process = Process(
+            "market",
+            ["-m", "market.cli", "market", "serve", *flags],
+            self.work / "market.log",
+            {"DATABASE_URL": ""},
+        )
+        self.processes.append(process)
+        process.start()
+        self.market_url = f"http://127.0.0.1:{port}"
+        process.wait_http(self.market_url + "/healthz")
+        return self.market_url
+
+    def start_provider(
+        self,
+        name: str,
+        plan: Plan,
+        *,
+        slo_ms: int = 60_000,
+        settlement: dict[str, float] | None = None,
+    ) -> Provider:
+        """Stake for a fresh provider key and start its daemon; return it once healthy."""
+        key = self.spare_keys.pop()
+        self.token.mint(self.deployer, address_of(key), PROVIDER_STAKE)
+        self.token.approve(key, self.escrow.address, PROVIDER_STAKE)
+        self.escrow.stake(key, PROVIDER_STAKE)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        jobs = {"redeem_threshold": 1, "redeem_max_age_s": 1, "silent_after_s": 86_400}
+        jobs["interval_s"] = 1
+        jobs.update(settlement or {})
+        lines = [
+            f'rpc_url = "{self.rpc_url}"',
+            f'escrow = "{self.escrow.address}"',
+            f'data_dir = "{self.work / name}"',
+            f'public_url = "{url}"',
+            'host = "127.0.0.1"',
+            f"port = {port}",
+            "pool_size = 1",
+            f"slo_ms = {slo_ms}",
+            'jax_platforms = "cpu"',
+            "benchmark_on_start = false",
+            "heartbeat_interval_s = 2",
+            'log_level = "WARNING"',
+        ]
+        if self.market_url:
+            lines.append(f'market_url = "{self.market_url}"')
+        lines.append("[plan]")
+        lines += [f"{k} = {str(v).lower()}" for k, v in plan.to_json().items()]
+        lines.append("[settlement]")
+        lines += [f"{k} = {v}" for k, v in jobs.items()]
+        config = self.work / f"{name}.toml"
+        config.write_text("\n".join(lines) + "\n")
+        process = Process(
+            name,
+            ["-m", "provider.cli", "run", "--config", str(config)],
+            self.work / f"{name}.log",
+            {"TPUMARKET_PROVIDER_PRIVATE_KEY": key, "JAX_PLATFORMS": "cpu"},
+        )
+        self.processes.append(process)
+        provider = Provider(name, key, plan, slo_ms, url, process)
+        self.providers.append(provider)
+        provider.restart()
+        return provider
+
+    def quote(
+        self, provider: Provider, *, max_spend: int, penalty: int = 50_000, window: int = 30
+    ) -> Quote:
+        """Return the quote a provider's operator signs for its terms."""
+        return Quote(
+            provider=provider.address,
+            client=ZERO_ADDRESS,
+            arbiter=address_of(self.arbiter),
+            max_spend=max_spend,
+            stake=UNIT,
+            penalty=penalty,
+            duration=3_600,
+            challenge_window=window,
+            slo_ms=provider.slo_ms,
+            valid_until=self.anvil.latest_timestamp() + 1_800,
+            nonce=next(_nonces),
+            plan=provider.plan,
+        )
+
+    def open_deal(self, quote: Quote, provider: Provider) -> int:
+        """Open a deal directly with a signed quote (no market); return its id."""
+        signature = quote.sign(self.escrow.domain, provider.key)
+        result = self.escrow.open_deal(self.client, quote, signature, quote.max_spend)
+        return int(result.event("DealOpened").args["dealId"])
+
+    def stop(self) -> None:
+        """Stop every process, newest first, then anvil."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.anvil.stop()
+
+    def escrow_solvent(self) -> bool:
+        """Return whether the escrow's tokens are exactly what it owes: balances, stakes, deals."""
+        held = self.token.balance_of(self.escrow.address)
+        accounts = [address_of(self.client), *(p.address for p in self.providers)]
+        owed = sum(self.escrow.balance_of(a) + self.escrow.stake_of(a) for a in accounts)
+        for deal_id in range(1, self.escrow.deal_count() + 1):
+            deal = self.escrow.get_deal(deal_id)
+            owed += deal.locked + deal.stake
+        return held == owed
+
+
+@contextlib.contextmanager
+def stack(work: Path, *, market: bool = False) -> Iterator[Stack]:
+    """Start anvil, deploy, fund the client (wallet + deposit); stop everything after."""
+    anvil = Anvil.start(accounts=10)
+    try:
+        chain = Chain(anvil.url)
+        keys = anvil.keys
+        deployment = chain.deploy(keys[0])
+        escrow, token = chain.escrow(deployment.escrow), chain.token(deployment.token)
+        token.mint(keys[0], address_of(keys[1]), CLIENT_FUNDS)
+        token.approve(keys[1], escrow.address, 2**256 - 1)
+        built = Stack(anvil, chain, escrow, token, keys[0], keys[1], keys[2], keys[3:], work)
+    except BaseException:
+        anvil.stop()
+        raise
+    try:
+        if market:
+            built.start_market()
+        yield built
+    finally:
+        built.stop()
+
+
+# ---- the market ----------------------------------------------------------------------------
+
+
+def post_ask(stack: Stack, provider: Provider, quote: Quote, price: int, quantity: int) -> str:
+    """As the provider's operator: post an ask that binds its signed quote."""
+    from client.market_http import MarketHttp
+
+    assert stack.market_url is not None
+    ask = Ask(
+        owner=provider.address,
+        device_class=DEVICE_CLASS,
+        quantity=quantity,
+        price=price,
+        plan=plan_kind(provider.plan),
+        slo_ms=provider.slo_ms,
+        memory=0,
+        expiry=quote.valid_until,
+        nonce=quote.nonce,
+        quote_hash=quote.struct_hash(),
+    )
+    domain = market_domain(stack.escrow.domain.chain_id, stack.escrow.address)
+    market = MarketHttp(stack.market_url)
+    try:
+        market.place_order(
+            ask,
+            ask.sign(domain, provider.key),
+            quote=quote,
+            quote_signature=quote.sign(stack.escrow.domain, provider.key),
+        )
+    finally:
+        market.close()
+    return order_id(ask, domain)
+
+
+def bid(
+    stack: Stack, *, price: int, quantity: int, plan: str, slo_ms: int
+) -> tuple[str, list[dict[str, Any]]]:
+    """As the client: place a signed bid and wait for its deals; return (bid id, deals)."""
+    from client.market_http import MarketHttp
+
+    assert stack.market_url is not None
+    domain = market_domain(stack.escrow.domain.chain_id, stack.escrow.address)
+    order = Bid(
+        owner=address_of(stack.client),
+        device_class=DEVICE_CLASS,
+        quantity=quantity,
+        price=price,
+        plan=plan,
+        slo_ms=slo_ms,
+        memory=0,
+        expiry=stack.anvil.latest_timestamp() + 1_800,
+        nonce=next(_nonces),
+    )
+    market = MarketHttp(stack.market_url)
+    try:
+        market.place_bid(order, domain, stack.client)
+        bid_id = order_id(order, domain)
+        return bid_id, market.wait_for_deals(address_of(stack.client), bid_id)
+    finally:
+        market.close()
+
+
+# ---- programs ------------------------------------------------------------------------------
+
+
+def spin_model() -> ExportedModel:
+    """Export ``spin(steps, x)``: a loop whose length (device time) each task chooses."""
+    import jax
+    import jax.numpy as jnp
+
+    def spin(n: jax.Array, x: jax.Array) -> jax.Array:
+        def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            i, y = carry
+            return i + 1, jnp.sin(y) + 1.0
+
+        return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
+
+    return export_jax(spin, example_inputs=[np.array([10], np.int32), np.ones(4, np.float32)])
+
+
+def spin_inputs(model: ExportedModel, steps: int, seed: int) -> dict[str, Any]:
+    """Return one task's inputs, named by flat index, as a job inputs file holds them."""
+    x = np.full(4, float(seed), np.float32)
+    return model.signature.bind_inputs([np.array([steps], np.int32), x])

@@ -1,0 +1,186 @@
+"""`tpumarket job` end to end: market match, deal, batches of tasks, vouchers, refunds, close.
+
+One anvil, one market and two provider daemons (all real processes) serve the module; the
+client bids and opens deals with the SDK and runs its tasks with the `tpumarket job` CLI as a
+subprocess. Balances are checked to the unit after every settlement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.accounts import ClientAccount
+from client.provider_http import ProviderHttp
+from contracts.binding import TASK_NONE, TASK_REFUNDED, TASK_VOUCHED
+from contracts.errors import ContractRevert
+from contracts.messages import Quote, address_of
+from contracts.pricing import outcome_based
+from contracts.program import encode_arrays, encode_envelope
+from tests.e2e.stack import (
+    PROVIDER_STAKE,
+    ROOT,
+    SLOW_STEPS,
+    UNIT,
+    Provider,
+    Stack,
+    bid,
+    post_ask,
+    spin_inputs,
+    spin_model,
+    stack,
+    wait_until,
+)
+
+DEPOSIT = 2 * UNIT
+FAST_PLAN = outcome_based(compile_price=20_000, inference_price=4_000)
+SLOW_PLAN = outcome_based(compile_price=10_000, inference_price=2_000)
+PENALTY = 50_000
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider, Provider]]:
+    work = tmp_path_factory.mktemp("job-cli")
+    with stack(work, market=True) as built:
+        fast = built.start_provider("fast", FAST_PLAN, slo_ms=60_000)
+        slow = built.start_provider("slow", SLOW_PLAN, slo_ms=1_000)
+        built.escrow.deposit(built.client, DEPOSIT)
+        yield built, fast, slow
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A program file and inputs files, as `tpumarket job export` would leave them."""
+    folder = tmp_path_factory.mktemp("job-files")
+    model = spin_model()
+    out = {"program": folder / "spin.tpmp"}
+    out["program"].write_bytes(encode_envelope(model.example_envelope()))
+    for name, steps, seed in (("a", 1_000, 1), ("c", 1_000, 3), ("slow1", SLOW_STEPS, 4)):
+        out[name] = folder / f"{name}.safetensors"
+        out[name].write_bytes(encode_arrays(spin_inputs(model, steps, seed)))
+    out["b"] = folder / "b.npz"
+    np.savez(out["b"], **spin_inputs(model, 1_000, 2))
+    out["slow2"] = folder / "slow2.safetensors"
+    out["slow2"].write_bytes(encode_arrays(spin_inputs(model, SLOW_STEPS, 5)))
+    return out
+
+
+def job(st: Stack, *args: str, state: Path) -> tuple[dict[str, Any], str]:
+    """Run `tpumarket job ...` as the client; return its JSON line and its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "client.cli", "job", *args, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "TPUMARKET_RPC_URL": st.rpc_url,
+            "TPUMARKET_ESCROW": st.escrow.address,
+            "TPUMARKET_CLIENT_KEY": st.client,
+            "TPUMARKET_CLIENT_STATE": str(state),
+        },
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_job_run_pays_verified_tasks_across_runs_within_the_cap_then_the_deal_closes_exactly(
+    world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
+) -> None:
+    st, fast, _ = world
+    quote = st.quote(fast, max_spend=80_000)
+    post_ask(st, fast, quote, price=10_000, quantity=8)
+    _, deals = bid(st, price=10_000, quantity=8, plan="outcome", slo_ms=120_000)
+    assert [(d["provider"].lower(), int(d["max_spend"])) for d in deals] == [
+        (fast.address.lower(), 80_000)
+    ]
+    account = ClientAccount(st.escrow, st.token, st.client)
+    signature = bytes.fromhex(str(deals[0]["quote_signature"]).removeprefix("0x"))
+    deal_id = account.open_deal(Quote.from_json(deals[0]["quote"]), signature, 80_000)
+    common = ["--deal", str(deal_id), "--provider-url", fast.url, "--program"]
+    common.append(str(files["program"]))
+
+    first, _ = job(
+        st, "run", *common, "--compile", "local", "--inputs", str(files["a"]), state=tmp_path
+    )
+    assert [t["state"] for t in first["tasks"]] == ["paid", "paid"]
+    assert first["summary"]["voucher_total"] == 24_000
+
+    # The second run continues the cumulative voucher; its cap leaves room for one task only.
+    second, stderr = job(
+        st,
+        "run",
+        *common,
+        *("--inputs", str(files["b"]), str(files["c"])),
+        *("--cap", "0.028"),
+        state=tmp_path,
+    )
+    assert [t["state"] for t in second["tasks"]] == ["paid", "skipped"]
+    assert [t["index"] for t in second["tasks"]] == [2, None]
+    assert second["summary"]["voucher_total"] == 28_000 == second["summary"]["cap"]
+    assert "projected bill 0.028000 of cap 0.028000" in stderr
+    assert "warning: the batch could cost 32000, past the cap 28000" in stderr
+
+    wait_until(lambda: st.escrow.get_deal(deal_id).vouched == 28_000, 60, "voucher redeemed")
+    assert [st.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [TASK_NONE]
+    account.close(deal_id)
+    st.escrow.tx.reset_nonces()
+    st.escrow.close_deal(fast.key, deal_id)
+
+    client = address_of(st.client)
+    assert st.escrow.balance_of(client) == DEPOSIT - 28_000
+    assert st.escrow.balance_of(fast.address) == 28_000
+    assert st.escrow.stake_of(fast.address) == PROVIDER_STAKE
+    assert st.escrow_solvent()
+
+
+def test_job_run_refunds_a_slow_providers_late_tasks_with_the_penalty_and_it_cannot_claim_them(
+    world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
+) -> None:
+    st, _, slow = world
+    client = address_of(st.client)
+    free_before = st.escrow.balance_of(client)
+    quote = st.quote(slow, max_spend=20_000, penalty=PENALTY, window=3)
+    deal_id = st.open_deal(quote, slow)
+
+    result, _ = job(
+        st,
+        "run",
+        *("--deal", str(deal_id), "--provider-url", slow.url, "--program", str(files["program"])),
+        *("--inputs", str(files["slow1"]), str(files["slow2"]), "--concurrency", "2"),
+        "--wait-refunds",
+        state=tmp_path,
+    )
+    assert [t["state"] for t in result["tasks"]] == ["refunded", "refunded"]
+    assert all("after the deadline" in t["detail"] for t in result["tasks"])
+    summary = result["summary"]
+    assert (summary["tasks_refunded"], summary["refunded"], summary["penalties"]) == (
+        2,
+        2 * 2_000,
+        2 * PENALTY,
+    )
+    assert summary["voucher_total"] == 0 and summary["pending_refunds"] == []
+    assert [st.escrow.task_status(deal_id, i) for i in (0, 1)] == [TASK_REFUNDED] * 2
+    assert st.escrow.balance_of(client) == free_before - 20_000 + 2 * 2_000 + 2 * PENALTY
+
+    provider = ProviderHttp(slow.url, client_key=st.client)
+    views = [provider.fetch(deal_id, i) for i in (0, 1)]
+    receipts = [v.receipt for v in views if v.receipt is not None]
+    assert len(receipts) == 2
+    with pytest.raises(ContractRevert):
+        st.escrow.claim_receipts(
+            slow.key, deal_id, SLOW_PLAN, receipts, [v.receipt_signature for v in views]
+        )
+    st.escrow.tx.reset_nonces()
+    assert st.escrow.balance_of(slow.address) == 0
+    assert st.escrow_solvent()
