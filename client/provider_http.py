@@ -2,12 +2,17 @@
 
 Only transient network errors (connection failures, timeouts, 502/503/504) are retried, with
 backoff; a 4xx is a typed `ProviderRejected` at once.
+
+Results are for the deal's client only: a fetch sends the access token that came with the
+task's ack (kept per task by this client), or, without one, a short-lived signature by
+`client_key` over `result_access_digest(...)`.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,9 +20,30 @@ from typing import Any
 import httpx
 
 from client.errors import ProviderRejected, ProviderUnavailable
-from contracts.messages import Ack, Receipt, TaskRequest, Voucher
+from contracts.hashing import keccak256
+from contracts.messages import Ack, Domain, Receipt, TaskRequest, Voucher, sign_digest
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
+ACCESS_TAG = b"tpumarket.result-access.v1"
+ACCESS_TOKEN_HEADER = "X-Tpumarket-Access"
+ACCESS_EXPIRY_HEADER = "X-Tpumarket-Access-Expiry"
+ACCESS_SIGNATURE_HEADER = "X-Tpumarket-Access-Signature"
+ACCESS_TTL_S = 300
+
+
+def result_access_digest(domain: Domain, deal_id: int, task_index: int, expiry: int) -> bytes:
+    """Return what a client signs to read a task's result until `expiry` (unix seconds).
+
+    `keccak256("tpumarket.result-access.v1" || domain separator || uint256 dealId ||
+    uint256 taskIndex || uint64 expiry)`: valid for one task on one chain and escrow.
+    """
+    return keccak256(
+        ACCESS_TAG
+        + domain.separator()
+        + deal_id.to_bytes(32, "big")
+        + task_index.to_bytes(32, "big")
+        + expiry.to_bytes(8, "big")
+    )
 
 
 @dataclass(frozen=True)
@@ -46,10 +72,22 @@ def _hex(value: str | None) -> bytes:
 class ProviderHttp:
     """A synchronous client of one provider daemon."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0, retries: int = 4) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 120.0,
+        retries: int = 4,
+        client_key: str | None = None,
+    ) -> None:
+        """Talk to the daemon at `base_url`; `client_key` signs result reads without a token."""
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self._client_key = client_key
+        self._domain: Domain | None = None
+        self._tokens: dict[tuple[int, int], str] = {}
+        self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
         """Return the provider's address, chain, escrow, plan and SLO."""
@@ -81,9 +119,28 @@ class ProviderHttp:
     def fetch(self, deal_id: int, task_index: int, *, wait_s: float = 0) -> TaskView:
         """Return the state of a task, long-polling up to `wait_s` for its delivery."""
         response = self._request(
-            "GET", f"/v1/tasks/{deal_id}/{task_index}", params={"wait": wait_s}
+            "GET",
+            f"/v1/tasks/{deal_id}/{task_index}",
+            params={"wait": wait_s},
+            headers=self._access(deal_id, task_index),
         )
         return self._view(response.json())
+
+    def _access(self, deal_id: int, task_index: int) -> dict[str, str]:
+        """Return the headers that prove we are the deal's client (empty if we cannot)."""
+        with self._lock:
+            token = self._tokens.get((deal_id, task_index))
+        if token is not None:
+            return {ACCESS_TOKEN_HEADER: token}
+        if self._client_key is None:
+            return {}
+        if self._domain is None:
+            info = self.info()
+            self._domain = Domain(chain_id=int(info["chain_id"]), verifying_contract=info["escrow"])
+        expiry = int(time.time()) + ACCESS_TTL_S
+        digest = result_access_digest(self._domain, deal_id, task_index, expiry)
+        signature = sign_digest(digest, self._client_key)
+        return {ACCESS_EXPIRY_HEADER: str(expiry), ACCESS_SIGNATURE_HEADER: "0x" + signature.hex()}
 
     def send_voucher(self, voucher: Voucher, signature: bytes) -> bool:
         """Hand over a signed cumulative voucher; return whether it was new to the provider."""
@@ -96,13 +153,16 @@ class ProviderHttp:
 
     def _view(self, body: dict[str, Any]) -> TaskView:
         receipt = body.get("receipt")
+        key = (int(body["deal_id"]), int(body["task_index"]))
+        if body.get("access_token"):
+            with self._lock:
+                self._tokens[key] = str(body["access_token"])
         outputs: bytes | None = None
         if body.get("outputs_b64") is not None:
             outputs = base64.b64decode(body["outputs_b64"])
         elif receipt is not None and body.get("outputs_size"):
-            ack = body["ack"]
             outputs = self._request(
-                "GET", f"/v1/tasks/{ack['deal_id']}/{ack['task_index']}/outputs"
+                "GET", f"/v1/tasks/{key[0]}/{key[1]}/outputs", headers=self._access(*key)
             ).content
         return TaskView(
             state=str(body["state"]),

@@ -111,7 +111,7 @@ class Order(OrderBase, table=True):
     signature: str = Field(max_length=132)
     quote_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     quote_signature: str | None = Field(default=None, max_length=132)
-    quote_hash: str | None = Field(default=None, max_length=66, index=True)
+    quote_hash: str | None = Field(default=None, max_length=66)
 
 
 class OrderPublic(OrderBase):
@@ -157,8 +157,8 @@ class FillBase(SQLModel):
 
     device_class: str = Field(max_length=64, index=True)
     fill_id: int = Field(sa_type=BigInteger)
-    bid_id: str = Field(max_length=66, index=True)
-    ask_id: str = Field(max_length=66, index=True)
+    bid_id: str = Field(max_length=66)
+    ask_id: str = Field(max_length=66)
     price: int = Field(sa_type=BigInteger)
     quantity: int = Field(sa_type=BigInteger)
     aggressor: str = Field(max_length=3)

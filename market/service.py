@@ -1,50 +1,43 @@
 """The market service: signed orders in, matches and deal records out, all persisted.
 
-Single writer per device class: each class has its own `MatchingEngine` behind its own lock,
-restored at start from the stored orders and fills. A write is answered only after its SQL
-transaction committed; if the commit fails, the classes it touched are rebuilt from storage, so
-the engines never hold an order the database does not.
+Each device class has its own `MatchingEngine`, restored at start from the stored orders and
+fills (`market.books`). Requests verify signatures in their own threads (`market.verify`); one
+writer thread changes the engines and commits, several requests per transaction
+(`market.writer`). A write is answered only after its SQL transaction committed; if the commit
+fails, the classes it touched are rebuilt from storage, so the engines never hold an order the
+database does not.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eth_utils.address import to_checksum_address
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from contracts.errors import SignatureError
-from contracts.hashing import keccak256 as fast_keccak
-from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote
+from contracts.messages import ZERO_ADDRESS, Domain, Plan
 from contracts.orders import (
-    Ask,
-    Bid,
     CancelOrder,
     Heartbeat,
     advert_hash,
     market_domain,
     plan_kind,
-    recover_address,
 )
 from contracts.orders import digest as fast_digest
-from contracts.orders import struct_hash as fast_struct_hash
 from contracts.pricing import plan_is_valid
 from market import storage
 from market.auth import RateLimiter
-from market.engine import Fill as EngineFill
-from market.engine import MatchingEngine, OrderRecord, Side
-from market.engine import Order as EngineOrder
+from market.books import Books
+from market.engine import MatchingEngine, Side
 from market.errors import (
     AuthError,
     DuplicateOrderError,
@@ -74,8 +67,9 @@ from market.models import (
     Provider,
     ProviderPublic,
     QuoteAttach,
-    QuoteIn,
 )
+from market.verify import Verifier, checksum, recover
+from market.writer import Placed, Writer
 
 
 @dataclass
@@ -156,24 +150,6 @@ class _Metrics:
         self.expired = Counter("market_orders_expired_total", "Orders expired", registry=registry)
 
 
-class _ClassBook:
-    """One device class: its engine, its writer lock and its asks' quote hashes."""
-
-    def __init__(self, engine: MatchingEngine, quote_hashes: dict[str, str]) -> None:
-        self.engine = engine
-        self.lock = threading.Lock()
-        self.quote_hashes = quote_hashes
-
-
-@dataclass(frozen=True)
-class _Checked:
-    """A verified order ready for the engine."""
-
-    order: EngineOrder
-    row: dict[str, Any]
-    nonce: tuple[str, int]
-
-
 def reliability(tasks_paid: int, refunds: int, disputes_lost: int) -> float:
     """Return the share of good outcomes with a uniform prior: (good + 1) / (all + 2)."""
     return (tasks_paid + 1) / (tasks_paid + refunds + disputes_lost + 2)
@@ -189,13 +165,14 @@ class MarketService:
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        """Connect to the database (creating tables) and restore every device class's book."""
+        """Connect to the database (creating tables), restore every book, start the writer."""
         self.settings = settings
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.metrics = _Metrics(self.registry)
         self.domain: Domain = market_domain(settings.chain_id, settings.escrow)
         self.escrow_domain = Domain(chain_id=settings.chain_id, verifying_contract=settings.escrow)
+        self.verifier = Verifier(self.domain, self.escrow_domain, settings.max_order_ttl_s)
         self.db = storage.make_engine(
             url=storage.database_url(data_dir=settings.data_dir, url=settings.database_url)
         )
@@ -204,14 +181,12 @@ class MarketService:
             rate=settings.rate_per_address, burst=settings.burst_per_address
         )
         self.ip_limiter = RateLimiter(rate=settings.rate_per_ip, burst=settings.burst_per_ip)
-        self._classes: dict[str, _ClassBook] = {}
-        self._classes_lock = threading.Lock()
         self._version = 0
         self._version_lock = threading.Lock()
-        with self.session() as session:
-            for device_class in storage.device_classes(session=session):
-                book = self._classes[device_class] = self._restore(session, device_class)
-                self._update_live_gauge(device_class, book.engine)
+        self.books = Books(self.db)
+        for name, book in self.books.items():
+            self._update_live_gauge(name, book.engine)
+        self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed)
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -222,7 +197,8 @@ class MarketService:
             yield session
 
     def close(self) -> None:
-        """Release the database connections."""
+        """Finish queued writes, stop the writer and release the database connections."""
+        self.writer.close()
         self.db.dispose()
 
     @property
@@ -238,155 +214,17 @@ class MarketService:
         """Return the market clock in whole unix seconds."""
         return int(self.clock())
 
-    def _restore(self, session: Session, device_class: str) -> _ClassBook:
-        snapshot = storage.load_snapshot(session=session, device_class=device_class)
-        engine = MatchingEngine.restore(snapshot)  # type: ignore[arg-type]
-        hashes = storage.ask_quote_hashes(session=session, device_class=device_class)
-        return _ClassBook(engine, hashes)
-
-    def _book(self, device_class: str) -> _ClassBook:
-        book = self._classes.get(device_class)
-        if book is None:
-            with self._classes_lock:
-                book = self._classes.get(device_class)
-                if book is None:
-                    with self.session() as session:
-                        book = self._classes[device_class] = self._restore(session, device_class)
-        return book
-
-    def _rebuild(self, device_classes: Sequence[str]) -> None:
-        """Reload classes from storage after a failed write (the engine got ahead of SQL)."""
-        with self.session() as session:
-            for device_class in device_classes:
-                fresh = self._restore(session, device_class)
-                book = self._classes[device_class]
-                book.engine = fresh.engine
-                book.quote_hashes = fresh.quote_hashes
-
     def device_classes(self) -> list[str]:
         """Return the device classes with a book, sorted."""
-        return sorted(self._classes)
+        return self.books.names()
 
     def engine_snapshot(self, device_class: str) -> dict[str, Any]:
         """Return one class's engine snapshot (plain data; used by tests and debugging)."""
-        book = self._book(device_class)
+        book = self.books.get(device_class)
         with book.lock:
             return dict(book.engine.snapshot())
 
     # -- orders ---------------------------------------------------------------------------------
-
-    def check_order(self, order_in: OrderCreate, now: int) -> _Checked:
-        """Verify one signed order; return its engine form and row, or raise a MarketError."""
-        owner = checksum(order_in.owner)
-        fields: dict[str, Any] = {
-            "owner": owner,
-            "device_class": order_in.device_class,
-            "quantity": order_in.quantity,
-            "price": order_in.price,
-            "plan": order_in.plan,
-            "slo_ms": order_in.slo_ms,
-            "memory": order_in.memory,
-            "expiry": order_in.expiry,
-            "nonce": order_in.nonce,
-        }
-        quote_json: str | None = None
-        quote_hash: str | None = None
-        message: Ask | Bid
-        if order_in.expiry <= now:
-            raise SignatureExpiredError(f"order expired at {order_in.expiry} (now {now})")
-        if order_in.expiry > now + self.settings.max_order_ttl_s:
-            raise InvalidOrderError(
-                "expiry", order_in.expiry, f"more than {self.settings.max_order_ttl_s}s ahead"
-            )
-        if order_in.side == "ask":
-            quote_struct = self._check_quote(order_in, owner)
-            assert order_in.quote is not None
-            quote_json = order_in.quote.model_dump_json()
-            quote_hash = "0x" + quote_struct.hex()
-            message = Ask(**fields, quote_hash=quote_struct)
-        else:
-            if order_in.quote is not None or order_in.quote_signature is not None:
-                raise InvalidOrderError("quote", "...", "a bid carries no quote")
-            message = Bid(**fields)
-        order_digest = fast_digest(message, self.domain)
-        signer = _recover(message.TYPE_NAME, order_digest, order_in.signature)
-        if signer != owner.lower():
-            raise AuthError(f"order signed by {signer}, not by its owner {owner}")
-        order_id = "0x" + order_digest.hex()
-        engine_order = EngineOrder(
-            side=Side(order_in.side),
-            order_id=order_id,
-            owner=owner,
-            device_class=order_in.device_class,
-            quantity=order_in.quantity,
-            price=order_in.price,
-            plan=order_in.plan,
-            slo_ms=order_in.slo_ms,
-            memory=order_in.memory,
-            expiry=order_in.expiry,
-        )
-        row = {
-            "order_id": order_id,
-            "side": order_in.side,
-            **fields,
-            "created_at": self.clock(),
-            "signature": order_in.signature.lower(),
-            "quote_json": quote_json,
-            "quote_signature": order_in.quote_signature.lower()
-            if order_in.quote_signature
-            else None,
-            "quote_hash": quote_hash,
-        }
-        return _Checked(engine_order, row, (owner, order_in.nonce))
-
-    def _check_quote(self, order_in: OrderCreate, owner: str) -> bytes:
-        """Check an ask's quote and its signature; return the quote's struct hash."""
-        q = order_in.quote
-        if q is None or order_in.quote_signature is None:
-            raise InvalidOrderError("quote", None, "an ask carries the provider's signed quote")
-        if q.provider.lower() != owner.lower():
-            raise InvalidOrderError("quote.provider", q.provider, "must be the ask's owner")
-        if q.client.lower() != ZERO_ADDRESS:
-            raise InvalidOrderError("quote.client", q.client, "an ask's quote is open (0x0)")
-        if q.arbiter.lower() == ZERO_ADDRESS or q.duration == 0 or q.max_spend == 0:
-            raise InvalidOrderError("quote", "...", "needs an arbiter, a duration and a cap")
-        plan = Plan(**q.plan.model_dump())
-        if not plan_is_valid(plan):
-            raise InvalidOrderError("quote.plan", "...", "discounts above 100% or tiers unordered")
-        if plan_kind(plan) != order_in.plan:
-            raise InvalidOrderError(
-                "plan", order_in.plan, f"the quote's plan is {plan_kind(plan)!r}"
-            )
-        if q.slo_ms != order_in.slo_ms:
-            raise InvalidOrderError("quote.slo_ms", q.slo_ms, "must equal the ask's slo_ms")
-        if q.valid_until < order_in.expiry:
-            raise InvalidOrderError(
-                "quote.valid_until", q.valid_until, "must last as long as the ask"
-            )
-        return self._verify_quote(q, plan, order_in.quote_signature, owner)
-
-    def _verify_quote(self, q: QuoteIn, plan: Plan, signature: str, provider: str) -> bytes:
-        """Return the quote's struct hash if `provider` signed it under the escrow domain."""
-        quote = Quote(
-            provider=q.provider,
-            client=q.client,
-            arbiter=q.arbiter,
-            max_spend=q.max_spend,
-            stake=q.stake,
-            penalty=q.penalty,
-            duration=q.duration,
-            challenge_window=q.challenge_window,
-            slo_ms=q.slo_ms,
-            valid_until=q.valid_until,
-            nonce=q.nonce,
-            plan=plan,
-        )
-        quote_struct = fast_struct_hash(quote)
-        quote_digest = keccak_digest(self.escrow_domain, quote_struct)
-        signer = _recover("Quote", quote_digest, signature)
-        if signer != provider.lower():
-            raise AuthError(f"quote signed by {signer}, not by the provider {provider}")
-        return quote_struct
 
     def attach_quote(self, deal_id: str, attach: QuoteAttach) -> DealPublic:
         """Give a matched deal its own signed quote (the ask's quote opens only one deal).
@@ -419,7 +257,7 @@ class MarketService:
                 raise InvalidOrderError("quote.slo_ms", q.slo_ms, "must equal the ask's slo_ms")
             if q.valid_until <= self.now():
                 raise SignatureExpiredError(f"quote expired at {q.valid_until}")
-            struct = self._verify_quote(q, plan, attach.quote_signature, deal.provider)
+            struct = self.verifier.quote(q, plan, attach.quote_signature, deal.provider)
             deal.quote_hash = "0x" + struct.hex()
             deal.quote_json = q.model_dump_json()
             deal.quote_signature = attach.quote_signature.lower()
@@ -430,33 +268,34 @@ class MarketService:
         return public
 
     def place(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
-        """Verify, match and persist a batch atomically; return each order and its fills."""
+        """Verify, match and persist orders atomically; return each order and its fills."""
         return [
-            PlaceResult.model_construct(order=_order_public_from_row(row), fills=fills)
-            for row, fills in self._place(orders_in)
+            PlaceResult.model_construct(order=_placed_order(p), fills=_fills(p))
+            for p in self._place(orders_in)
         ]
 
     def place_batch(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
         """Like `place`, answering each order's id, state and fills only (cheaper)."""
         return [
             PlaceSummary.model_construct(
-                order_id=row["order_id"],
-                state=row["state"],
-                remaining=row["remaining"],
-                fills=fills,
+                order_id=p.checked.order.order_id,
+                state=p.state,
+                remaining=p.remaining,
+                fills=_fills(p),
             )
-            for row, fills in self._place(orders_in)
+            for p in self._place(orders_in)
         ]
 
-    def _place(
-        self, orders_in: Sequence[OrderCreate]
-    ) -> list[tuple[dict[str, Any], list[FillPublic]]]:
+    def _place(self, orders_in: Sequence[OrderCreate]) -> list[Placed]:
+        """Verify here, then hand the orders to the writer and wait for their commit."""
         if len(orders_in) > self.settings.max_batch:
             raise PayloadTooLargeError(f"at most {self.settings.max_batch} orders per batch")
         started = time.perf_counter()
         now = self.now()
+        created = self.clock()
+        check = self.verifier.order
         try:
-            checked = [self.check_order(o, now) for o in orders_in]
+            checked = [check(o, now, created) for o in orders_in]
         except MarketError as exc:
             self.metrics.rejected.labels(type(exc).__name__).inc()
             raise
@@ -464,131 +303,38 @@ class MarketService:
         seen_ids: set[str] = set()
         seen_nonces: set[tuple[str, int]] = set()
         for c in checked:
-            per_owner[c.order.owner] = per_owner.get(c.order.owner, 0) + 1
+            owner = c.order.owner
+            per_owner[owner] = per_owner.get(owner, 0) + 1
             if c.order.order_id in seen_ids:
                 raise DuplicateOrderError(c.order.order_id)
-            if c.nonce in seen_nonces:
-                raise ReplayError(f"nonce {c.nonce[1]} of {c.nonce[0]} appears twice in batch")
+            if (owner, c.nonce) in seen_nonces:
+                raise ReplayError(f"nonce {c.nonce} of {owner} appears twice in batch")
             seen_ids.add(c.order.order_id)
-            seen_nonces.add(c.nonce)
+            seen_nonces.add((owner, c.nonce))
         for owner, count in per_owner.items():
             self.address_limiter.take(owner, count)
-        classes = sorted({c.order.device_class for c in checked})
-        books = {name: self._book(name) for name in classes}
-        with ExitStack() as stack:
-            for name in classes:
-                stack.enter_context(books[name].lock)
-            results = self._place_locked(checked, books, now)
+        placed = self.writer.place(checked, now)
         self.metrics.place_seconds.observe(time.perf_counter() - started)
+        return placed
+
+    def _committed(self, results: list[list[Placed]]) -> None:
+        """Count a committed group's orders and fills (runs in the writer thread)."""
+        orders: dict[tuple[str, str], int] = {}
+        fills: dict[str, tuple[int, int]] = {}
+        for placed in results:
+            for p in placed:
+                order = p.checked.order
+                key = (order.side.value, order.device_class)
+                orders[key] = orders.get(key, 0) + 1
+                for f in p.fills:
+                    count, units = fills.get(f.device_class, (0, 0))
+                    fills[f.device_class] = (count + 1, units + f.quantity)
+        for (side, name), count in orders.items():
+            self.metrics.orders.labels(side, name).inc(count)
+        for name, (count, units) in fills.items():
+            self.metrics.fills.labels(name).inc(count)
+            self.metrics.volume.labels(name).inc(units)
         self._changed()
-        return results
-
-    def _place_locked(
-        self, checked: list[_Checked], books: dict[str, _ClassBook], now: int
-    ) -> list[tuple[dict[str, Any], list[FillPublic]]]:
-        with self.session() as session:
-            for c in checked:
-                if c.order.order_id in books[c.order.device_class].engine:
-                    raise DuplicateOrderError(c.order.order_id)
-            # Claim the nonces first: the primary key rejects a reused one before the engine
-            # changes, so a replay costs one failed insert, never a rebuild.
-            try:
-                storage.use_nonces(session=session, pairs=[c.nonce for c in checked])
-            except IntegrityError:
-                session.rollback()
-                used = storage.used_nonces(session=session, pairs=[c.nonce for c in checked])
-                owner, nonce = sorted(used)[0] if used else ("a signer", -1)
-                raise ReplayError(f"nonce {nonce} of {owner} was used before") from None
-            fills_per_order: list[list[EngineFill]] = []
-            try:
-                for c in checked:
-                    book = books[c.order.device_class]
-                    fills_per_order.append(book.engine.place(c.order, now=now))
-                    if c.row["quote_hash"]:
-                        book.quote_hashes[c.order.order_id] = c.row["quote_hash"]
-                results, rows = self._rows(checked, fills_per_order, books)
-                storage.record_placement(session=session, **rows)
-                session.commit()
-            except BaseException:
-                session.rollback()
-                self._rebuild(list(books))
-                raise
-        for c in checked:
-            self.metrics.orders.labels(c.order.side.value, c.order.device_class).inc()
-        for fills in fills_per_order:
-            for f in fills:
-                self.metrics.fills.labels(f.device_class).inc()
-                self.metrics.volume.labels(f.device_class).inc(f.quantity)
-        return results
-
-    def _rows(
-        self,
-        checked: list[_Checked],
-        fills_per_order: list[list[EngineFill]],
-        books: dict[str, _ClassBook],
-    ) -> tuple[list[tuple[dict[str, Any], list[FillPublic]]], dict[str, Any]]:
-        new_ids = {c.order.order_id for c in checked}
-        order_rows: list[dict[str, Any]] = []
-        for c in checked:
-            rec = books[c.order.device_class].engine.record(c.order.order_id)
-            row = {**c.row, "seq": rec.seq, "state": rec.state.value, "remaining": rec.remaining}
-            order_rows.append(row)
-        touched: dict[str, OrderRecord] = {}
-        fill_rows: list[dict[str, Any]] = []
-        deal_rows: list[dict[str, Any]] = []
-        results: list[tuple[dict[str, Any], list[FillPublic]]] = []
-        created = self.clock()
-        for c, fills, row in zip(checked, fills_per_order, order_rows, strict=True):
-            book = books[c.order.device_class]
-            fill_publics = []
-            for f in fills:
-                fill_id = f"{f.device_class}:{f.fill_id}"
-                fill_row: dict[str, Any] = {
-                    "id": fill_id,
-                    "device_class": f.device_class,
-                    "fill_id": f.fill_id,
-                    "bid_id": f.bid_id,
-                    "ask_id": f.ask_id,
-                    "price": f.price,
-                    "quantity": f.quantity,
-                    "aggressor": f.aggressor.value,
-                    "time": f.time,
-                }
-                fill_rows.append(fill_row)
-                fill_publics.append(FillPublic.model_construct(**fill_row))
-                engine = book.engine
-                bid = engine.record(f.bid_id).order
-                ask = engine.record(f.ask_id).order
-                deal_rows.append(
-                    {
-                        "deal_id": fill_id,
-                        "device_class": f.device_class,
-                        "bid_id": f.bid_id,
-                        "ask_id": f.ask_id,
-                        "client": bid.owner,
-                        "provider": ask.owner,
-                        "price": f.price,
-                        "quantity": f.quantity,
-                        "max_spend": str(f.price * f.quantity),
-                        "created_at": created,
-                        "chain_deal_id": None,
-                        "quote_hash": book.quote_hashes.get(f.ask_id, ""),
-                        "quote_json": None,
-                        "quote_signature": None,
-                    }
-                )
-                maker = f.maker_id
-                if maker not in new_ids:
-                    touched[maker] = engine.record(maker)
-            results.append((row, fill_publics))
-        updates = [(i, r.state.value, r.remaining) for i, r in touched.items()]
-        rows = {
-            "orders": order_rows,
-            "updates": updates,
-            "fills": fill_rows,
-            "deals": deal_rows,
-        }
-        return results, rows
 
     def cancel(self, cancel_in: CancelCreate) -> OrderPublic:
         """Cancel an order on its owner's signed request; return the order's final state."""
@@ -602,46 +348,57 @@ class MarketService:
         )
         if cancel_in.expiry <= now:
             raise SignatureExpiredError(f"cancel expired at {cancel_in.expiry} (now {now})")
-        signer = _recover("CancelOrder", fast_digest(message, self.domain), cancel_in.signature)
+        signer = recover("CancelOrder", fast_digest(message, self.domain), cancel_in.signature)
         if signer != owner.lower():
             raise AuthError(f"cancel signed by {signer}, not by {owner}")
         self.address_limiter.take(owner)
         order_id = cancel_in.order_id.lower()
-        book = next((b for b in self._classes.values() if order_id in b.engine), None)
+        row = self.writer.call(lambda: self._cancel(order_id, owner, cancel_in.nonce))
+        self._changed()
+        return order_public(row)
+
+    def _cancel(self, order_id: str, owner: str, nonce: int) -> Order:
+        """Cancel in the writer thread: claim the nonce, change the engine, commit."""
+        book = next((b for _, b in self.books.items() if order_id in b.engine), None)
         if book is None:
             raise UnknownOrderError(order_id)
-        with book.lock:
+        with book.lock, self.session() as session:
             record = book.engine.record(order_id)
             if record.order.owner != owner:
                 raise ForbiddenError(f"order {order_id} belongs to {record.order.owner}")
-            with self.session() as session:
-                try:
-                    storage.use_nonces(session=session, pairs=[(owner, cancel_in.nonce)])
-                except IntegrityError:
-                    session.rollback()
-                    raise ReplayError(
-                        f"nonce {cancel_in.nonce} of {owner} was used before"
-                    ) from None
-                final = book.engine.cancel(order_id)
-                try:
-                    storage.record_progress(
-                        session=session, updates=[(order_id, final.state.value, final.remaining)]
-                    )
-                    session.commit()
-                except BaseException:
-                    session.rollback()
-                    self._rebuild([record.order.device_class])
-                    raise
-                row = storage.get_order(session=session, order_id=order_id)
-        self._changed()
+            connection = session.connection()
+            try:
+                storage.use_nonces(connection=connection, pairs=[(owner, nonce)])
+            except IntegrityError:
+                session.rollback()
+                raise ReplayError(f"nonce {nonce} of {owner} was used before") from None
+            final = book.engine.cancel(order_id)  # may raise OrderStateError: nothing written
+            try:
+                storage.record_progress(
+                    connection=connection,
+                    updates=[(order_id, final.state.value, final.remaining)],
+                )
+                session.commit()
+            except BaseException:
+                session.rollback()
+                self.books.rebuild([record.order.device_class])
+                raise
+            row = storage.get_order(session=session, order_id=order_id)
         assert row is not None
-        return order_public(row)
+        return row
 
     def expire_orders(self) -> int:
         """Expire every live order past its expiry, in every class; return how many."""
+        total = self.writer.call(self._expire)
+        if total:
+            self.metrics.expired.inc(total)
+            self._changed()
+        return total
+
+    def _expire(self) -> int:
         now = self.now()
         total = 0
-        for name, book in list(self._classes.items()):
+        for name, book in self.books.items():
             with book.lock:
                 expired = book.engine.expire(now)
                 self._update_live_gauge(name, book.engine)  # here, not on the placement path
@@ -650,18 +407,15 @@ class MarketService:
                 with self.session() as session:
                     try:
                         storage.record_progress(
-                            session=session,
+                            connection=session.connection(),
                             updates=[(r.order_id, r.state.value, r.remaining) for r in expired],
                         )
                         session.commit()
                     except BaseException:
                         session.rollback()
-                        self._rebuild([name])
+                        self.books.rebuild([name])
                         raise
             total += len(expired)
-        if total:
-            self.metrics.expired.inc(total)
-            self._changed()
         return total
 
     def _update_live_gauge(self, name: str, engine: MatchingEngine) -> None:
@@ -685,7 +439,7 @@ class MarketService:
         message = Heartbeat(
             provider=provider, advert_hash=advert_hash(raw_advert), timestamp=hb.timestamp
         )
-        signer = _recover("Heartbeat", fast_digest(message, self.domain), hb.signature)
+        signer = recover("Heartbeat", fast_digest(message, self.domain), hb.signature)
         if signer != provider.lower():
             raise AuthError(f"heartbeat signed by {signer}, not by {provider}")
         self.address_limiter.take(provider)
@@ -743,7 +497,7 @@ class MarketService:
 
     def book(self, device_class: str, levels: int = 50) -> BookPublic:
         """Return both sides of a class's book by price level, best first."""
-        book = self._classes.get(device_class)
+        book = self.books.find(device_class)
         if book is None:
             return BookPublic(
                 device_class=device_class, bids=[], asks=[], best_bid=None, best_ask=None
@@ -777,7 +531,7 @@ class MarketService:
         with self.session() as session:
             rows = storage.list_orders(
                 session=session,
-                owner=owner,
+                owner=None if owner is None else checksum(owner),
                 device_class=device_class,
                 live_only=live_only,
                 limit=limit,
@@ -802,7 +556,9 @@ class MarketService:
     def deals(self, *, party: str | None, limit: int) -> list[DealPublic]:
         """Return deal records (both signed orders, quote, settlement status), newest first."""
         with self.session() as session:
-            rows = storage.list_deals(session=session, party=party, limit=limit)
+            rows = storage.list_deals(
+                session=session, party=None if party is None else checksum(party), limit=limit
+            )
             return self._deal_publics(session, rows)
 
     def deal(self, deal_id: str) -> DealPublic:
@@ -823,25 +579,47 @@ class MarketService:
         return [deal_public(d, orders, chain.get(d.chain_deal_id or -1)) for d in rows]
 
 
-def _recover(type_name: str, digest: bytes, signature_hex: str) -> str:
-    try:
-        return recover_address(digest, bytes.fromhex(signature_hex[2:]))
-    except (SignatureError, ValueError) as exc:
-        raise AuthError(f"bad {type_name} signature: {exc}") from exc
+def _fills(placed: Placed) -> list[FillPublic]:
+    return [
+        FillPublic.model_construct(
+            id=f"{f.device_class}:{f.fill_id}",
+            device_class=f.device_class,
+            fill_id=f.fill_id,
+            bid_id=f.bid_id,
+            ask_id=f.ask_id,
+            price=f.price,
+            quantity=f.quantity,
+            aggressor=f.aggressor.value,
+            time=f.time,
+        )
+        for f in placed.fills
+    ]
 
 
-@functools.lru_cache(maxsize=65_536)
-def checksum(address: str) -> str:
-    """Return the EIP-55 form of an address (cached: the same traders sign again and again)."""
-    try:
-        return to_checksum_address(address)
-    except ValueError as exc:
-        raise InvalidOrderError("address", address, "not an address") from exc
-
-
-def keccak_digest(domain: Domain, struct: bytes) -> bytes:
-    """Return the EIP-712 digest of a struct hash under `domain`."""
-    return fast_keccak(b"\x19\x01" + domain.separator() + struct)
+def _placed_order(placed: Placed) -> OrderPublic:
+    c = placed.checked
+    o = c.order
+    return OrderPublic.model_construct(
+        side=o.side.value,
+        owner=o.owner,
+        device_class=o.device_class,
+        quantity=o.quantity,
+        price=o.price,
+        plan=o.plan,
+        slo_ms=o.slo_ms,
+        memory=o.memory,
+        expiry=o.expiry,
+        nonce=c.nonce,
+        order_id=o.order_id,
+        seq=placed.seq,
+        state=placed.state,
+        remaining=placed.remaining,
+        filled=o.quantity - placed.remaining,
+        created_at=c.created_at,
+        signature=c.signature,
+        quote=json.loads(c.quote_json) if c.quote_json else None,
+        quote_signature=c.quote_signature,
+    )
 
 
 def _order_public_from_row(row: dict[str, Any]) -> OrderPublic:

@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, bindparam, event, func, insert, tuple_, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import Table, event, func, tuple_
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, SQLModel, col, create_engine, select
 
 from market.engine import SNAPSHOT_VERSION, SnapshotData
@@ -62,9 +62,16 @@ def make_engine(*, url: str) -> Engine:
     return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
 
 
+# Indexes no query used; each cost a page write per placed order (dropped from older databases).
+_RETIRED_INDEXES = ("ix_orders_quote_hash", "ix_fills_bid_id", "ix_fills_ask_id")
+
+
 def init_db(*, engine: Engine) -> None:
-    """Create the tables that do not exist yet."""
+    """Create the tables that do not exist yet; drop retired indexes."""
     SQLModel.metadata.create_all(engine)
+    with engine.begin() as connection:
+        for name in _RETIRED_INDEXES:
+            connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
 
 
 # -- orders -------------------------------------------------------------------------------------
@@ -120,12 +127,14 @@ def ask_quote_hashes(*, session: Session, device_class: str) -> dict[str, str]:
     return {order_id: quote_hash for order_id, quote_hash in rows if quote_hash}
 
 
-def used_nonces(*, session: Session, pairs: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+def used_nonces(
+    *, connection: Connection, pairs: Sequence[tuple[str, int]]
+) -> set[tuple[str, int]]:
     """Return those (signer, nonce) pairs that were used before."""
     found: set[tuple[str, int]] = set()
     for start in range(0, len(pairs), 400):
         chunk = pairs[start : start + 400]
-        rows = session.exec(
+        rows = connection.execute(
             select(NonceUse.owner, NonceUse.nonce).where(
                 tuple_(col(NonceUse.owner), col(NonceUse.nonce)).in_(chunk)
             )
@@ -134,56 +143,109 @@ def used_nonces(*, session: Session, pairs: Sequence[tuple[str, int]]) -> set[tu
     return found
 
 
-def existing_order_ids(*, session: Session, order_ids: Sequence[str]) -> set[str]:
-    """Return those order ids that are stored."""
-    rows = session.exec(select(Order.order_id).where(col(Order.order_id).in_(order_ids))).all()
-    return set(rows)
-
-
-def use_nonces(*, session: Session, pairs: Sequence[tuple[str, int]]) -> None:
-    """Record (signer, nonce) pairs as used; raise IntegrityError if one was used before."""
-    session.connection().execute(
-        insert(_table(NonceUse)), [{"owner": o, "nonce": n} for o, n in pairs]
-    )
-
-
-def record_placement(
-    *,
-    session: Session,
-    orders: Sequence[dict[str, Any]],
-    updates: Sequence[tuple[str, str, int]],
-    fills: Sequence[dict[str, Any]],
-    deals: Sequence[dict[str, Any]],
-) -> None:
-    """Insert new orders, fills and deals; update resting orders' progress."""
-    connection = session.connection()  # Core executemany: one statement per table
-    if orders:
-        connection.execute(insert(_table(Order)), list(orders))
-    if updates:
-        record_progress(session=session, updates=updates)
-    if fills:
-        connection.execute(insert(_table(Fill)), list(fills))
-    if deals:
-        connection.execute(insert(_table(Deal)), list(deals))
-
-
 def _table(model: type[SQLModel]) -> Table:
     table: Table = model.__table__  # type: ignore[attr-defined]
     return table
 
 
-def record_progress(*, session: Session, updates: Iterable[tuple[str, str, int]]) -> None:
+# Column orders of the rows the placement path writes as plain tuples (checked at import).
+ORDER_COLUMNS = (
+    "order_id",
+    "side",
+    "owner",
+    "device_class",
+    "quantity",
+    "price",
+    "plan",
+    "slo_ms",
+    "memory",
+    "expiry",
+    "nonce",
+    "seq",
+    "state",
+    "remaining",
+    "created_at",
+    "signature",
+    "quote_json",
+    "quote_signature",
+    "quote_hash",
+)
+FILL_COLUMNS = (
+    "id",
+    "device_class",
+    "fill_id",
+    "bid_id",
+    "ask_id",
+    "price",
+    "quantity",
+    "aggressor",
+    "time",
+)
+DEAL_COLUMNS = (
+    "deal_id",
+    "device_class",
+    "bid_id",
+    "ask_id",
+    "client",
+    "provider",
+    "price",
+    "quantity",
+    "max_spend",
+    "created_at",
+    "quote_hash",
+)
+_NONCE_COLUMNS = ("owner", "nonce")
+for _model, _columns in ((Order, ORDER_COLUMNS), (Fill, FILL_COLUMNS), (NonceUse, _NONCE_COLUMNS)):
+    assert set(_columns) == set(_table(_model).c.keys()), _model
+assert set(DEAL_COLUMNS) <= set(_table(Deal).c.keys())
+
+
+def _insert_many(
+    connection: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """INSERT rows given as tuples in one executemany, past SQLAlchemy's per-row work."""
+    marks = ", ".join([_placeholder(connection)] * len(columns))
+    statement = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+    connection.exec_driver_sql(statement, list(rows))
+
+
+def _placeholder(connection: Connection) -> str:
+    return "?" if connection.dialect.paramstyle == "qmark" else "%s"
+
+
+def use_nonces(*, connection: Connection, pairs: Sequence[tuple[str, int]]) -> None:
+    """Record (signer, nonce) pairs as used; raise IntegrityError if one was used before."""
+    _insert_many(connection, "nonces", _NONCE_COLUMNS, pairs)
+
+
+def record_placement(
+    *,
+    connection: Connection,
+    orders: Sequence[tuple[Any, ...]],
+    updates: Sequence[tuple[str, str, int]],
+    fills: Sequence[tuple[Any, ...]],
+    deals: Sequence[tuple[Any, ...]],
+) -> None:
+    """Insert new orders, fills and deals (tuples in the `*_COLUMNS` orders); store updates."""
+    if orders:
+        _insert_many(connection, "orders", ORDER_COLUMNS, orders)
+    if updates:
+        record_progress(connection=connection, updates=updates)
+    if fills:
+        _insert_many(connection, "fills", FILL_COLUMNS, fills)
+    if deals:
+        _insert_many(connection, "deals", DEAL_COLUMNS, deals)
+
+
+def record_progress(*, connection: Connection, updates: Iterable[tuple[str, str, int]]) -> None:
     """Store (order id, state, remaining) of orders the engine changed."""
-    params = [{"b_id": i, "b_state": s, "b_remaining": r} for i, s, r in updates]
+    params = [(state, remaining, order_id) for order_id, state, remaining in updates]
     if not params:
         return
-    table = _table(Order)
-    statement = (
-        update(table)
-        .where(table.c.order_id == bindparam("b_id"))
-        .values(state=bindparam("b_state"), remaining=bindparam("b_remaining"))
+    mark = _placeholder(connection)
+    connection.exec_driver_sql(
+        f"UPDATE orders SET state = {mark}, remaining = {mark} WHERE order_id = {mark}", params
     )
-    session.connection().execute(statement, params)
 
 
 def get_order(*, session: Session, order_id: str) -> Order | None:
@@ -199,10 +261,10 @@ def list_orders(
     live_only: bool = False,
     limit: int = 100,
 ) -> list[Order]:
-    """Return orders, newest first, filtered by owner, device class and liveness."""
+    """Return orders, newest first, filtered by owner (EIP-55 form), class and liveness."""
     query = select(Order)
     if owner is not None:
-        query = query.where(func.lower(Order.owner) == owner.lower())
+        query = query.where(Order.owner == owner)
     if device_class is not None:
         query = query.where(Order.device_class == device_class)
     if live_only:
@@ -253,11 +315,11 @@ def get_deal(*, session: Session, deal_id: str) -> Deal | None:
 
 
 def list_deals(*, session: Session, party: str | None = None, limit: int = 50) -> list[Deal]:
-    """Return deal records, newest first; with `party`, those where it is client or provider."""
+    """Return deal records, newest first; with `party` (EIP-55 form), those where it is client
+    or provider."""
     query = select(Deal)
     if party is not None:
-        low = party.lower()
-        query = query.where((func.lower(Deal.client) == low) | (func.lower(Deal.provider) == low))
+        query = query.where((Deal.client == party) | (Deal.provider == party))
     return list(session.exec(query.order_by(col(Deal.created_at).desc()).limit(limit)).all())
 
 

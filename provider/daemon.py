@@ -12,6 +12,7 @@ from pathlib import Path
 from client.market_http import MarketHttp
 from contracts.binding import Chain, Escrow
 from contracts.messages import Plan
+from provider.access import ResultAccess
 from provider.capacity import Capacity
 from provider.config import ProviderConfig
 from provider.deals import DealCache
@@ -46,6 +47,7 @@ class Daemon:
         self.chain = chain or Chain(config.rpc_url)
         self.escrow: Escrow = self.chain.escrow(config.escrow)
         self.domain = self.escrow.domain
+        self.access = ResultAccess(config.private_key, self.domain)
         self.metrics = ProviderMetrics()
         self.plans: dict[bytes, Plan] = {config.plan.struct_hash(): config.plan}
         self.deals = DealCache(self.escrow, self.plans, ttl_s=config.deal_cache_ttl_s)
@@ -92,6 +94,7 @@ class Daemon:
         """Re-run unfinished tasks; start the settlement jobs and heartbeat unless ``schedule``
         is false (tests trigger jobs directly)."""
         self.service.recover(self.plan_for_deal)
+        self.jobs.reconcile_claims()  # claims mined but not journaled before a crash
         extra: list[tuple[Callable[[], object], float]] = []
         if self.config.market_url:
             self.capacity = self.sandbox.capacity(benchmark=self.config.benchmark_on_start)

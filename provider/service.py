@@ -14,10 +14,13 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+import coincurve
 
 from contracts.binding import DEAL_OPEN
 from contracts.errors import SignatureError
@@ -31,9 +34,13 @@ from contracts.messages import (
     TaskRequest,
     Voucher,
     recover_digest,
-    sign_digest,
 )
-from contracts.program import ProgramFormatError, decode_envelope, request_input_hash
+from contracts.program import (
+    ProgramEnvelope,
+    ProgramFormatError,
+    decode_envelope,
+    request_input_hash,
+)
 from provider.deals import DealCache
 from provider.errors import NotFoundError, ProviderError, RejectedError, SandboxClosedError
 from provider.journal import AckRecord, Journal, Key, ReceiptRecord, VoucherRecord
@@ -43,6 +50,7 @@ from provider.sandbox import Sandbox
 
 log = logging.getLogger("provider.service")
 _KIND_NAMES = {KIND_COMPILE: "compile", KIND_INFERENCE: "inference"}
+_RECENT_OUTPUTS = 256  # delivered outputs kept in memory for the answer that follows
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,7 @@ class TaskView:
 
     ack: AckRecord
     receipt: ReceiptRecord | None
+    outputs: bytes | None = None  # the delivered bytes, when still in memory
 
     @property
     def state(self) -> str:
@@ -98,7 +107,7 @@ class TaskService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Wire the service; :meth:`recover` re-runs what a previous process left unfinished."""
-        self._key = private_key
+        self._signer = coincurve.PrivateKey(bytes.fromhex(private_key.removeprefix("0x")))
         self.address = address
         self.domain = domain
         self.journal = journal
@@ -112,6 +121,7 @@ class TaskService:
         self._acked = {k: metrics.tasks_acked.labels(name) for k, name in _KIND_NAMES.items()}
         self._lock = threading.Lock()
         self._inflight: dict[Key, Future[ReceiptRecord]] = {}
+        self._recent: OrderedDict[Key, bytes] = OrderedDict()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
         self._closed = False
 
@@ -161,7 +171,7 @@ class TaskService:
             raise self._reject(
                 "unknown_plan", f"deal {request.deal_id} uses a plan this provider never quoted"
             )
-        self._check_envelope(request, target, envelope)
+        decoded = self._check_envelope(request, target, envelope)
         price = ack_price(plan, request)
         if price > request.max_price:
             raise self._reject(
@@ -193,17 +203,22 @@ class TaskService:
                 request_hash=request_hash,
                 target=target,
                 ack=ack,
-                ack_sig=sign_digest(self._digest(ack.struct_hash()), self._key),
+                ack_sig=self._sign(ack.struct_hash()),
                 acked_at=now,
             )
             self.journal.record_ack(record, envelope)
-            self._start(record, plan, envelope)
+            self._start(record, plan, envelope, decoded)
         self._acked[request.kind].inc()
         return Submission(record, created=True)
 
     def _digest(self, struct_hash: bytes) -> bytes:
         """Return the EIP-712 digest of a struct hash under our domain (separator cached)."""
         return keccak256(b"\x19\x01" + self._separator + struct_hash)
+
+    def _sign(self, struct_hash: bytes) -> bytes:
+        """Sign a struct hash under our domain: r||s||v, low s, v in {27, 28}."""
+        raw = self._signer.sign_recoverable(self._digest(struct_hash), hasher=None)
+        return raw[:64] + bytes([raw[64] + 27])
 
     def _reject(self, code: str, reason: str) -> RejectedError:
         self.metrics.tasks_rejected.labels(code).inc()
@@ -220,7 +235,9 @@ class TaskService:
         self.metrics.tasks_retried.inc()
         return Submission(existing, created=False)
 
-    def _check_envelope(self, request: TaskRequest, target: str | None, data: bytes) -> None:
+    def _check_envelope(
+        self, request: TaskRequest, target: str | None, data: bytes
+    ) -> ProgramEnvelope:
         if request.kind not in _KIND_NAMES:
             raise self._reject("bad_request", f"unknown task kind {request.kind}")
         if request.kind == KIND_COMPILE and target is None:
@@ -246,11 +263,18 @@ class TaskService:
                 "inputHash of the request differs from the envelope's inputs"
                 + (f" bound to target {target!r}" if target is not None else ""),
             )
+        return envelope
 
     # ---- execution ---------------------------------------------------------------------
 
-    def _start(self, record: AckRecord, plan: Plan, envelope: bytes) -> None:
-        future = self._executor.submit(self._execute, record, plan, envelope)
+    def _start(
+        self,
+        record: AckRecord,
+        plan: Plan,
+        envelope: bytes,
+        decoded: ProgramEnvelope | None = None,
+    ) -> None:
+        future = self._executor.submit(self._execute, record, plan, envelope, decoded)
         self._inflight[record.key] = future
         self.metrics.inflight.inc()
         future.add_done_callback(functools.partial(self._done, record.key))
@@ -269,13 +293,15 @@ class TaskService:
                 "task failed without a receipt", extra={"task": list(key), "error": str(error)}
             )
 
-    def _execute(self, record: AckRecord, plan: Plan, envelope: bytes) -> ReceiptRecord:
+    def _execute(
+        self, record: AckRecord, plan: Plan, envelope: bytes, decoded: ProgramEnvelope | None
+    ) -> ReceiptRecord:
         request = record.request
         started = self._clock()
         if request.kind == KIND_COMPILE:
             outcome: Any = self.sandbox.compile(envelope, record.target or "local")
         else:
-            outcome = self.sandbox.run(envelope)
+            outcome = self.sandbox.run(envelope, decoded=decoded)
         finished = self._clock()
         outputs, detail, status, device_ms, compile_ms, cache_hit = delivery(outcome)
         with self.journal.lock:
@@ -293,10 +319,13 @@ class TaskService:
                 prev_receipt_hash=self.journal.next_prev_hash(request.deal_id),
             )
             receipt_hash = receipt.struct_hash()
-            signature = sign_digest(self._digest(receipt_hash), self._key)
+            signature = self._sign(receipt_hash)
             stored = self.journal.record_receipt(
                 receipt, signature, outputs, detail, receipt_hash=receipt_hash
             )
+            self._recent[stored.key] = outputs
+            if len(self._recent) > _RECENT_OUTPUTS:
+                self._recent.popitem(last=False)
         kind = _KIND_NAMES.get(request.kind, "other")
         self.metrics.tasks_delivered.labels(kind, detail["state"]).inc()
         self.metrics.task_seconds.labels(kind).observe(max(0.0, finished - record.acked_at))
@@ -332,7 +361,8 @@ class TaskService:
         ack = self.journal.ack(key)
         if ack is None:
             raise NotFoundError(f"no task {key[1]} in deal {key[0]}")
-        return TaskView(ack, self.journal.receipt(key))
+        receipt = self.journal.receipt(key)
+        return TaskView(ack, receipt, None if receipt is None else self._recent.get(key))
 
     def close(self) -> None:
         """Stop: drop queued tasks (journaled, so re-run on restart) and wait for running ones.

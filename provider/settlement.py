@@ -14,8 +14,13 @@ Rules (thresholds from :class:`provider.config.SettlementConfig`):
 - **claim** delivered, unvouched, on-time receipts whose task finished ``silent_after_s`` ago
   with no voucher covering it (or at once when the deal nears expiry), in one batch per deal;
 - **finalize** claimed batches once the chain's clock passes their challenge deadline;
-- **watch** deals: record those closed on chain, and bring settlement forward when
-  ``expiry - expiry_margin_s`` is reached (claims are refused after expiry + window).
+- **watch** deals: journal claim batches the chain holds but the journal lost (a claim mined
+  just before the daemon died), record deals closed on chain, and bring settlement forward
+  when ``expiry - expiry_margin_s`` is reached (claims are refused after expiry + window);
+- **close** deals the client agreed to close (``CloseAgreed``, seen as the deal's
+  ``clientAgreedClose``) once every acked task is delivered, and deals past expiry plus the
+  challenge window: first redeem the latest voucher, claim (early close only) and finalize
+  what no voucher pays, then ``closeDeal``, so nothing owed is left behind.
 """
 
 from __future__ import annotations
@@ -23,14 +28,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from contracts.binding import BATCH_PAID, BATCH_REJECTED, DEAL_CLOSED, TASK_NONE, DealState, Escrow
+from contracts.binding import (
+    BATCH_PAID,
+    BATCH_REJECTED,
+    DEAL_CLOSED,
+    DEAL_OPEN,
+    TASK_NONE,
+    DealState,
+    Escrow,
+)
 from contracts.errors import ChainError, ContractRevert
-from contracts.messages import Plan
+from contracts.hashing import keccak_text
+from contracts.messages import Plan, Receipt
 from contracts.reverts import EscrowStaleVoucher
 from provider.config import SettlementConfig
 from provider.deals import DealCache
@@ -49,6 +64,10 @@ class JobReport:
     claimed: tuple[SettlementRecord, ...] = ()
     finalized: tuple[SettlementRecord, ...] = ()
     closed: tuple[int, ...] = ()
+
+
+_CLAIMED_TOPIC = keccak_text("ReceiptsClaimed(uint256,uint32,uint256,uint256,uint64)")
+_TASK_INDEX_FIELD = [name for name, _ in Receipt.TYPES].index("taskIndex")
 
 
 class SettlementJobs:
@@ -81,10 +100,12 @@ class SettlementJobs:
 
     # ---- helpers -----------------------------------------------------------------------
 
-    def _open_deals(self) -> list[tuple[int, DealBook, DealState, Plan]]:
+    def _open_deals(
+        self, only: Collection[int] | None = None
+    ) -> list[tuple[int, DealBook, DealState, Plan]]:
         out = []
         for deal_id, book in self.journal.iter_books():
-            if book.closed() or not book.receipts:
+            if book.closed() or not book.receipts or (only is not None and deal_id not in only):
                 continue
             try:
                 state = self.deals.get(deal_id)
@@ -106,14 +127,21 @@ class SettlementJobs:
     # ---- jobs --------------------------------------------------------------------------
 
     def redeem_due(
-        self, now: float | None = None, *, force: bool = False
+        self,
+        now: float | None = None,
+        *,
+        force: bool = False,
+        deals: Collection[int] | None = None,
     ) -> list[SettlementRecord]:
-        """Redeem each deal's latest voucher where the threshold or the age limit is reached."""
+        """Redeem each deal's latest voucher where the threshold or the age limit is reached.
+
+        ``force`` redeems any increase; ``deals`` limits the pass to those deals.
+        """
         now = time.time() if now is None else now
         done = []
         with self._lock:
             chain_now = self._chain_time()
-            for deal_id, book, state, _ in self._open_deals():
+            for deal_id, book, state, _ in self._open_deals(deals):
                 latest = book.latest_voucher
                 if latest is None:
                     continue
@@ -164,14 +192,21 @@ class SettlementJobs:
         return done
 
     def claim_silent(
-        self, now: float | None = None, *, force: bool = False
+        self,
+        now: float | None = None,
+        *,
+        force: bool = False,
+        deals: Collection[int] | None = None,
     ) -> list[SettlementRecord]:
-        """Claim delivered receipts that no voucher covered within ``silent_after_s``."""
+        """Claim delivered receipts that no voucher covered within ``silent_after_s``.
+
+        ``force`` claims them at once; ``deals`` limits the pass to those deals.
+        """
         now = time.time() if now is None else now
         done = []
         with self._lock:
             chain_now = self._chain_time()
-            for deal_id, book, state, plan in self._open_deals():
+            for deal_id, book, state, plan in self._open_deals(deals):
                 if chain_now >= state.expiry + state.challenge_window:
                     continue  # the claim period is over
                 urgent = force or self._near_expiry(state, chain_now)
@@ -269,7 +304,7 @@ class SettlementJobs:
         return done
 
     def watch_deals(self) -> list[int]:
-        """Record deals closed on chain; return their ids."""
+        """Journal claims lost before journaling; record deals closed on chain; return those."""
         closed = []
         with self._lock:
             for deal_id, book in self.journal.iter_books():
@@ -279,20 +314,169 @@ class SettlementJobs:
                     state = self.deals.get(deal_id, fresh=True)
                 except RejectedError:
                     continue
+                self._reconcile(deal_id, book, state)
                 if state.status == DEAL_CLOSED:
                     self.journal.record_settlement(deal_id, "closed", {}, None)
                     self.metrics.settlements.labels("closed").inc()
                     closed.append(deal_id)
         return closed
 
+    def reconcile_claims(self) -> list[SettlementRecord]:
+        """Journal every claim batch the chain holds and the journal lacks (run at start)."""
+        done = []
+        with self._lock:
+            for deal_id, book in self.journal.iter_books():
+                if book.closed() or not book.receipts:
+                    continue
+                try:
+                    state = self.deals.get(deal_id, fresh=True)
+                except RejectedError:
+                    continue
+                done.extend(self._reconcile(deal_id, book, state))
+        return done
+
+    def _reconcile(self, deal_id: int, book: DealBook, state: DealState) -> list[SettlementRecord]:
+        """Journal the deal's claim batches that exist on chain but not in the journal.
+
+        A claim transaction mined just before the daemon died has no journal row: its tasks
+        show as claimed on chain and its batch would never be finalized. The batch's
+        ``ReceiptsClaimed`` event and its transaction's receipts say what it claimed.
+        """
+        known = {int(s.data["batch_id"]) for s in book.settlements if s.action == "claim"}
+        done = []
+        for batch_id in range(state.batch_count):
+            if batch_id in known:
+                continue
+            try:
+                found = self._claim_on_chain(deal_id, batch_id)
+            except (ChainError, ContractRevert, ValueError, KeyError) as exc:
+                self._failed("reconcile", deal_id, exc)
+                continue
+            if found is None:
+                continue
+            data, tx_hash = found
+            record = self.journal.record_settlement(deal_id, "claim", data, tx_hash)
+            self.deals.invalidate(deal_id)
+            self.metrics.settlements.labels("reconciled").inc()
+            log.warning("claim found on chain, journaled", extra={"deal": deal_id, **data})
+            done.append(record)
+        return done
+
+    def _claim_on_chain(self, deal_id: int, batch_id: int) -> tuple[dict[str, Any], str] | None:
+        w3 = self.escrow.tx.w3
+        logs = w3.eth.get_logs(
+            {
+                "address": self.escrow.address,
+                "fromBlock": 0,
+                "toBlock": "latest",
+                "topics": [
+                    "0x" + _CLAIMED_TOPIC.hex(),
+                    "0x" + deal_id.to_bytes(32, "big").hex(),
+                    "0x" + batch_id.to_bytes(32, "big").hex(),
+                ],
+            }
+        )
+        if not logs:
+            return None
+        log_entry = logs[0]
+        event = self.escrow.decode_events([log_entry])[0].args
+        tx = w3.eth.get_transaction(log_entry["transactionHash"])
+        _, args = self.escrow.contract.decode_function_input(tx["input"])
+        tasks = [
+            int(r["taskIndex"] if isinstance(r, dict) else r[_TASK_INDEX_FIELD])
+            for r in args["receipts"]
+        ]
+        data = {
+            "batch_id": batch_id,
+            "deadline": int(event["deadline"]),
+            "amount": str(int(event["amount"])),
+            "tasks": tasks,
+            "reconciled": True,
+        }
+        return data, "0x" + bytes(log_entry["transactionHash"]).hex()
+
+    def close_deals(self, now: float | None = None) -> list[int]:
+        """Close deals the client agreed to close, and deals past expiry plus the window.
+
+        Before closing: redeem the latest voucher; on an early close also claim what no
+        voucher pays (the close then waits for those claims to finalize); finalize claims
+        whose window passed. A deal with tasks still running, claims still pending or a
+        voucher not yet redeemed is left for the next pass. Return the deals closed.
+        """
+        now = time.time() if now is None else now
+        chain_now = self._chain_time()
+        due: dict[int, bool] = {}  # deal -> past expiry + challenge window
+        for deal_id, book in self.journal.iter_books():
+            if book.closed():
+                continue
+            try:
+                state = self.deals.get(deal_id, fresh=True)
+            except RejectedError:
+                continue
+            ended = chain_now >= state.expiry + state.challenge_window
+            if state.status == DEAL_OPEN and (state.client_agreed_close or ended):
+                due[deal_id] = ended
+        if not due:
+            return []
+        self.redeem_due(now, force=True, deals=due)
+        self.claim_silent(now, force=True, deals=[d for d, ended in due.items() if not ended])
+        self.finalize_claims()
+        closed = []
+        with self._lock:
+            for deal_id, ended in due.items():
+                if self._close(deal_id, ended):
+                    closed.append(deal_id)
+        return closed
+
+    def _close(self, deal_id: int, ended: bool) -> bool:
+        book = self.journal.deal(deal_id)
+        if book is None or book.closed():
+            return False
+        if not ended and any(i not in book.receipts for i in book.acks):
+            return False  # tasks still running: their receipts may still be paid
+        try:
+            state = self.deals.get(deal_id, fresh=True)
+        except RejectedError:
+            return False
+        latest = book.latest_voucher
+        if state.pending or (
+            latest is not None and state.vouched < latest.voucher.cumulative_amount
+        ):
+            return False  # claims in their window, or a voucher left to redeem: not yet
+        try:
+            tx = self.escrow.close_deal(self._key, deal_id)
+            event = tx.event("DealClosed").args
+        except (ContractRevert, ChainError, KeyError) as exc:
+            self._failed("close", deal_id, exc)
+            return False
+        self.journal.record_settlement(
+            deal_id,
+            "closed",
+            {
+                "by": "provider",
+                "returned_to_client": str(int(event["returnedToClient"])),
+                "stake_returned": str(int(event["stakeReturned"])),
+            },
+            tx.tx_hash,
+        )
+        self.deals.invalidate(deal_id)
+        self.metrics.settlements.labels("closed").inc()
+        log.info("deal closed", extra={"deal": deal_id, "expired": ended})
+        return True
+
     def run_all(self, now: float | None = None) -> JobReport:
-        """Run every job once, in order: watch, redeem, claim, finalize."""
+        """Run every job once, in order: watch, redeem, claim, finalize, close."""
         closed = self.watch_deals()
-        return JobReport(
+        report = JobReport(
             redeemed=tuple(self.redeem_due(now)),
             claimed=tuple(self.claim_silent(now)),
             finalized=tuple(self.finalize_claims()),
-            closed=tuple(closed),
+        )
+        return JobReport(
+            redeemed=report.redeemed,
+            claimed=report.claimed,
+            finalized=report.finalized,
+            closed=(*closed, *self.close_deals(now)),
         )
 
     # ---- scheduling --------------------------------------------------------------------

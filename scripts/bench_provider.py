@@ -37,6 +37,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import coincurve  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -110,12 +111,15 @@ def open_deal(chain: Chain, escrow_address: str, keys: list[str], token_address:
     return int(result.event("DealOpened").args["dealId"])
 
 
-def start_daemon(anvil: Anvil, escrow: str, provider_key: str, data: Path) -> tuple[Any, str]:
+def start_daemon(
+    anvil: Anvil, escrow: str, provider_key: str, data: Path, workers: int
+) -> tuple[Any, str]:
     port = free_port()
     config = data / "provider.toml"
     config.write_text(
         f'rpc_url = "{anvil.url}"\nescrow = "{escrow}"\ndata_dir = "{data / "state"}"\n'
         'jax_platforms = "cpu"\nslo_ms = 60000\nbenchmark_on_start = false\n'
+        f"pool_size = {workers}\n"
         f'log_level = "WARNING"\n[plan]\ncompile_price = {PLAN.compile_price}\n'
         f"inference_price = {PLAN.inference_price}\n"
     )
@@ -151,7 +155,7 @@ class Submitter:
     def __init__(self, url: str, chain: Chain, escrow: str, client_key: str, provider: str) -> None:
         self.url = url
         self.domain = chain.escrow(escrow).domain
-        self.client_key = client_key
+        self.signer = coincurve.PrivateKey(bytes.fromhex(client_key.removeprefix("0x")))
         self.provider = provider
         self.index = 0
         self.lock = threading.Lock()
@@ -170,7 +174,8 @@ class Submitter:
             input_hash=envelope.inputs_sha256,
             max_price=1_000,
         )
-        signature = request.sign(self.domain, self.client_key)
+        raw = self.signer.sign_recoverable(request.digest(self.domain), hasher=None)
+        signature = raw[:64] + bytes([raw[64] + 27])  # r||s||v, as TaskRequest.sign
         return {
             "X-Tpumarket-Request": json.dumps(request.to_json(), separators=(",", ":")),
             "X-Tpumarket-Signature": "0x" + signature.hex(),
@@ -282,6 +287,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=300, help="sequential tasks timed")
     parser.add_argument("--throughput-tasks", type=int, default=1500)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2, help="sandbox workers of the daemon")
     args = parser.parse_args()
 
     envelope, fn, call_args = _mlp_program()
@@ -291,7 +297,9 @@ def main() -> None:
         chain = Chain(anvil.url)
         deployment = chain.deploy(anvil.keys[0])
         deal_id = open_deal(chain, deployment.escrow, anvil.keys, deployment.token)
-        process, url = start_daemon(anvil, deployment.escrow, anvil.keys[1], Path(tmp))
+        process, url = start_daemon(
+            anvil, deployment.escrow, anvil.keys[1], Path(tmp), args.workers
+        )
         try:
             sub = Submitter(url, chain, deployment.escrow, anvil.keys[2], address_of(anvil.keys[1]))
             kids = children(process.pid)

@@ -14,11 +14,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from contracts.messages import ZERO_ADDRESS
 from market.api import errors
+from market.api.body import publish_schemas
 from market.api.deps import limit_ip
 from market.api.limits import BodySizeLimit
 from market.api.routes import book, deals, orders, providers
 from market.indexer import Indexer
 from market.jobs import start_scheduler
+from market.models import OrderBatch, OrderCreate
 from market.service import MarketService, Settings
 
 WEB = Path(__file__).resolve().parent.parent / "web"
@@ -72,6 +74,7 @@ def create_app(
     limited = [Depends(limit_ip)]
     for module in (orders, deals, providers, book):
         app.include_router(module.router, dependencies=limited)
+    publish_schemas(app, OrderCreate, OrderBatch)  # bodies the placement routes parse
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
 
     @app.get("/metrics", include_in_schema=False)

@@ -5,12 +5,16 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from provider.api import errors
+from provider.api.fast import FastTasks
 from provider.api.routes import system, tasks, vouchers
 from provider.daemon import Daemon
 
 
-def create_app(daemon: Daemon) -> FastAPI:
-    """Return the API app serving ``daemon`` (whose lifecycle the caller owns)."""
+def create_app(daemon: Daemon) -> FastTasks:
+    """Return the API app serving ``daemon`` (whose lifecycle the caller owns).
+
+    The FastAPI app serves every route; the task submission hot path answers in front of it.
+    """
     app = FastAPI(
         title="tpumarket provider",
         version="1",
@@ -21,4 +25,4 @@ def create_app(daemon: Daemon) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(vouchers.router)
     app.include_router(system.router)
-    return app
+    return FastTasks(app, daemon)

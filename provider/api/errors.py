@@ -11,7 +11,9 @@ from provider.errors import NotFoundError, ProviderError, RejectedError
 
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "bad_request": 400,
+    "access_required": 401,
     "insufficient_budget": 402,
+    "access_denied": 403,
     "signature_invalid": 403,
     "deal_not_ours": 403,
     "deal_not_found": 404,

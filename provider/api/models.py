@@ -37,19 +37,22 @@ class TaskPublic(BaseModel):
     )
     report: dict[str, Any] | None = Field(None, description="a compile task's report")
     diagnosis: dict[str, Any] | None = Field(None, description="a failed task's diagnosis")
-
-    @classmethod
-    def of(cls, view: TaskView, journal: Journal, *, created: bool = False) -> TaskPublic:
-        """Build the public form of a task (reads the outputs once delivered)."""
-        return cls(**task_dict(view, journal, created=created))
+    access_token: str = Field(
+        description="proof of being the deal's client for result reads (X-Tpumarket-Access)"
+    )
 
 
-def task_json(view: TaskView, journal: Journal, *, created: bool = False) -> bytes:
+def task_json(
+    view: TaskView, journal: Journal, access_token: str, *, created: bool = False
+) -> bytes:
     """Return a task's :class:`TaskPublic` JSON without pydantic (the hot path)."""
-    return json.dumps(task_dict(view, journal, created=created), separators=(",", ":")).encode()
+    data = task_dict(view, journal, access_token, created=created)
+    return json.dumps(data, separators=(",", ":")).encode()
 
 
-def task_dict(view: TaskView, journal: Journal, *, created: bool = False) -> dict[str, Any]:
+def task_dict(
+    view: TaskView, journal: Journal, access_token: str, *, created: bool = False
+) -> dict[str, Any]:
     """Return the fields of :class:`TaskPublic` for a task."""
     ack = view.ack
     data: dict[str, Any] = {
@@ -59,10 +62,11 @@ def task_dict(view: TaskView, journal: Journal, *, created: bool = False) -> dic
         "created": created,
         "ack": ack.ack.to_json(),
         "ack_signature": "0x" + ack.ack_sig.hex(),
+        "access_token": access_token,
     }
     if view.receipt is not None:
         record = view.receipt
-        outputs = journal.outputs(ack.key)
+        outputs = view.outputs if view.outputs is not None else journal.outputs(ack.key)
         data.update(
             receipt=record.receipt.to_json(),
             receipt_signature="0x" + record.signature.hex(),

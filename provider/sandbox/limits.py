@@ -17,7 +17,7 @@ class SandboxLimits:
     validate_timeout_s: float = 30.0
     compile_timeout_s: float = 120.0
     execute_timeout_s: float = 60.0
-    max_tasks_per_worker: int = 1000
+    max_tasks_per_worker: int = 10_000
     compiled_cache_entries: int = 32
 
     def __post_init__(self) -> None:

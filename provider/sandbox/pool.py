@@ -23,6 +23,18 @@ _CLOSE_CHECK_S = 1.0  # how often a caller waiting for a worker notices close()
 
 
 @dataclass(frozen=True, slots=True)
+class WarmCall:
+    """A shorter request for a worker that already ran the same program and weights.
+
+    ``key`` names (program, weights); a worker that answers ``miss`` gets the full request.
+    """
+
+    key: bytes
+    request: Header
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A worker that came up: its pid, seconds from spawn to ready, and its devices."""
 
@@ -54,6 +66,8 @@ class _Worker:
         child_conn.close()
         self.info: WorkerInfo | None = None
         self.tasks = 0
+        self.warm: set[bytes] = set()
+        self.superseded = False  # a planned recycle's successor is ready: stop when idle
 
     def wait_ready(self, timeout_s: float) -> WorkerInfo:
         if self.info is not None:
@@ -161,6 +175,9 @@ class WorkerPool:
                 worker = self._idle.get(timeout=_CLOSE_CHECK_S)
             except queue.Empty:
                 continue
+            if worker.superseded:
+                threading.Thread(target=self._stop, args=(worker,), daemon=True).start()
+                continue
             if not worker.process.is_alive() and worker.info is not None:
                 self._retire(worker, kill=True)
                 continue
@@ -171,12 +188,40 @@ class WorkerPool:
                 raise
             return worker
 
-    def call(self, request: Header, payload: bytes) -> tuple[Header, bytes] | Diagnosis:
-        """Run one request on a worker; return its reply, or a diagnosis if it died or hung."""
+    def _stop(self, worker: _Worker) -> None:
+        worker.stop()
+        with self._lock:
+            self._all.discard(worker)
+
+    def call(
+        self, request: Header, payload: bytes, *, warm: WarmCall | None = None
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """Run one request on a worker; return its reply, or a diagnosis if it died or hung.
+
+        With ``warm``, a worker that ran the same program and weights gets the shorter
+        request (execute deadline only); on a ``miss`` it gets the full one.
+        """
         worker = self._acquire()
-        stage = Stage.PARSE
-        deadline = time.monotonic() + self.limits.validate_timeout_s
-        limit = self.limits.validate_timeout_s
+        if warm is not None and warm.key in worker.warm:
+            reply = self._exchange(worker, warm.request, warm.payload, Stage.EXECUTE)
+            if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
+                return self._finish(worker, reply)
+            worker.warm.discard(warm.key)
+        reply = self._exchange(worker, request, payload, Stage.PARSE)
+        if warm is not None and not isinstance(reply, Diagnosis) and reply[0].get("warm"):
+            worker.warm.add(warm.key)
+        return self._finish(worker, reply)
+
+    def _exchange(
+        self, worker: _Worker, request: Header, payload: bytes, stage: Stage
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """Send one request; follow the worker's stage reports under each stage's deadline."""
+        limit = (
+            self.limits.execute_timeout_s
+            if stage is Stage.EXECUTE
+            else self.limits.validate_timeout_s
+        )
+        deadline = time.monotonic() + limit
         try:
             worker.conn.send_bytes(pack(request, payload))
         except OSError:
@@ -196,7 +241,7 @@ class WorkerPool:
                 self._retire(worker, kill=True)
                 return crash(stage, exitcode)
             if header.get("type") != "stage":
-                break
+                return header, body
             try:
                 new_stage = Stage(str(header.get("stage")))
             except ValueError:
@@ -211,14 +256,48 @@ class WorkerPool:
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
+
+    def _finish(
+        self, worker: _Worker, reply: tuple[Header, bytes] | Diagnosis
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """Give a worker that answered back to the pool, or recycle it."""
+        if isinstance(reply, Diagnosis):
+            return reply  # the worker was killed and replaced
         worker.tasks += 1
-        if header.get("recycle") or worker.tasks >= self.limits.max_tasks_per_worker:
+        if reply[0].get("recycle"):
             threading.Thread(
                 target=self._retire, args=(worker,), kwargs={"kill": False}, daemon=True
             ).start()
-        else:
-            self._idle.put(worker)
-        return header, body
+            return reply
+        self._idle.put(worker)
+        if worker.tasks == self.limits.max_tasks_per_worker:
+            threading.Thread(target=self._succeed, args=(worker,), daemon=True).start()
+        return reply
+
+    def _succeed(self, worker: _Worker) -> None:
+        """Planned recycle: the old worker serves until its successor is ready."""
+        if self._closed:
+            return
+        try:
+            successor = self._spawn()
+        except WorkerStartError:
+            worker.tasks = 0  # keep the old one; try again after as many tasks
+            return
+        try:
+            successor.wait_ready(self.limits.start_timeout_s)
+        except WorkerStartError:
+            self._stop(successor)
+            worker.tasks = 0
+            return
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self.replacements += 1
+        if closed:
+            self._stop(successor)
+            return
+        worker.superseded = True
+        self._idle.put(successor)
 
     def close(self) -> None:
         """Stop every worker; later calls raise :class:`SandboxClosedError`."""

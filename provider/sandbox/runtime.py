@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from contracts.program import (
+    ArrayFormat,
     ProgramEnvelope,
     ProgramFormatError,
+    decode_arrays,
     decode_envelope,
     encode_arrays,
     outputs_hash,
@@ -73,6 +75,19 @@ class _Compiled:
     devices: tuple[Any, ...]
 
 
+@dataclass
+class _Warm:
+    """A program run before with these weights: its executable and device-resident weights."""
+
+    compiled: _Compiled
+    weights: dict[int, Any]
+    inputs: dict[str, tuple[tuple[int, ...], str]]
+    count: int
+
+
+WarmKey = tuple[bytes, bytes | None]
+
+
 def _diagnosis_of(exc: BaseException, stage: Stage) -> Diagnosis:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, RejectedProgram):
@@ -118,6 +133,7 @@ class WorkerRuntime:
         self.jaxlib_version = version("jaxlib")
         self._compiled: OrderedDict[tuple[Any, ...], _Compiled] = OrderedDict()
         self._programs: OrderedDict[bytes, Any] = OrderedDict()
+        self._warm: OrderedDict[WarmKey, _Warm] = OrderedDict()
         self._hbm_by_kind: dict[str, int] = {}
         self._cache_hits = 0
         monitoring.register_event_listener(self._on_event)
@@ -447,7 +463,11 @@ class WorkerRuntime:
         }, b""
 
     def run(self, payload: bytes, progress: Progress) -> tuple[Header, bytes]:
-        """Validate, compile (or reuse) and execute a program on the local devices."""
+        """Validate, compile (or reuse) and execute a program on the local devices.
+
+        A success keeps the executable and the weights on the device under (program hash,
+        weights hash), so :meth:`run_warm` can serve the next task from its inputs alone.
+        """
         jax = self._jax
         stage = Stage.PARSE
         started = time.perf_counter()
@@ -475,37 +495,114 @@ class WorkerRuntime:
                 envelope, exported, target, specs, track, executable_needed=True
             )
             track(Stage.EXECUTE)
-            device = compiled.devices[0]
-            flat = jax.device_put([arguments[str(i)] for i in range(len(specs))], device)
+            flat = jax.device_put(
+                [arguments[str(i)] for i in range(len(specs))], compiled.devices[0]
+            )
             jax.block_until_ready(flat)
-            run_started = time.perf_counter()
-            out = compiled.executable(*flat)
-            jax.block_until_ready(out)
-            device_time = time.perf_counter() - run_started
-            leaves = jax.tree_util.tree_leaves(out)
-            arrays = {str(i): np.asarray(leaf) for i, leaf in enumerate(leaves)}
-            outputs = encode_arrays(arrays)
-            if len(outputs) > self.limits.max_output_bytes:
-                raise RejectedProgram(
-                    Category.OOM,
-                    f"outputs of {len(outputs)} bytes exceed the cap "
-                    f"{self.limits.max_output_bytes}",
-                )
+            reply, outputs = self._execute(
+                compiled, flat, envelope.program_sha256, envelope.inputs_sha256, cache_hit
+            )
         except Exception as exc:
             return _failure(
                 exc, stage, program_sha, time.perf_counter() - started, compile_time=compile_time
             ), b""
+        reply.update(compile_time_s=compile_time, warm=True)
+        weights = decode_arrays(envelope.weights, envelope.array_format) if envelope.weights else {}
+        key = (
+            envelope.program_sha256,
+            None if envelope.weights is None else _sha256(envelope.weights),
+        )
+        self._warm[key] = _Warm(
+            compiled=compiled,
+            weights={int(name): flat[int(name)] for name in weights},
+            inputs={
+                name: (tuple(int(d) for d in value.shape), str(value.dtype))
+                for name, value in arguments.items()
+                if name not in weights
+            },
+            count=len(specs),
+        )
+        self._warm.move_to_end(key)
+        while len(self._warm) > self.limits.compiled_cache_entries:
+            self._warm.popitem(last=False)
+        return reply, outputs
+
+    def run_warm(self, header: Header, inputs: bytes) -> tuple[Header, bytes]:
+        """Run a program that :meth:`run` served before with the same weights, from its inputs.
+
+        The parent checked the envelope's hashes and sends only the inputs section. Anything
+        this worker no longer holds, or inputs of other names, shapes or dtypes, answers
+        ``miss``: the parent then sends the whole envelope through :meth:`run`, which
+        validates, compiles and classifies as usual.
+        """
+        started = time.perf_counter()
+        try:
+            weights_hex = header.get("weights")
+            key = (
+                bytes.fromhex(str(header["program"])),
+                None if weights_hex is None else bytes.fromhex(str(weights_hex)),
+            )
+            warm = self._warm.get(key)
+            if warm is None:
+                return {"type": "miss"}, b""
+            arrays = decode_arrays(inputs, ArrayFormat(header["array_format"]))
+        except (KeyError, ValueError, ProgramFormatError):
+            return {"type": "miss"}, b""
+        shapes = {
+            name: (tuple(int(d) for d in value.shape), str(value.dtype))
+            for name, value in arrays.items()
+        }
+        if shapes != warm.inputs:
+            return {"type": "miss"}, b""
+        self._warm.move_to_end(key)
+        try:
+            # Host inputs go straight to the executable (its own transfer is far cheaper than
+            # ``device_put`` for small arrays); the weights are already on the device.
+            flat = [
+                warm.weights[i] if i in warm.weights else arrays[str(i)] for i in range(warm.count)
+            ]
+            reply, outputs = self._execute(
+                warm.compiled, flat, key[0], bytes.fromhex(str(header["inputs_sha256"])), True
+            )
+        except Exception as exc:
+            return _failure(exc, Stage.EXECUTE, key[0], time.perf_counter() - started), b""
+        reply["compile_time_s"] = 0.0
+        return reply, outputs
+
+    def _execute(
+        self,
+        compiled: _Compiled,
+        flat: list[Any],
+        program_sha: bytes,
+        inputs_sha: bytes,
+        cache_hit: bool,
+    ) -> tuple[Header, bytes]:
+        jax = self._jax
+        run_started = time.perf_counter()
+        out = compiled.executable(*flat)
+        jax.block_until_ready(out)
+        device_time = time.perf_counter() - run_started
+        leaves = jax.tree_util.tree_leaves(out)
+        outputs = encode_arrays({str(i): np.asarray(leaf) for i, leaf in enumerate(leaves)})
+        if len(outputs) > self.limits.max_output_bytes:
+            raise RejectedProgram(
+                Category.OOM,
+                f"outputs of {len(outputs)} bytes exceed the cap {self.limits.max_output_bytes}",
+            )
         return {
             "type": "ran",
-            "program_sha256": envelope.program_sha256.hex(),
-            "inputs_sha256": envelope.inputs_sha256.hex(),
+            "program_sha256": program_sha.hex(),
+            "inputs_sha256": inputs_sha.hex(),
             "outputs_sha256": outputs_hash(outputs).hex(),
             "device_time_s": device_time,
-            "compile_time_s": compile_time,
             "cache_hit": cache_hit,
             "platform": compiled.platform,
             "device_kind": compiled.device_kind,
         }, outputs
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
 
 
 def _failure(

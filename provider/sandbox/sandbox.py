@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from provider.capacity import Capacity, capacity_from_wire
 from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.limits import SandboxLimits
-from provider.sandbox.pool import StageObserver, WorkerInfo, WorkerPool
+from provider.sandbox.pool import StageObserver, WarmCall, WorkerInfo, WorkerPool
 from provider.sandbox.results import (
     CompileResult,
     CostFigures,
@@ -102,12 +103,14 @@ class Sandbox:
             )
         return data
 
-    def _call(self, request: Header, envelope: Envelope) -> tuple[Header, bytes] | TaskFailure:
+    def _call(
+        self, request: Header, envelope: Envelope, warm: WarmCall | None = None
+    ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
         payload = self._payload(envelope)
         if isinstance(payload, TaskFailure):
             return payload
-        reply = self._pool.call(request, payload)
+        reply = self._pool.call(request, payload, warm=warm)
         if isinstance(reply, Diagnosis):
             return TaskFailure(
                 diagnosis=reply, program_sha256=None, elapsed_s=time.perf_counter() - started
@@ -148,9 +151,18 @@ class Sandbox:
         except (KeyError, TypeError, ValueError) as exc:
             return _bad_reply(exc)
 
-    def run(self, envelope: Envelope) -> InferenceResult | TaskFailure:
-        """Validate, compile (or reuse) and execute a program on this host's devices."""
-        reply = self._call({"op": "run"}, envelope)
+    def run(
+        self, envelope: Envelope, *, decoded: ProgramEnvelope | None = None
+    ) -> InferenceResult | TaskFailure:
+        """Validate, compile (or reuse) and execute a program on this host's devices.
+
+        ``decoded`` is ``envelope`` already decoded and hash-checked by the caller (the
+        daemon does it to check the signed request): a worker that ran the same program with
+        the same weights is then sent only the inputs.
+        """
+        if isinstance(envelope, ProgramEnvelope):
+            decoded = envelope
+        reply = self._call({"op": "run"}, envelope, None if decoded is None else _warm(decoded))
         if isinstance(reply, TaskFailure):
             return reply
         header, body = reply
@@ -182,6 +194,21 @@ class Sandbox:
         if header.get("type") != "capacity":
             raise SandboxError(f"capacity discovery failed: {header}")
         return capacity_from_wire(header["capacity"])
+
+
+def _warm(envelope: ProgramEnvelope) -> WarmCall:
+    weights = None if envelope.weights is None else hashlib.sha256(envelope.weights).digest()
+    return WarmCall(
+        key=envelope.program_sha256 + (b"" if weights is None else weights),
+        request={
+            "op": "run_warm",
+            "program": envelope.program_sha256.hex(),
+            "weights": None if weights is None else weights.hex(),
+            "array_format": envelope.array_format.value,
+            "inputs_sha256": envelope.inputs_sha256.hex(),
+        },
+        payload=envelope.inputs,
+    )
 
 
 def _opt_int(value: Any) -> int | None:

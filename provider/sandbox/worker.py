@@ -66,6 +66,8 @@ def worker_main(
             reply, body = runtime.compile(str(header.get("target", "local")), payload, progress)
         elif op == "run":
             reply, body = runtime.run(payload, progress)
+        elif op == "run_warm":
+            reply, body = runtime.run_warm(header, payload)
         elif op == "capacity":
             from provider.capacity import capacity_to_wire, discover
 

@@ -13,6 +13,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from client.provider_http import (
+    ACCESS_EXPIRY_HEADER,
+    ACCESS_SIGNATURE_HEADER,
+    ACCESS_TOKEN_HEADER,
+    result_access_digest,
+)
 from contracts.binding import DEAL_CLOSED
 from contracts.messages import (
     ZERO_HASH,
@@ -21,6 +27,7 @@ from contracts.messages import (
     Receipt,
     Voucher,
     address_of,
+    sign_digest,
     task_bitmap,
     verify,
 )
@@ -76,8 +83,22 @@ def submit(api: TestClient, task: SignedTask, wait: float = 0.0) -> Any:
     return api.post("/v1/tasks", content=task.body, headers=task.headers(), params={"wait": wait})
 
 
-def delivered(api: TestClient, deal_id: int, index: int) -> dict[str, Any]:
-    reply = api.get(f"/v1/tasks/{deal_id}/{index}", params={"wait": 60})
+def access(
+    world: ChainWorld, deal_id: int, index: int, *, key: str | None = None
+) -> dict[str, str]:
+    """Return headers proving (by a fresh signature) that the caller is the deal's client."""
+    expiry = int(time.time()) + 300
+    digest = result_access_digest(world.domain, deal_id, index, expiry)
+    return {
+        ACCESS_EXPIRY_HEADER: str(expiry),
+        ACCESS_SIGNATURE_HEADER: "0x" + sign_digest(digest, key or world.client).hex(),
+    }
+
+
+def delivered(api: TestClient, world: ChainWorld, deal_id: int, index: int) -> dict[str, Any]:
+    reply = api.get(
+        f"/v1/tasks/{deal_id}/{index}", params={"wait": 60}, headers=access(world, deal_id, index)
+    )
     assert reply.status_code == 200, reply.text
     body: dict[str, Any] = reply.json()
     assert body["state"] in ("succeeded", "failed"), body
@@ -97,7 +118,9 @@ def run_tasks(
     for index in range(count):
         task = sign_task(world.domain, world.client, deal_id, index, envelope)
         assert submit(api, task).status_code == 200
-        receipts.append(receipt_of(delivered(api, deal_id, index), world.domain, world.provider))
+        receipts.append(
+            receipt_of(delivered(api, world, deal_id, index), world.domain, world.provider)
+        )
     return receipts
 
 
@@ -136,7 +159,7 @@ def test_inference_task_when_signed_by_client_then_acked_run_and_receipt_verifie
     assert ack.price == PLAN.inference_price
     assert int(before) + 30 <= ack.deadline <= int(time.time()) + 30
 
-    result = delivered(api, deal_id, 0)
+    result = delivered(api, world, deal_id, 0)
     receipt = receipt_of(result, world.domain, world.provider)
     outputs = base64.b64decode(result["outputs_b64"])
     assert result["state"] == "succeeded"
@@ -158,12 +181,14 @@ def test_inference_task_when_signed_by_client_then_acked_run_and_receipt_verifie
     np.testing.assert_allclose(
         decode_arrays(outputs, ArrayFormat.SAFETENSORS)["0"], expected, rtol=1e-5, atol=1e-5
     )
-    raw = api.get(f"/v1/tasks/{deal_id}/0/outputs")
+    raw = api.get(
+        f"/v1/tasks/{deal_id}/0/outputs", headers={ACCESS_TOKEN_HEADER: body["access_token"]}
+    )
     assert raw.content == outputs
 
     second = sign_task(world.domain, world.client, deal_id, 1, envelope)
     assert submit(api, second, wait=60).json()["state"] == "succeeded"
-    chained = receipt_of(delivered(api, deal_id, 1), world.domain, world.provider)
+    chained = receipt_of(delivered(api, world, deal_id, 1), world.domain, world.provider)
     assert chained.prev_receipt_hash == receipt.struct_hash()
 
 
@@ -225,7 +250,7 @@ def test_resubmission_when_same_signed_request_then_same_ack_and_runs_once(
     task = sign_task(world.domain, world.client, deal_id, 0, envelope)
     first = submit(api, task).json()
     retry_in_flight = submit(api, task).json()
-    result = delivered(api, deal_id, 0)
+    result = delivered(api, world, deal_id, 0)
     retry_after = submit(api, task).json()
 
     assert retry_in_flight["created"] is False and retry_after["created"] is False
@@ -516,3 +541,44 @@ def test_journal_when_reopened_then_every_chain_verifies(daemon: Daemon) -> None
         assert copy.verify() == sum(len(b.receipts) for _, b in daemon.journal.iter_books())
     finally:
         copy.close()
+
+
+# ---- result access -------------------------------------------------------------------------
+
+
+def test_result_get_when_no_proof_then_401_and_other_signer_or_token_then_403(
+    api: TestClient, chain_world: ChainWorld, mlp_task: tuple[ProgramEnvelope, Any]
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    answer = submit(api, sign_task(world.domain, world.client, deal_id, 0, mlp_task[0]), 60)
+    token = answer.json()["access_token"]
+    path = f"/v1/tasks/{deal_id}/0"
+
+    anonymous = api.get(path)
+    stranger = api.get(path, headers=access(world, deal_id, 0, key=world.other_client))
+    other_task = api.get(path, headers={ACCESS_TOKEN_HEADER: answer_token_of(api, world)})
+    expired = api.get(
+        path,
+        headers={
+            **access(world, deal_id, 0),
+            ACCESS_EXPIRY_HEADER: str(int(time.time()) - 1),
+        },
+    )
+    outputs = api.get(f"{path}/outputs")
+
+    assert anonymous.status_code == 401 and anonymous.json()["error"] == "access_required"
+    assert stranger.status_code == 403 and "client is" in stranger.json()["reason"]
+    assert other_task.status_code == 403 and other_task.json()["error"] == "access_denied"
+    assert expired.status_code == 403
+    assert outputs.status_code == 401
+    assert api.get(path, headers={ACCESS_TOKEN_HEADER: token}).json()["state"] == "succeeded"
+    assert api.get(path, headers=access(world, deal_id, 0)).json()["access_token"] == token
+
+
+def answer_token_of(api: TestClient, world: ChainWorld) -> str:
+    """Return a valid access token of another deal's task."""
+    deal_id = world.open_deal()
+    task = sign_task(world.domain, world.client, deal_id, 0, tiny_mlp_envelope()[0])
+    token: str = submit(api, task).json()["access_token"]
+    return token

@@ -130,8 +130,18 @@ def test_kill9_mid_task_then_restart_serves_results_reruns_acked_and_keeps_the_c
     daemon_process.kill9()  # the slow task is running in the sandbox right now
 
     url = daemon_process.start(free_port())
-    served = httpx.get(f"{url}/v1/tasks/{deal_id}/0", timeout=30).json()
-    rerun = httpx.get(f"{url}/v1/tasks/{deal_id}/1", params={"wait": 60}, timeout=90).json()
+    # access tokens survive the restart: they derive from the provider's key
+    served = httpx.get(
+        f"{url}/v1/tasks/{deal_id}/0",
+        headers={"X-Tpumarket-Access": done["access_token"]},
+        timeout=30,
+    ).json()
+    rerun = httpx.get(
+        f"{url}/v1/tasks/{deal_id}/1",
+        params={"wait": 60},
+        headers={"X-Tpumarket-Access": acked["access_token"]},
+        timeout=90,
+    ).json()
     retried = post(url, slow)
 
     assert served["receipt"] == done["receipt"]

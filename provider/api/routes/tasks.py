@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import Future
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from client.provider_http import (
+    ACCESS_EXPIRY_HEADER,
+    ACCESS_SIGNATURE_HEADER,
+    ACCESS_TOKEN_HEADER,
+)
 from provider.api.deps import DaemonDep, daemon_of
+from provider.api.fast import MAX_WAIT_S, check_length, submit_answer
 from provider.api.models import (
     REQUEST_HEADER,
     SIGNATURE_HEADER,
@@ -16,46 +21,15 @@ from provider.api.models import (
     TaskPublic,
     task_json,
 )
+from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import RejectedError
-from provider.service import TaskView
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
-MAX_WAIT_S = 60.0
 
 WaitQuery = Annotated[
     float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for the result")
 ]
-
-
-async def _settled_view(daemon: Daemon, key: tuple[int, int], wait: float) -> TaskView:
-    view = daemon.service.view(key)
-    if view.receipt is None and wait > 0:
-        future = daemon.service.future(key)
-        if future is not None:
-            await _wait_done(future, wait)
-            view = daemon.service.view(key)
-    return view
-
-
-async def _wait_done(future: Future[Any], timeout: float) -> None:
-    """Wait until a task thread's future is done or ``timeout`` passes (whichever first).
-
-    Lighter than ``wait_for(shield(wrap_future(...)))``: one loop future, one timer.
-    """
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(wake))
-    timer = loop.call_later(timeout, wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
 
 
 _HEADERS_DOC: dict[str, Any] = {
@@ -89,8 +63,36 @@ _HEADERS_DOC: dict[str, Any] = {
 }
 
 
-def _json(view: TaskView, daemon: Daemon, *, created: bool = False) -> Response:
-    return Response(task_json(view, daemon.journal, created=created), media_type="application/json")
+_ACCESS_DOC: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": text,
+        }
+        for name, text in (
+            (ACCESS_TOKEN_HEADER, "the access_token of the task's answers"),
+            (ACCESS_EXPIRY_HEADER, "or: unix seconds, at most 3600 s ahead"),
+            (ACCESS_SIGNATURE_HEADER, "and the client's signature of result_access_digest"),
+        )
+    ],
+    "responses": {
+        "401": {"description": "no proof of being the deal's client"},
+        "403": {"description": "a wrong, expired or foreign proof"},
+    },
+}
+
+
+def _authorize(daemon: Daemon, request: Request, key: tuple[int, int]) -> None:
+    """Raise unless the caller proves to be the deal's client (token or fresh signature)."""
+    daemon.access.check(
+        key,
+        request.headers,
+        client_of=lambda deal_id: daemon.deals.get(deal_id).client,
+        now=time.time(),
+    )
 
 
 @router.post("", response_model=TaskPublic, openapi_extra=_HEADERS_DOC)
@@ -98,36 +100,34 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
     """Submit a task: the body is the program envelope's raw bytes, the signed request in headers.
 
     Answers at once with the signed ack (``wait=0``), or waits up to ``wait`` seconds and
-    returns the delivered result with it.
+    returns the delivered result with it. Served by :class:`provider.api.fast.FastTasks`
+    in front of the framework; this route declares its schema and runs the same code.
     """
-    daemon = daemon_of(request)  # not a Depends: this is the hot path
-    headers = request.headers
-    task_request = headers.get(REQUEST_HEADER)
-    signature = headers.get(SIGNATURE_HEADER)
-    if task_request is None or signature is None:
-        raise RejectedError("bad_request", f"{REQUEST_HEADER} and {SIGNATURE_HEADER} are required")
-    length = headers.get("content-length")
-    cap = daemon.config.max_envelope_bytes
-    if length is not None and length.isdigit() and int(length) > cap:
-        raise RejectedError("envelope_too_large", f"{length} bytes, cap {cap}")
+    daemon = daemon_of(request)
+    check_length(daemon, request.headers)
     body = await request.body()
-    submission = daemon.service.submit(task_request, signature, headers.get(TARGET_HEADER), body)
-    view = await _settled_view(daemon, submission.record.key, wait)
-    return _json(view, daemon, created=submission.created)
+    answer = await submit_answer(daemon, request.headers, wait, body)
+    return Response(answer, media_type="application/json")
 
 
-@router.get("/{deal_id}/{task_index}", response_model=TaskPublic)
+@router.get("/{deal_id}/{task_index}", response_model=TaskPublic, openapi_extra=_ACCESS_DOC)
 async def get_task(
-    deal_id: int, task_index: int, daemon: DaemonDep, wait: WaitQuery = 0.0
+    deal_id: int, task_index: int, request: Request, daemon: DaemonDep, wait: WaitQuery = 0.0
 ) -> Response:
-    """Return a task's state; with ``wait``, long-poll until it is delivered."""
-    view = await _settled_view(daemon, (deal_id, task_index), wait)
-    return _json(view, daemon)
+    """Return a task's state to the deal's client; with ``wait``, long-poll until delivered."""
+    key = (deal_id, task_index)
+    _authorize(daemon, request, key)
+    view = await settled_view(daemon, key, wait)
+    answer = task_json(view, daemon.journal, daemon.access.token(key))
+    return Response(answer, media_type="application/json")
 
 
-@router.get("/{deal_id}/{task_index}/outputs")
-async def get_outputs(deal_id: int, task_index: int, daemon: DaemonDep) -> Response:
+@router.get("/{deal_id}/{task_index}/outputs", openapi_extra=_ACCESS_DOC)
+async def get_outputs(
+    deal_id: int, task_index: int, request: Request, daemon: DaemonDep
+) -> Response:
     """Return a delivered task's outputs as raw bytes (their sha256 is the receipt's hash)."""
+    _authorize(daemon, request, (deal_id, task_index))
     view = daemon.service.view((deal_id, task_index))
     if view.receipt is None:
         raise RejectedError("not_delivered", "the task has no result yet")

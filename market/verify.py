@@ -1,0 +1,182 @@
+"""Verification of signed writes: fields, expiry, the owner's signature and an ask's quote.
+
+Runs in the request's thread, before the writer sees the order: secp256k1 recovery releases
+the interpreter lock, so two requests verify in parallel while the writer matches and commits.
+Every order's signature is recovered (and an ask's quote signature too); nothing is cached
+across signatures except the address of a recovered public key.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from eth_utils.address import to_checksum_address
+
+from contracts.errors import SignatureError
+from contracts.hashing import keccak256
+from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote
+from contracts.orders import Ask, Bid, plan_kind, recover_address
+from contracts.orders import digest as order_digest
+from contracts.orders import struct_hash as message_struct_hash
+from contracts.pricing import plan_is_valid
+from market.engine import Order as EngineOrder
+from market.engine import Side
+from market.errors import AuthError, InvalidOrderError, SignatureExpiredError
+from market.models import OrderCreate, QuoteIn
+
+
+class CheckedOrder(NamedTuple):
+    """A verified order: its engine form, its stored fields, its nonce and quote."""
+
+    order: EngineOrder
+    signature: str
+    quote_json: str | None
+    quote_signature: str | None
+    quote_hash: str | None
+    nonce: int
+    created_at: float
+
+
+class Verifier:
+    """Check signed orders and quotes under one market's domains."""
+
+    def __init__(self, domain: Domain, escrow_domain: Domain, max_order_ttl_s: int) -> None:
+        """Verify orders under `domain` and quotes under `escrow_domain`."""
+        self.domain = domain
+        self.escrow_domain = escrow_domain
+        self.max_order_ttl_s = max_order_ttl_s
+        self._quote_prefix = b"\x19\x01" + escrow_domain.separator()
+
+    def order(self, order_in: OrderCreate, now: int, created_at: float) -> CheckedOrder:
+        """Verify one signed order; return it ready for the writer, or raise a MarketError."""
+        owner = checksum(order_in.owner)
+        expiry = order_in.expiry
+        if expiry <= now:
+            raise SignatureExpiredError(f"order expired at {expiry} (now {now})")
+        if expiry > now + self.max_order_ttl_s:
+            raise InvalidOrderError("expiry", expiry, f"more than {self.max_order_ttl_s}s ahead")
+        quote_json: str | None = None
+        quote_hash: str | None = None
+        message: Ask | Bid
+        if order_in.side == "ask":
+            quote = order_in.quote
+            quote_signature = order_in.quote_signature
+            if quote is None or quote_signature is None:
+                raise InvalidOrderError("quote", None, "an ask carries the provider's signed quote")
+            quote_struct = self._ask_quote(order_in, quote, quote_signature, owner)
+            quote_json = quote.model_dump_json()
+            quote_hash = "0x" + quote_struct.hex()
+            message = Ask(
+                owner=owner,
+                device_class=order_in.device_class,
+                quantity=order_in.quantity,
+                price=order_in.price,
+                plan=order_in.plan,
+                slo_ms=order_in.slo_ms,
+                memory=order_in.memory,
+                expiry=expiry,
+                nonce=order_in.nonce,
+                quote_hash=quote_struct,
+            )
+            side = Side.ASK
+        else:
+            if order_in.quote is not None or order_in.quote_signature is not None:
+                raise InvalidOrderError("quote", "...", "a bid carries no quote")
+            message = Bid(
+                owner=owner,
+                device_class=order_in.device_class,
+                quantity=order_in.quantity,
+                price=order_in.price,
+                plan=order_in.plan,
+                slo_ms=order_in.slo_ms,
+                memory=order_in.memory,
+                expiry=expiry,
+                nonce=order_in.nonce,
+            )
+            side = Side.BID
+        digest = order_digest(message, self.domain)
+        signer = recover(message.TYPE_NAME, digest, order_in.signature)
+        if signer != owner.lower():
+            raise AuthError(f"order signed by {signer}, not by its owner {owner}")
+        return CheckedOrder(
+            EngineOrder(
+                side=side,
+                order_id="0x" + digest.hex(),
+                owner=owner,
+                device_class=order_in.device_class,
+                quantity=order_in.quantity,
+                price=order_in.price,
+                plan=order_in.plan,
+                slo_ms=order_in.slo_ms,
+                memory=order_in.memory,
+                expiry=expiry,
+            ),
+            order_in.signature.lower(),
+            quote_json,
+            order_in.quote_signature.lower() if order_in.quote_signature else None,
+            quote_hash,
+            order_in.nonce,
+            created_at,
+        )
+
+    def _ask_quote(self, order_in: OrderCreate, q: QuoteIn, signature: str, owner: str) -> bytes:
+        """Check an ask's quote against the ask and its signature; return its struct hash."""
+        if q.provider.lower() != owner.lower():
+            raise InvalidOrderError("quote.provider", q.provider, "must be the ask's owner")
+        if q.client.lower() != ZERO_ADDRESS:
+            raise InvalidOrderError("quote.client", q.client, "an ask's quote is open (0x0)")
+        if q.arbiter.lower() == ZERO_ADDRESS or q.duration == 0 or q.max_spend == 0:
+            raise InvalidOrderError("quote", "...", "needs an arbiter, a duration and a cap")
+        plan = Plan(**q.plan.model_dump())
+        if not plan_is_valid(plan):
+            raise InvalidOrderError("quote.plan", "...", "discounts above 100% or tiers unordered")
+        kind = plan_kind(plan)
+        if kind != order_in.plan:
+            raise InvalidOrderError("plan", order_in.plan, f"the quote's plan is {kind!r}")
+        if q.slo_ms != order_in.slo_ms:
+            raise InvalidOrderError("quote.slo_ms", q.slo_ms, "must equal the ask's slo_ms")
+        if q.valid_until < order_in.expiry:
+            raise InvalidOrderError(
+                "quote.valid_until", q.valid_until, "must last as long as the ask"
+            )
+        return self.quote(q, plan, signature, owner)
+
+    def quote(self, q: QuoteIn, plan: Plan, signature: str, provider: str) -> bytes:
+        """Return the quote's struct hash if `provider` signed it under the escrow domain."""
+        quote = Quote(
+            provider=q.provider,
+            client=q.client,
+            arbiter=q.arbiter,
+            max_spend=q.max_spend,
+            stake=q.stake,
+            penalty=q.penalty,
+            duration=q.duration,
+            challenge_window=q.challenge_window,
+            slo_ms=q.slo_ms,
+            valid_until=q.valid_until,
+            nonce=q.nonce,
+            plan=plan,
+        )
+        struct = message_struct_hash(quote)
+        signer = recover("Quote", keccak256(self._quote_prefix + struct), signature)
+        if signer != provider.lower():
+            raise AuthError(f"quote signed by {signer}, not by the provider {provider}")
+        return struct
+
+
+def recover(type_name: str, digest: bytes, signature_hex: str) -> str:
+    """Return the lowercase address that signed `digest`; raise `AuthError` if none did."""
+    try:
+        return recover_address(digest, bytes.fromhex(signature_hex[2:]))
+    except (SignatureError, ValueError) as exc:
+        raise AuthError(f"bad {type_name} signature: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=65_536)
+def checksum(address: str) -> str:
+    """Return the EIP-55 form of an address (cached: the same traders sign again and again)."""
+    try:
+        return to_checksum_address(address)
+    except ValueError as exc:
+        raise InvalidOrderError("address", address, "not an address") from exc

@@ -1,0 +1,319 @@
+"""The single writer: one thread matches verified orders and commits them, in groups.
+
+Requests verify their orders in their own threads, then queue them here and wait. The writer
+takes every request waiting (up to `MAX_GROUP_ORDERS` orders), matches them in arrival order,
+writes orders, nonces, fills, deals and resting orders' progress in **one transaction**, and
+answers each request only after that `COMMIT` (group commit). So one commit serves several
+requests, and parsing and signature checks never interleave with matching.
+
+A request that fails on its own (an order id already placed, a nonce used before) fails alone:
+when a group's nonce claim hits a used nonce, the group is rolled back before any engine
+changed and its requests are retried one by one. If anything fails after the engines changed,
+the transaction rolls back, every request of the group gets the error, and the touched classes
+are rebuilt from SQL, so an engine never holds an order the database lacks.
+
+One writer serves every device class (each class is still written by exactly one thread): the
+database has one write lock and the interpreter one lock, so more writers would only contend,
+and a batch spanning classes commits atomically.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import ExitStack
+from typing import NamedTuple, TypeVar
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from market import storage
+from market.books import Books, ClassBook
+from market.engine import Fill as EngineFill
+from market.errors import DuplicateOrderError, ReplayError
+from market.verify import CheckedOrder
+
+T = TypeVar("T")
+
+MAX_GROUP_ORDERS = 1_000
+"""Orders one group commit may carry (a request is never split)."""
+
+
+class Placed(NamedTuple):
+    """What placing one order did: its sequence number, state and remaining units right after
+    its own matching, and its fills."""
+
+    checked: CheckedOrder
+    seq: int
+    state: str
+    remaining: int
+    fills: list[EngineFill]
+
+
+class _Request(NamedTuple):
+    orders: list[CheckedOrder]
+    now: int
+    future: Future[list[Placed]]
+
+
+class _Call(NamedTuple):
+    function: Callable[[], object]
+    future: Future[object]
+
+
+class Writer:
+    """The thread that changes the books; `place` queues a request and waits for its commit."""
+
+    def __init__(
+        self,
+        *,
+        books: Books,
+        db: Engine,
+        on_commit: Callable[[list[list[Placed]]], None],
+    ) -> None:
+        """Start the writer thread; `on_commit` gets each committed group's results."""
+        self._books = books
+        self._db = db
+        self._on_commit = on_commit
+        self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
+        self._thread.start()
+
+    def place(self, orders: list[CheckedOrder], now: int) -> list[Placed]:
+        """Match and commit verified orders atomically; return each order's result in order.
+
+        Raise `DuplicateOrderError` or `ReplayError` if one was placed or its nonce used
+        before, or whatever made the commit fail.
+        """
+        if not self._thread.is_alive():
+            raise RuntimeError("the market's writer has stopped")
+        request = _Request(orders, now, Future())
+        self._queue.put(request)
+        return request.future.result()
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Run `function` in the writer thread between groups (other writes: cancel, expire)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the market's writer has stopped")
+        job = _Call(function, Future())
+        self._queue.put(job)
+        return job.future.result()  # type: ignore[return-value]  # the future holds a T
+
+    def close(self) -> None:
+        """Finish the queued requests, then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        while True:
+            first = get()
+            if first is None:
+                return
+            if isinstance(first, _Call):
+                _run_call(first)
+                continue
+            group = [first]
+            size = len(first.orders)
+            after: _Call | None = None
+            stop = False
+            while size < MAX_GROUP_ORDERS:
+                try:
+                    job = get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stop = True
+                    break
+                if isinstance(job, _Call):
+                    after = job
+                    break
+                group.append(job)
+                size += len(job.orders)
+            self._apply(group)
+            if after is not None:
+                _run_call(after)
+            if stop:
+                return
+
+    def _apply(self, group: list[_Request]) -> None:
+        try:
+            if self._commit(group, alone=len(group) == 1):
+                return
+        except BaseException as exc:  # every waiting request gets the error
+            _fail(group, exc)
+            return
+        for request in group:  # a nonce was used before: find whose, one request at a time
+            if request.future.done():
+                continue
+            try:
+                self._commit([request], alone=True)
+            except BaseException as exc:
+                _fail([request], exc)
+
+    def _commit(self, group: list[_Request], *, alone: bool) -> bool:
+        """Match and commit `group`; return False if its nonce claim failed and not `alone`."""
+        names = sorted({c.order.device_class for r in group for c in r.orders})
+        books = {name: self._books.get(name) for name in names}
+        with ExitStack() as held:
+            for name in names:
+                held.enter_context(books[name].lock)
+            live = [r for r in group if _fresh(r, books)]
+            if not live:
+                return True
+            with self._db.connect() as connection:
+                pairs = [(c.order.owner, c.nonce) for r in live for c in r.orders]
+                try:
+                    storage.use_nonces(connection=connection, pairs=pairs)
+                except IntegrityError:
+                    connection.rollback()
+                    if not alone:
+                        return False
+                    used = storage.used_nonces(connection=connection, pairs=pairs)
+                    owner, nonce = sorted(used)[0] if used else ("a signer", -1)
+                    live[0].future.set_exception(
+                        ReplayError(f"nonce {nonce} of {owner} was used before")
+                    )
+                    return True
+                try:
+                    results, rows = _match(live, books)
+                    storage.record_placement(
+                        connection=connection,
+                        orders=rows.orders,
+                        updates=rows.updates,
+                        fills=rows.fills,
+                        deals=rows.deals,
+                    )
+                    connection.commit()
+                except BaseException:
+                    connection.rollback()
+                    self._books.rebuild(names)
+                    raise
+        for request, placed in zip(live, results, strict=True):
+            request.future.set_result(placed)
+        self._on_commit(results)
+        return True
+
+
+def _fresh(request: _Request, books: dict[str, ClassBook]) -> bool:
+    """Fail `request` with `DuplicateOrderError` if one of its orders was placed before."""
+    for c in request.orders:
+        if c.order.order_id in books[c.order.device_class].engine:
+            request.future.set_exception(DuplicateOrderError(c.order.order_id))
+            return False
+    return True
+
+
+def _run_call(call: _Call) -> None:
+    try:
+        call.future.set_result(call.function())
+    except BaseException as exc:  # the caller gets the error
+        call.future.set_exception(exc)
+
+
+def _fail(group: list[_Request], exc: BaseException) -> None:
+    for request in group:
+        if not request.future.done():
+            request.future.set_exception(exc)
+
+
+class _Rows(NamedTuple):
+    orders: list[tuple[object, ...]]
+    updates: list[tuple[str, str, int]]
+    fills: list[tuple[object, ...]]
+    deals: list[tuple[object, ...]]
+
+
+def _match(group: list[_Request], books: dict[str, ClassBook]) -> tuple[list[list[Placed]], _Rows]:
+    """Place every order of `group` in its engine; return the results and the rows to write."""
+    results: list[list[Placed]] = []
+    fill_rows: list[tuple[object, ...]] = []
+    deal_rows: list[tuple[object, ...]] = []
+    new: list[tuple[CheckedOrder, ClassBook]] = []
+    makers: dict[str, ClassBook] = {}
+    for request in group:
+        now = request.now
+        placed: list[Placed] = []
+        for c in request.orders:
+            order = c.order
+            order_id = order.order_id
+            book = books[order.device_class]
+            engine = book.engine
+            fills = engine.place(order, now=now)
+            if c.quote_hash:
+                book.quote_hashes[order_id] = c.quote_hash
+            record = engine.record(order_id)
+            placed.append(Placed(c, record.seq, record.state.value, record.remaining, fills))
+            new.append((c, book))
+            for f in fills:
+                fill_id = f"{f.device_class}:{f.fill_id}"
+                fill_rows.append(
+                    (
+                        fill_id,
+                        f.device_class,
+                        f.fill_id,
+                        f.bid_id,
+                        f.ask_id,
+                        f.price,
+                        f.quantity,
+                        f.aggressor.value,
+                        f.time,
+                    )
+                )
+                deal_rows.append(
+                    (
+                        fill_id,
+                        f.device_class,
+                        f.bid_id,
+                        f.ask_id,
+                        engine.record(f.bid_id).order.owner,
+                        engine.record(f.ask_id).order.owner,
+                        f.price,
+                        f.quantity,
+                        str(f.price * f.quantity),
+                        c.created_at,
+                        book.quote_hashes.get(f.ask_id, ""),
+                    )
+                )
+                makers[f.maker_id] = book
+        results.append(placed)
+    order_rows: list[tuple[object, ...]] = []
+    new_ids: set[str] = set()
+    for c, book in new:  # the rows hold each order's state after the whole group
+        o = c.order
+        new_ids.add(o.order_id)
+        record = book.engine.record(o.order_id)
+        order_rows.append(
+            (
+                o.order_id,
+                o.side.value,
+                o.owner,
+                o.device_class,
+                o.quantity,
+                o.price,
+                o.plan,
+                o.slo_ms,
+                o.memory,
+                o.expiry,
+                c.nonce,
+                record.seq,
+                record.state.value,
+                record.remaining,
+                c.created_at,
+                c.signature,
+                c.quote_json,
+                c.quote_signature,
+                c.quote_hash,
+            )
+        )
+    updates: list[tuple[str, str, int]] = []
+    for maker_id, book in makers.items():
+        if maker_id not in new_ids:
+            record = book.engine.record(maker_id)
+            updates.append((maker_id, record.state.value, record.remaining))
+    return results, _Rows(order_rows, updates, fill_rows, deal_rows)

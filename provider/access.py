@@ -1,0 +1,97 @@
+"""Who may read a task's result: the deal's client, proven by a token or a fresh signature.
+
+Two proofs, either one per request (checked by :meth:`ResultAccess.check`):
+
+- the **access token** returned with the signed ack (``access_token`` in the answer to
+  ``POST /v1/tasks``): an HMAC of (chain, escrow, deal, task) under a secret derived from the
+  provider's key, so it survives restarts and costs no lookup; sent as ``X-Tpumarket-Access``;
+- a **client signature** over ``client.provider_http.result_access_digest(domain, deal, task,
+  expiry)`` with an expiry at most :data:`MAX_ACCESS_TTL_S` ahead, sent as
+  ``X-Tpumarket-Access-Expiry`` and ``X-Tpumarket-Access-Signature``; it must recover to the
+  deal's client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+
+from client.provider_http import (
+    ACCESS_EXPIRY_HEADER,
+    ACCESS_SIGNATURE_HEADER,
+    ACCESS_TAG,
+    ACCESS_TOKEN_HEADER,
+    result_access_digest,
+)
+from contracts.errors import SignatureError
+from contracts.messages import Domain, recover_digest
+from provider.errors import RejectedError
+
+MAX_ACCESS_TTL_S = 3600
+Key = tuple[int, int]
+
+
+class ResultAccess:
+    """Issue access tokens and check either proof for one provider under one domain."""
+
+    def __init__(self, private_key: str, domain: Domain) -> None:
+        """Derive the token secret from the provider's key (never sent anywhere)."""
+        self._secret = hashlib.sha256(
+            ACCESS_TAG + bytes.fromhex(private_key.removeprefix("0x"))
+        ).digest()
+        self.domain = domain
+        self._separator = domain.separator()
+
+    def token(self, key: Key) -> str:
+        """Return the access token of a task (hex)."""
+        message = self._separator + key[0].to_bytes(32, "big") + key[1].to_bytes(32, "big")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def check(
+        self,
+        key: Key,
+        headers: Mapping[str, str],
+        *,
+        client_of: Callable[[int], str],
+        now: float,
+    ) -> None:
+        """Return if ``headers`` prove the caller is the deal's client; raise otherwise.
+
+        ``access_required`` (401) when no proof is sent, ``access_denied`` (403) when the
+        proof is wrong, expired or signed by someone else.
+        """
+        token = headers.get(ACCESS_TOKEN_HEADER.lower())
+        if token is not None:
+            if not hmac.compare_digest(token.strip().lower(), self.token(key)):
+                raise RejectedError("access_denied", f"the access token is not for task {key}")
+            return
+        expiry_text = headers.get(ACCESS_EXPIRY_HEADER.lower())
+        signature = headers.get(ACCESS_SIGNATURE_HEADER.lower())
+        if expiry_text is None or signature is None:
+            raise RejectedError(
+                "access_required",
+                f"results are for the deal's client: send {ACCESS_TOKEN_HEADER} (from the ack) "
+                f"or {ACCESS_EXPIRY_HEADER} and {ACCESS_SIGNATURE_HEADER}",
+            )
+        try:
+            expiry = int(expiry_text)
+            raw = bytes.fromhex(signature.strip().removeprefix("0x"))
+        except ValueError as exc:
+            raise RejectedError("access_denied", f"malformed access proof: {exc}") from exc
+        if expiry <= now:
+            raise RejectedError("access_denied", f"the access signature expired at {expiry}")
+        if expiry > now + MAX_ACCESS_TTL_S:
+            raise RejectedError(
+                "access_denied", f"the access expiry is more than {MAX_ACCESS_TTL_S} s ahead"
+            )
+        try:
+            signer = recover_digest(result_access_digest(self.domain, *key, expiry), raw)
+        except SignatureError as exc:
+            raise RejectedError("access_denied", f"bad access signature: {exc}") from exc
+        client = client_of(key[0])
+        if signer.lower() != client.lower():
+            raise RejectedError(
+                "access_denied",
+                f"access signed by {signer}, but deal {key[0]}'s client is {client}",
+            )

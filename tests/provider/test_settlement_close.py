@@ -1,0 +1,142 @@
+"""Settlement jobs on real anvil: lost claims reconciled, deals closed by the provider."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from contracts.binding import DEAL_CLOSED
+from contracts.messages import Receipt, Voucher, address_of, task_bitmap
+from provider.api import create_app
+from provider.daemon import Daemon
+from provider.sandbox import Sandbox
+from tests.provider.daemon_support import (
+    CHALLENGE_WINDOW,
+    ChainWorld,
+    provider_config,
+    sign_task,
+    tiny_mlp_envelope,
+)
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    chain_world: ChainWorld, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    data = tmp_path_factory.mktemp("provider-settlement")
+    node = Daemon(provider_config(chain_world, data), chain=chain_world.chain, sandbox=sandbox)
+    node.start(schedule=False)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="module")
+def api(daemon: Daemon) -> Iterator[TestClient]:
+    with TestClient(create_app(daemon)) as client:
+        yield client
+
+
+def run_tasks(api: TestClient, world: ChainWorld, deal_id: int, count: int) -> list[Receipt]:
+    envelope = tiny_mlp_envelope()[0]
+    receipts = []
+    for index in range(count):
+        task = sign_task(world.domain, world.client, deal_id, index, envelope)
+        body = api.post(
+            "/v1/tasks", content=task.body, headers=task.headers(), params={"wait": 60}
+        ).json()
+        assert body["state"] == "succeeded", body
+        receipts.append(Receipt.from_json(body["receipt"]))
+    return receipts
+
+
+def vouch(api: TestClient, world: ChainWorld, deal_id: int, receipts: list[Receipt]) -> None:
+    voucher = Voucher(
+        deal_id=deal_id,
+        cumulative_amount=sum(r.amount for r in receipts),
+        tasks=task_bitmap(r.task_index for r in receipts),
+    )
+    body: dict[str, Any] = {
+        "voucher": voucher.to_json(),
+        "signature": "0x" + voucher.sign(world.domain, world.client).hex(),
+    }
+    assert api.post("/v1/vouchers", json=body).status_code == 200
+
+
+def test_lost_claim_when_mined_but_not_journaled_then_reconciled_and_finalized(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, 2)
+    book = daemon.journal.deal(deal_id)
+    assert book is not None
+    records = [book.receipts[r.task_index] for r in receipts]
+    # The daemon's claim, sent and mined, but the daemon died before journaling it.
+    world.escrow.claim_receipts(
+        world.provider, deal_id, daemon.config.plan, receipts, [r.signature for r in records]
+    )
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+
+    daemon.jobs.watch_deals()
+
+    claims = [s for s in book.settlements if s.action == "claim"]
+    assert len(claims) == 1 and claims[0].data["tasks"] == [0, 1]
+    assert claims[0].data["reconciled"] is True and claims[0].tx_hash
+    assert daemon.jobs.reconcile_claims() == []  # journaled once only
+    world.anvil.increase_time(CHALLENGE_WINDOW + 1)
+    finalized = [f for f in daemon.jobs.finalize_claims() if f.deal_id == deal_id]
+    assert len(finalized) == 1
+    assert world.escrow.balance_of(provider) == balance + sum(r.amount for r in receipts)
+    assert world.escrow.get_deal(deal_id).pending == 0
+
+
+def test_client_agreed_close_then_provider_redeems_claims_and_closes(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, 2)
+    vouch(api, world, deal_id, receipts[:1])  # task 1 is delivered but never vouched
+    provider, client = address_of(world.provider), address_of(world.client)
+    balance, client_balance = world.escrow.balance_of(provider), world.escrow.balance_of(client)
+    world.escrow.close_deal(world.client, deal_id)  # CloseAgreed by the client
+
+    assert daemon.jobs.close_deals() == []  # voucher redeemed, task 1 claimed: window open
+    deal = world.escrow.get_deal(deal_id)
+    assert deal.vouched == receipts[0].amount and deal.pending == receipts[1].amount
+    world.anvil.increase_time(CHALLENGE_WINDOW + 1)
+    assert daemon.jobs.close_deals() == [deal_id]
+
+    deal = world.escrow.get_deal(deal_id)
+    earned = sum(r.amount for r in receipts)
+    assert deal.status == DEAL_CLOSED
+    assert world.escrow.balance_of(provider) == balance + earned
+    assert world.escrow.balance_of(client) == client_balance + deal.max_spend - earned
+    assert daemon.jobs.close_deals() == []
+    assert api.get(f"/v1/deals/{deal_id}").json()["closed"] is True
+
+
+def test_expired_deal_then_provider_redeems_and_closes_alone(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal(duration=600)
+    receipts = run_tasks(api, world, deal_id, 1)
+    vouch(api, world, deal_id, receipts)
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    assert deal_id not in daemon.jobs.close_deals()  # open, and the client did not agree
+
+    world.anvil.increase_time(600 + CHALLENGE_WINDOW + 1)
+    closed = daemon.jobs.close_deals(now=time.time())
+
+    assert deal_id in closed
+    assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
+    assert world.escrow.balance_of(provider) == balance + receipts[0].amount
