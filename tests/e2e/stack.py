@@ -175,8 +175,8 @@ class Stack:
         self.escrow.stake(key, PROVIDER_STAKE)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        jobs = {"redeem_threshold": 1, "redeem_max_age_s": 1, "silent_after_s": 86_400}
-        jobs["interval_s"] = 1
+        jobs: dict[str, float] = {"redeem_threshold": 1, "redeem_max_age_s": 1}
+        jobs |= {"silent_after_s": 86_400, "interval_s": 1}
         jobs.update(settlement or {})
         lines = [
             f'rpc_url = "{self.rpc_url}"',

@@ -122,6 +122,29 @@ def test_demo_figures_equal_the_chain(demo: DemoRun) -> None:
     assert held == CLIENT_FUNDS - f["total_spent"] + penalties
 
 
+def test_demo_deals_are_closed_by_their_providers_after_the_clients_agreement(
+    demo: DemoRun,
+) -> None:
+    escrow = demo.escrow
+    w3 = escrow.tx.w3
+    logs = w3.eth.get_logs({"address": escrow.address, "fromBlock": 0, "toBlock": "latest"})
+    agreed: dict[int, list[str]] = {}
+    closed_by: dict[int, str] = {}
+    for log in logs:
+        for event in escrow.decode_events([log]):
+            deal_id = int(event.args.get("dealId", 0))
+            if event.name == "CloseAgreed":
+                agreed.setdefault(deal_id, []).append(str(event.args["party"]).lower())
+            elif event.name == "DealClosed":
+                sender = w3.eth.get_transaction(log["transactionHash"])["from"]
+                closed_by[deal_id] = str(sender).lower()
+    client = address_of(dev_keys(2)[1]).lower()
+    for deal_id in range(1, escrow.deal_count() + 1):
+        provider = escrow.get_deal(deal_id).provider.lower()
+        assert agreed[deal_id] == [client, provider]  # the client first, then its provider
+        assert closed_by[deal_id] == provider
+
+
 def test_demo_stops_every_process_it_started(demo: DemoRun) -> None:
     assert len(demo.urls) == 3  # the market and two providers
     for url in demo.urls:

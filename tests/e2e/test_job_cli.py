@@ -20,7 +20,7 @@ import pytest
 
 from client.accounts import ClientAccount
 from client.provider_http import ProviderHttp
-from contracts.binding import TASK_NONE, TASK_REFUNDED, TASK_VOUCHED
+from contracts.binding import DEAL_CLOSED, TASK_NONE, TASK_REFUNDED, TASK_VOUCHED
 from contracts.errors import ContractRevert
 from contracts.messages import Quote, address_of
 from contracts.pricing import outcome_based
@@ -133,9 +133,12 @@ def test_job_run_pays_verified_tasks_across_runs_within_the_cap_then_the_deal_cl
 
     wait_until(lambda: st.escrow.get_deal(deal_id).vouched == 28_000, 60, "voucher redeemed")
     assert [st.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [TASK_NONE]
+    # The client agrees to close; the provider's settlement job closes the deal.
     account.close(deal_id)
-    st.escrow.tx.reset_nonces()
-    st.escrow.close_deal(fast.key, deal_id)
+    assert st.escrow.get_deal(deal_id).client_agreed_close
+    wait_until(
+        lambda: st.escrow.get_deal(deal_id).status == DEAL_CLOSED, 60, "deal closed by provider"
+    )
 
     client = address_of(st.client)
     assert st.escrow.balance_of(client) == DEPOSIT - 28_000

@@ -1,0 +1,61 @@
+"""The demo's embedded defaults: amounts, timeouts, and the two providers' terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from contracts.messages import Plan
+from contracts.pricing import outcome_based
+
+UNIT: Final = 10**6  # one token (6 decimals)
+CLIENT_FUNDS: Final = 100 * UNIT  # minted to the client's wallet
+CLIENT_DEPOSIT: Final = 10 * UNIT  # deposited into the escrow
+PROVIDER_STAKE: Final = 5 * UNIT
+DEVICE_CLASS: Final = "cpu"  # what the daemons advertise (they compile for TPU ahead of time)
+TPU_TARGET: Final = "v5e:1x1"
+CHALLENGE_WINDOW: Final = 3  # seconds: short so the demo's refunds come quickly
+DEAL_DURATION: Final = 3_600
+SETTLEMENT_INTERVAL_S: Final = 1  # the daemons' settlement jobs run this often
+START_TIMEOUT_S: Final = 120.0
+REDEEM_TIMEOUT_S: Final = 60.0
+CLOSE_TIMEOUT_S: Final = 60.0
+BID_PRICE: Final = 10_000
+BID_SLO_MS: Final = 120_000
+
+
+@dataclass(frozen=True)
+class ProviderProfile:
+    """One demo provider: its plan, SLO, ask and deal terms."""
+
+    name: str
+    plan: Plan
+    slo_ms: int
+    ask_price: int  # per unit (a unit is one task's worth of budget)
+    ask_quantity: int
+    penalty: int
+    stake: int
+    note: str
+
+
+ALPHA: Final = ProviderProfile(
+    name="alpha",
+    plan=outcome_based(compile_price=20_000, inference_price=4_000),
+    slo_ms=120_000,
+    ask_price=10_000,
+    ask_quantity=8,
+    penalty=50_000,
+    stake=1 * UNIT,
+    note="dearer, SLO 120 s",
+)
+BETA: Final = ProviderProfile(
+    name="beta",
+    plan=outcome_based(compile_price=10_000, inference_price=2_000),
+    slo_ms=1_000,
+    ask_price=5_000,
+    ask_quantity=6,
+    penalty=50_000,
+    stake=1 * UNIT,
+    note="cheaper, promises 1 s on one worker: too slow",
+)
+PROFILES: Final = (ALPHA, BETA)
