@@ -37,6 +37,7 @@ from contracts.pricing import plan_is_valid
 from market import storage
 from market.auth import RateLimiter
 from market.books import Books
+from market.checkpoint import Checkpointer
 from market.engine import MatchingEngine, Side
 from market.errors import (
     AuthError,
@@ -187,6 +188,11 @@ class MarketService:
         for name, book in self.books.items():
             self._update_live_gauge(name, book.engine)
         self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed)
+        self.checkpointer = (
+            Checkpointer(self.db, lambda: self._version)
+            if self.db.dialect.name == "sqlite"
+            else None
+        )
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -199,6 +205,8 @@ class MarketService:
     def close(self) -> None:
         """Finish queued writes, stop the writer and release the database connections."""
         self.writer.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         self.db.dispose()
 
     @property

@@ -55,6 +55,8 @@ def make_engine(*, url: str) -> Engine:
             # NORMAL in WAL mode: a commit survives a process crash (what "accepted" promises);
             # only an OS crash or power loss can drop the last transactions.
             cursor.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoints run in `market.checkpoint`'s thread; this is only a backstop (40 MB).
+            cursor.execute("PRAGMA wal_autocheckpoint=10000")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 

@@ -101,6 +101,10 @@ class Writer:
         self._queue.put(job)
         return job.future.result()  # type: ignore[return-value]  # the future holds a T
 
+    def pending(self) -> int:
+        """Return how many jobs wait for the writer (approximately: the queue is live)."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Finish the queued requests, then stop the thread."""
         if self._thread.is_alive():

@@ -40,6 +40,7 @@ from contracts.binding import (
     DEAL_CLOSED,
     DEAL_OPEN,
     TASK_NONE,
+    TASK_REFUNDED,
     DealState,
     Escrow,
 )
@@ -432,8 +433,11 @@ class SettlementJobs:
         book = self.journal.deal(deal_id)
         if book is None or book.closed():
             return False
-        if not ended and any(i not in book.receipts for i in book.acks):
-            return False  # tasks still running: their receipts may still be paid
+        if not ended and any(
+            i not in book.receipts and self.escrow.task_status(deal_id, i) != TASK_REFUNDED
+            for i in book.acks
+        ):
+            return False  # tasks still running (not refunded): their receipts may still be paid
         try:
             state = self.deals.get(deal_id, fresh=True)
         except RejectedError:

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run both benchmarks and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--orders", type=int, default=20_000, help="signed orders over HTTP")
-    parser.add_argument("--batch", type=int, default=40, help="orders per request")
+    parser.add_argument("--batch", type=int, default=20, help="orders per request")
     parser.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
     parser.add_argument("--engine-orders", type=int, default=200_000)
     parser.add_argument("--skip-engine", action="store_true")

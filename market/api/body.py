@@ -33,10 +33,17 @@ def parse(model: type[M], body: bytes) -> M:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        errors = [
-            {**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)
-        ]
-        raise RequestValidationError(errors, body=body) from None
+        errors = [_in_body(error) for error in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
+def _in_body(error: Any) -> dict[str, Any]:
+    """Return a pydantic error located in the body, its input printable (bytes may not be
+    UTF-8)."""
+    located: dict[str, Any] = {**error, "loc": ("body", *error["loc"])}
+    if isinstance(located.get("input"), bytes):
+        located["input"] = located["input"].decode("utf-8", "replace")
+    return located
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:

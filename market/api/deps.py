@@ -8,14 +8,17 @@ from fastapi import Depends, Request
 
 from market.service import MarketService
 
+# Both are `async def` on purpose: FastAPI runs a plain `def` dependency in its thread pool,
+# a thread hop per request for what is a dictionary lookup.
 
-def get_service(request: Request) -> MarketService:
+
+async def get_service(request: Request) -> MarketService:
     """Return the market service of the running app."""
     service: MarketService = request.app.state.service
     return service
 
 
-def limit_ip(request: Request) -> None:
+async def limit_ip(request: Request) -> None:
     """Spend one token of the caller's IP bucket (429 when empty)."""
     service: MarketService = request.app.state.service
     host = request.client.host if request.client else "unknown"

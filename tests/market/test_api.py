@@ -253,6 +253,36 @@ def test_metrics_and_docs_are_served(client: TestClient, alice: Trader) -> None:
     assert "/v1/orders/batch" in client.get("/openapi.json").json()["paths"]
 
 
+def test_openapi_when_placement_routes_parse_raw_bodies_then_body_schemas_still_published(
+    client: TestClient,
+) -> None:
+    document = client.get("/openapi.json").json()
+    for path, model in (("/v1/orders", "OrderCreate"), ("/v1/orders/batch", "OrderBatch")):
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": f"#/components/schemas/{model}"}
+    schemas = document["components"]["schemas"]
+    assert schemas["OrderBatch"]["properties"]["orders"]["items"] == {
+        "$ref": "#/components/schemas/OrderCreate"
+    }
+    assert schemas["OrderCreate"]["properties"]["signature"]["pattern"]
+    assert "QuoteIn" in schemas and "PlanIn" in schemas
+
+
+def test_place_when_body_is_not_json_then_422_naming_the_problem(client: TestClient) -> None:
+    response = client.post(
+        "/v1/orders/batch", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["type"] == "json_invalid"
+    response = client.post(
+        "/v1/orders", content=b"\x80\xff", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    response = client.post("/v1/orders/batch", json={"orders": []})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "orders"]
+
+
 def test_history_and_fills_when_trades_then_bars(
     client: TestClient, clock: Clock, alice: Trader, bob: Trader
 ) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.binding import DEAL_CLOSED
-from contracts.messages import Receipt, Voucher, address_of, task_bitmap
+from contracts.binding import DEAL_CLOSED, TASK_REFUNDED
+from contracts.messages import Ack, Receipt, Voucher, address_of, task_bitmap
 from provider.api import create_app
 from provider.daemon import Daemon
 from provider.sandbox import Sandbox
@@ -19,8 +19,12 @@ from tests.provider.daemon_support import (
     ChainWorld,
     provider_config,
     sign_task,
+    spin_envelope,
     tiny_mlp_envelope,
+    wait_until,
 )
+
+SLOW_STEPS = 400_000_000  # several seconds: the close lands while it runs
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +144,28 @@ def test_expired_deal_then_provider_redeems_and_closes_alone(
     assert deal_id in closed
     assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
     assert world.escrow.balance_of(provider) == balance + receipts[0].amount
+
+
+def test_client_agreed_close_with_a_refunded_task_still_running_then_provider_closes(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    receipts = run_tasks(api, world, deal_id, 1)
+    vouch(api, world, deal_id, receipts)
+    slow = sign_task(world.domain, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
+    acked = api.post("/v1/tasks", content=slow.body, headers=slow.headers()).json()
+    assert acked["state"] == "acked", acked
+    ack = Ack.from_json(acked["ack"])
+    world.anvil.increase_time(max(1, ack.deadline - world.now() + CHALLENGE_WINDOW + 1))
+    world.escrow.refund_breach(world.client, ack, bytes.fromhex(acked["ack_signature"][2:]))
+    world.escrow.close_deal(world.client, deal_id)  # CloseAgreed by the client
+    book = daemon.journal.deal(deal_id)
+    assert book is not None and 1 not in book.receipts  # still running in the sandbox
+
+    assert daemon.jobs.close_deals() == [deal_id]  # the refunded task does not hold it open
+
+    assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
+    assert world.escrow.task_status(deal_id, 1) == TASK_REFUNDED
+    wait_until(lambda: 1 in book.receipts, what="the slow task's receipt")
+    assert daemon.jobs.claim_silent(force=True) == []  # a refunded task is never claimed

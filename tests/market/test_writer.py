@@ -1,0 +1,110 @@
+"""The single writer: requests that queue up together commit together, and fail alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import pytest
+
+from market import storage
+from market.errors import DuplicateOrderError, ReplayError
+from market.models import OrderCreate, PlaceResult
+from market.service import MarketService
+
+from .conftest import START
+from .signing import Trader
+
+
+def _in_thread(call: Callable[[], list[PlaceResult]]) -> Future[list[PlaceResult]]:
+    future: Future[list[PlaceResult]] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(call())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def _queued_together(
+    service: MarketService, calls: list[Callable[[], list[PlaceResult]]]
+) -> list[Future[list[PlaceResult]]]:
+    """Hold the writer in a call, queue `calls` behind it in this order, then let it go: the
+    writer takes them as one group."""
+    started, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        gate.wait(10)
+
+    threading.Thread(target=service.writer.call, args=(hold,), daemon=True).start()
+    assert started.wait(10)
+    futures = []
+    deadline = time.monotonic() + 10
+    for queued, call in enumerate(calls, start=1):
+        futures.append(_in_thread(call))
+        while service.writer.pending() < queued:  # each request queues before the next
+            assert time.monotonic() < deadline, "a request never reached the writer"
+    gate.set()
+    return futures
+
+
+def _place(service: MarketService, *bodies: dict[str, object]) -> Callable[[], list[PlaceResult]]:
+    return lambda: service.place([OrderCreate.model_validate(b) for b in bodies])
+
+
+def test_group_when_one_request_replays_a_nonce_then_only_it_fails(
+    service: MarketService,
+) -> None:
+    alice, bob, carol = Trader(), Trader(), Trader()
+    first, second, replay = (
+        _place(service, bob.ask(START, price=100)),
+        _place(service, alice.bid(START, price=100, nonce=5)),
+        _place(service, alice.bid(START, price=101, nonce=5)),
+    )
+    later = _place(service, carol.bid(START, price=99))
+    futures = _queued_together(service, [first, second, replay, later])
+    assert futures[0].result(10)[0].order.state == "open"
+    [matched] = futures[1].result(10)
+    assert [f.price for f in matched.fills] == [100]
+    with pytest.raises(ReplayError, match="nonce 5"):
+        futures[2].result(10)
+    assert futures[3].result(10)[0].order.state == "open"
+    assert service.order(matched.order.order_id).state == "filled"
+    assert [r.order.state for r in futures[3].result()] == ["open"]
+
+
+def test_group_when_same_order_twice_then_second_is_duplicate(service: MarketService) -> None:
+    body = Trader().bid(START)
+    ask = Trader().ask(START, price=1_000)
+    futures = _queued_together(
+        service, [_place(service, ask), _place(service, body), _place(service, body)]
+    )
+    assert futures[1].result(10)[0].order.state == "open"
+    with pytest.raises(DuplicateOrderError):
+        futures[2].result(10)
+
+
+def test_group_when_commit_fails_then_every_request_fails_and_books_rebuilt(
+    service: MarketService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, bob = Trader(), Trader()
+    service.place([OrderCreate.model_validate(bob.ask(START, price=100, quantity=20))])
+    snapshot = service.engine_snapshot("tpu-v5e")
+    calls = [_place(service, alice.bid(START, price=100, quantity=1)) for _ in range(3)]
+
+    def broken(**_: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(storage, "record_placement", broken)
+    futures = _queued_together(service, calls)
+    for future in futures:
+        with pytest.raises(RuntimeError, match="disk full"):
+            future.result(10)
+    assert service.engine_snapshot("tpu-v5e") == snapshot
+    assert service.orders(owner=alice.address, device_class=None, live_only=False, limit=9) == []
