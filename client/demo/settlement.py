@@ -7,6 +7,7 @@ each step.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 
@@ -15,7 +16,7 @@ from client.demo.deals import Deal
 from client.demo.errors import DemoError
 from client.demo.terms import CHALLENGE_WINDOW, CLOSE_TIMEOUT_S, REDEEM_TIMEOUT_S
 from client.demo.text import Say, tokens
-from contracts.binding import DEAL_CLOSED, Escrow
+from contracts.binding import DEAL_CLOSED, DealState, Escrow
 from contracts.hashing import keccak_text
 from contracts.messages import Voucher
 
@@ -37,14 +38,15 @@ def wait_for_redemption(
         voucher = vouchers.get(deal.profile.name)
         if voucher is None:
             continue
-        while escrow.get_deal(deal.chain_id).vouched < voucher.cumulative_amount:
-            check(deal.profile.name)
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"{deal.profile.name} did not redeem its voucher for deal {deal.chain_id} "
-                    f"within {REDEEM_TIMEOUT_S:.0f} s"
-                )
-            time.sleep(0.5)  # the provider's job redeems on its own schedule
+        _wait(
+            escrow,
+            deal,
+            check,
+            functools.partial(_redeemed, voucher.cumulative_amount),
+            deadline,
+            f"{deal.profile.name} did not redeem its voucher for deal {deal.chain_id} "
+            f"within {REDEEM_TIMEOUT_S:.0f} s",
+        )
         say(f"redeemed  deal {deal.chain_id} ({deal.profile.name}) by the provider's job")
 
 
@@ -83,20 +85,41 @@ def close_deals(
     agreed = time.monotonic()
     deadline = agreed + CLOSE_TIMEOUT_S
     for deal in deals:
-        while escrow.get_deal(deal.chain_id).status != DEAL_CLOSED:
-            check(deal.profile.name)
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"{deal.profile.name} did not close deal {deal.chain_id} within "
-                    f"{CLOSE_TIMEOUT_S:.0f} s of the client's agreement (see its log)"
-                )
-            time.sleep(0.2)  # the provider's job closes on its own schedule
+        _wait(
+            escrow,
+            deal,
+            check,
+            lambda state: state.status == DEAL_CLOSED,
+            deadline,
+            f"{deal.profile.name} did not close deal {deal.chain_id} within "
+            f"{CLOSE_TIMEOUT_S:.0f} s of the client's agreement (see its log)",
+        )
         returned, stake = _closed(escrow, deal.chain_id)
         say(
             f"closed    deal {deal.chain_id} ({deal.profile.name}) by the provider's job "
             f"{time.monotonic() - agreed:.1f} s later: {tokens(returned)} back to the client, "
             f"stake {tokens(stake)} back to the provider"
         )
+
+
+def _redeemed(amount: int, state: DealState) -> bool:
+    return state.vouched >= amount
+
+
+def _wait(
+    escrow: Escrow,
+    deal: Deal,
+    check: Check,
+    done: Callable[[DealState], bool],
+    deadline: float,
+    failure: str,
+) -> None:
+    """Poll the deal's state until `done`; raise DemoError(`failure`) past `deadline`."""
+    while not done(escrow.get_deal(deal.chain_id)):
+        check(deal.profile.name)
+        if time.monotonic() > deadline:
+            raise DemoError(failure)
+        time.sleep(0.2)  # the providers' jobs settle on their own schedule
 
 
 def _closed(escrow: Escrow, deal_id: int) -> tuple[int, int]:
