@@ -1,7 +1,9 @@
 """The crash-safe journal: acks, chained receipts with results, vouchers, settlements.
 
 SQLite in WAL mode with ``synchronous=NORMAL``: every commit is in the OS before the call
-returns, so a ``kill -9`` of the daemon loses nothing it answered (power loss may lose the last
+returns, so a ``kill -9`` of the daemon loses nothing it answered (an ack may be deferred to
+commit with its receipt, but never leaves the process uncommitted: see
+:meth:`Journal.record_ack`) (power loss may lose the last
 transactions; set ``synchronous=FULL`` through ``durable=True`` for that). Tables are
 append-only, enforced by triggers: state changes are new rows (a redeemed voucher, a claimed
 batch, a finalized batch), never updates.
@@ -213,6 +215,7 @@ class Journal:
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal at {path}: {exc}") from exc
         self._deals: dict[int, DealBook] = {}
+        self._deferred: dict[Key, tuple[AckRecord, bytes]] = {}  # acks not yet committed
         self._load()
         self.verify()
 
@@ -351,6 +354,9 @@ class Journal:
     def envelope(self, key: Key) -> bytes:
         """Return the envelope bytes an acked task was submitted with."""
         with self._lock:
+            deferred = self._deferred.get(key)
+            if deferred is not None:
+                return deferred[1]
             row = self._db.execute(
                 "SELECT envelope FROM acks WHERE deal_id = ? AND task_index = ?",
                 (str(key[0]), key[1]),
@@ -373,29 +379,52 @@ class Journal:
 
     # ---- writes ------------------------------------------------------------------------
 
-    def record_ack(self, record: AckRecord, envelope: bytes) -> None:
-        """Append an ack with the request and envelope it answers."""
+    def record_ack(self, record: AckRecord, envelope: bytes, *, defer: bool = False) -> None:
+        """Append an ack with the request and envelope it answers.
+
+        With ``defer`` the ack is held in memory (it counts for budgets and idempotency at
+        once) and committed by :meth:`make_durable`, or with the task's receipt by
+        :meth:`record_receipt`, whichever comes first. The caller must call
+        :meth:`make_durable` before the ack leaves the process without its receipt.
+        """
         deal_id, index = record.key
         with self._lock:
-            self._db.execute(
-                "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
-                "target, envelope, ack_json, ack_sig, acked_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    str(deal_id),
-                    index,
-                    json.dumps(record.request.to_json()),
-                    record.request_sig,
-                    record.request_hash,
-                    record.target,
-                    envelope,
-                    json.dumps(record.ack.to_json()),
-                    record.ack_sig,
-                    record.acked_at,
-                ),
-            )
+            if defer:
+                self._deferred[record.key] = (record, envelope)
+            else:
+                self._insert_ack(record, envelope)
             book = self._book(deal_id)
             book.acks[index] = record
             book.ack_total += record.ack.price
+
+    def make_durable(self, key: Key) -> None:
+        """Commit a deferred ack now (nothing to do when it is committed already)."""
+        if key not in self._deferred:
+            return
+        with self._lock:
+            deferred = self._deferred.get(key)
+            if deferred is not None:
+                self._insert_ack(*deferred)
+                del self._deferred[key]
+
+    def _insert_ack(self, record: AckRecord, envelope: bytes) -> None:
+        deal_id, index = record.key
+        self._db.execute(
+            "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
+            "target, envelope, ack_json, ack_sig, acked_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                str(deal_id),
+                index,
+                json.dumps(record.request.to_json()),
+                record.request_sig,
+                record.request_hash,
+                record.target,
+                envelope,
+                json.dumps(record.ack.to_json()),
+                record.ack_sig,
+                record.acked_at,
+            ),
+        )
 
     def next_prev_hash(self, deal_id: int) -> bytes:
         """Return the hash the deal's next receipt must chain to (hold :meth:`lock`)."""
@@ -427,20 +456,34 @@ class Journal:
                 raise JournalError("receipt does not extend its deal's chain")
             if receipt.task_index in book.receipts:
                 raise JournalError(f"task {receipt.task_index} already has a receipt")
-            cursor = self._db.execute(
-                "INSERT INTO receipts (deal_id, task_index, receipt_json, receipt_sig, "
-                "receipt_hash, outputs, detail_json, recorded_at) VALUES (?,?,?,?,?,?,?,?)",
-                (
-                    str(receipt.deal_id),
-                    receipt.task_index,
-                    json.dumps(receipt.to_json()),
-                    signature,
-                    receipt_hash,
-                    outputs,
-                    json.dumps(detail),
-                    _now(),
-                ),
-            )
+            key = (receipt.deal_id, receipt.task_index)
+            deferred = self._deferred.get(key)
+            if deferred is not None:
+                self._db.execute("BEGIN")  # the ack and its receipt: one commit
+            try:
+                if deferred is not None:
+                    self._insert_ack(*deferred)
+                cursor = self._db.execute(
+                    "INSERT INTO receipts (deal_id, task_index, receipt_json, receipt_sig, "
+                    "receipt_hash, outputs, detail_json, recorded_at) VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        str(receipt.deal_id),
+                        receipt.task_index,
+                        json.dumps(receipt.to_json()),
+                        signature,
+                        receipt_hash,
+                        outputs,
+                        json.dumps(detail),
+                        _now(),
+                    ),
+                )
+                if deferred is not None:
+                    self._db.execute("COMMIT")
+            except BaseException:
+                if deferred is not None and self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._deferred.pop(key, None)
             record = ReceiptRecord(
                 receipt, signature, receipt_hash, detail, int(cursor.lastrowid or 0)
             )

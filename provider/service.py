@@ -9,6 +9,7 @@ to HTTP statuses.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -77,6 +78,13 @@ class TaskView:
         return str(self.receipt.detail.get("state", "failed"))
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def parse_signature(text: str) -> bytes:
     """Parse a 0x-hex 65-byte signature; raise RejectedError(bad_request) otherwise."""
     try:
@@ -120,7 +128,7 @@ class TaskService:
         self._separator = domain.separator()
         self._acked = {k: metrics.tasks_acked.labels(name) for k, name in _KIND_NAMES.items()}
         self._lock = threading.Lock()
-        self._inflight: dict[Key, Future[ReceiptRecord]] = {}
+        self._inflight: dict[Key, Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]] = {}
         self._recent: OrderedDict[Key, bytes] = OrderedDict()
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
         self._closed = False
@@ -128,12 +136,21 @@ class TaskService:
     # ---- submission --------------------------------------------------------------------
 
     def submit(
-        self, request_json: str, signature: str, target: str | None, envelope: bytes
+        self,
+        request_json: str,
+        signature: str,
+        target: str | None,
+        envelope: bytes,
+        *,
+        defer_ack: bool = False,
     ) -> Submission:
         """Check a signed task and its envelope; journal and sign an ack; start the task.
 
         Idempotent on (deal, task index): the same signed request gets the same ack back and
         never runs twice; a different request for a used index is refused (``task_index_used``).
+        With ``defer_ack`` (the caller waits for the result before answering) the ack commits
+        together with the receipt, unless :meth:`view` is called first: the caller must answer
+        only from :meth:`view`, which makes the ack durable when the receipt is not there.
         """
         try:
             request = TaskRequest.from_json(json.loads(request_json))
@@ -206,7 +223,7 @@ class TaskService:
                 ack_sig=self._sign(ack.struct_hash()),
                 acked_at=now,
             )
-            self.journal.record_ack(record, envelope)
+            self.journal.record_ack(record, envelope, defer=defer_ack)
             self._start(record, plan, envelope, decoded)
         self._acked[request.kind].inc()
         return Submission(record, created=True)
@@ -274,12 +291,20 @@ class TaskService:
         envelope: bytes,
         decoded: ProgramEnvelope | None = None,
     ) -> None:
-        future = self._executor.submit(self._execute, record, plan, envelope, decoded)
+        future: Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]
+        loop = _running_loop()
+        if loop is not None and record.request.kind == KIND_INFERENCE:
+            # On the event loop, which talks to the worker itself: no thread hop.
+            future = loop.create_task(self._execute_async(record, plan, envelope, decoded))
+        else:
+            future = self._executor.submit(self._execute, record, plan, envelope, decoded)
         self._inflight[record.key] = future
         self.metrics.inflight.inc()
         future.add_done_callback(functools.partial(self._done, record.key))
 
-    def _done(self, key: Key, future: Future[ReceiptRecord]) -> None:
+    def _done(
+        self, key: Key, future: Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]
+    ) -> None:
         # Runs in the task thread, or at once in the submitting thread (which holds
         # self._lock) when the task already finished: so it must not take self._lock.
         self.metrics.inflight.dec()
@@ -303,6 +328,20 @@ class TaskService:
         else:
             outcome = self.sandbox.run(envelope, decoded=decoded)
         finished = self._clock()
+        return self._deliver(record, plan, outcome, started, finished)
+
+    async def _execute_async(
+        self, record: AckRecord, plan: Plan, envelope: bytes, decoded: ProgramEnvelope | None
+    ) -> ReceiptRecord:
+        started = self._clock()
+        outcome = await self.sandbox.run_async(envelope, decoded=decoded)
+        return self._deliver(record, plan, outcome, started, self._clock())
+
+    def _deliver(
+        self, record: AckRecord, plan: Plan, outcome: Any, started: float, finished: float
+    ) -> ReceiptRecord:
+        """Sign the receipt of a finished task, chain it and journal it (with a deferred ack)."""
+        request = record.request
         outputs, detail, status, device_ms, compile_ms, cache_hit = delivery(outcome)
         with self.journal.lock:
             receipt = build_receipt(
@@ -352,16 +391,23 @@ class TaskService:
             log.info("re-running unfinished tasks", extra={"tasks": [list(k) for k in keys]})
         return keys
 
-    def future(self, key: Key) -> Future[ReceiptRecord] | None:
-        """Return the running task's future, if the task is in flight."""
+    def future(self, key: Key) -> Future[ReceiptRecord] | asyncio.Future[ReceiptRecord] | None:
+        """Return the running task's future (a loop task for inference), if in flight."""
         return self._inflight.get(key)
 
     def view(self, key: Key) -> TaskView:
-        """Return the ack and (once delivered) the receipt of a task."""
+        """Return the ack and (once delivered) the receipt of a task, to send to a client.
+
+        An ack deferred by :meth:`submit` is committed here when the receipt is not there
+        yet: an ack binds the provider once a client has it, so it is durable before.
+        """
         ack = self.journal.ack(key)
         if ack is None:
             raise NotFoundError(f"no task {key[1]} in deal {key[0]}")
         receipt = self.journal.receipt(key)
+        if receipt is None:
+            self.journal.make_durable(key)
+            receipt = self.journal.receipt(key)
         return TaskView(ack, receipt, None if receipt is None else self._recent.get(key))
 
     def close(self) -> None:

@@ -53,8 +53,10 @@ async def submit_answer(
     signature = headers.get(SIGNATURE_HEADER.lower())
     if task_request is None or signature is None:
         raise RejectedError("bad_request", f"{REQUEST_HEADER} and {SIGNATURE_HEADER} are required")
+    # Waiting for the result: the ack may commit with the receipt (one commit); the
+    # answer is built from settled_view, which makes a lone ack durable first.
     submission = daemon.service.submit(
-        task_request, signature, headers.get(TARGET_HEADER.lower()), body
+        task_request, signature, headers.get(TARGET_HEADER.lower()), body, defer_ack=wait > 0
     )
     key = submission.record.key
     view = await settled_view(daemon, key, wait)

@@ -11,20 +11,23 @@ from provider.service import TaskView
 
 
 async def settled_view(daemon: Daemon, key: tuple[int, int], wait: float) -> TaskView:
-    """Return a task's view, first waiting up to ``wait`` seconds for its delivery."""
-    view = daemon.service.view(key)
-    if view.receipt is None and wait > 0:
+    """Return a task's view, first waiting up to ``wait`` seconds for its delivery.
+
+    The view is taken after the wait: a task that finishes within it is answered with an
+    ack and a receipt journaled in one commit (see :meth:`provider.service.TaskService.view`).
+    """
+    if wait > 0:
         future = daemon.service.future(key)
-        if future is not None:
+        if future is not None and not future.done():
             await wait_done(future, wait)
-            view = daemon.service.view(key)
-    return view
+    return daemon.service.view(key)
 
 
-async def wait_done(future: Future[Any], timeout: float) -> None:
-    """Wait until a task thread's future is done or ``timeout`` passes (whichever first).
+async def wait_done(future: Future[Any] | asyncio.Future[Any], timeout: float) -> None:
+    """Wait until a task's future is done or ``timeout`` passes (whichever first).
 
-    Lighter than ``wait_for(shield(wrap_future(...)))``: one loop future, one timer.
+    Lighter than ``wait_for(shield(...))``: one loop future, one timer. A loop task's
+    callback runs on the loop; a task thread's is handed over thread-safely.
     """
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
@@ -33,7 +36,10 @@ async def wait_done(future: Future[Any], timeout: float) -> None:
         if not waiter.done():
             waiter.set_result(None)
 
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(wake))
+    if isinstance(future, asyncio.Future):
+        future.add_done_callback(lambda _: wake())
+    else:
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(wake))
     timer = loop.call_later(timeout, wake)
     try:
         await waiter

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from provider.diagnosis import Diagnosis, Stage, crash, timeout
 from provider.errors import SandboxClosedError, WorkerStartError
+from provider.sandbox.channel import PipeChannel
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.wire import FrameError, Header, pack, unpack
 from provider.sandbox.worker import worker_main
@@ -112,7 +115,9 @@ class _Worker:
 class WorkerPool:
     """Spawned workers kept alive between tasks; a crashed or overdue worker is replaced.
 
-    Thread-safe: a caller borrows an idle worker for one task and gives it back.
+    Thread-safe: a caller borrows an idle worker for one task and gives it back. Threads
+    call :meth:`call`; an event loop calls :meth:`call_async`, which talks to the worker's
+    pipe from the loop itself (no thread hop) under the same stage deadlines.
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._all: set[_Worker] = set()
         self._closed = False
+        self._waiters: ThreadPoolExecutor | None = None  # async callers waiting for a worker
         self.replacements = 0
         workers = [self._spawn() for _ in range(size)]
         for worker in workers:
@@ -188,6 +194,41 @@ class WorkerPool:
                 raise
             return worker
 
+    def _acquire_nowait(self) -> _Worker | None:
+        """Return an idle, started, live worker at once, or None (then wait in a thread)."""
+        if self._closed:
+            raise SandboxClosedError("the sandbox is closed")
+        try:
+            worker = self._idle.get_nowait()
+        except queue.Empty:
+            return None
+        if worker.info is None or worker.superseded or not worker.process.is_alive():
+            self._idle.put(worker)  # starting, retiring or dead: the blocking path handles it
+            return None
+        return worker
+
+    async def _acquire_async(self) -> _Worker:
+        """Borrow a worker; only when none is idle does a helper thread wait for one."""
+        worker = self._acquire_nowait()
+        if worker is not None:
+            return worker
+        with self._lock:
+            if self._waiters is None:
+                self._waiters = ThreadPoolExecutor(
+                    max_workers=max(1, len(self._all)), thread_name_prefix="sandbox-wait"
+                )
+            waiters = self._waiters
+        pending = waiters.submit(self._acquire)
+        try:
+            return await asyncio.wrap_future(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, acquired: Future[_Worker]) -> None:
+        if not acquired.cancelled() and acquired.exception() is None:
+            self._idle.put(acquired.result())
+
     def _stop(self, worker: _Worker) -> None:
         worker.stop()
         with self._lock:
@@ -211,6 +252,84 @@ class WorkerPool:
         if warm is not None and not isinstance(reply, Diagnosis) and reply[0].get("warm"):
             worker.warm.add(warm.key)
         return self._finish(worker, reply)
+
+    async def call_async(
+        self, request: Header, payload: bytes, *, warm: WarmCall | None = None
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """:meth:`call` for an event loop: the loop reads and writes the worker's pipe."""
+        worker = await self._acquire_async()
+        if warm is not None and warm.key in worker.warm:
+            reply = await self._exchange_async(worker, warm.request, warm.payload, Stage.EXECUTE)
+            if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
+                return self._finish(worker, reply)
+            worker.warm.discard(warm.key)
+        reply = await self._exchange_async(worker, request, payload, Stage.PARSE)
+        if warm is not None and not isinstance(reply, Diagnosis) and reply[0].get("warm"):
+            worker.warm.add(warm.key)
+        return self._finish(worker, reply)
+
+    async def _exchange_async(
+        self, worker: _Worker, request: Header, payload: bytes, stage: Stage
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """:meth:`_exchange` on the event loop, with the same deadlines and outcomes.
+
+        A crash or timeout kills and replaces the worker on the loop (a process spawn, a few
+        milliseconds, only on that rare path). A cancelled caller (shutdown) kills the worker:
+        its state mid-task is unknown.
+        """
+        outcome: tuple[Header, bytes] | Diagnosis | None = None
+        try:
+            with PipeChannel(worker.conn, self.limits.max_output_bytes + _FRAME_OVERHEAD) as pipe:
+                outcome = await self._converse(worker, pipe, request, payload, stage)
+        finally:
+            if outcome is None or isinstance(outcome, Diagnosis):
+                self._retire(worker, kill=True)  # after the pipe is released
+        return outcome
+
+    async def _converse(
+        self, worker: _Worker, pipe: PipeChannel, request: Header, payload: bytes, stage: Stage
+    ) -> tuple[Header, bytes] | Diagnosis:
+        """Send one request and follow the stage reports; a diagnosis means: retire it."""
+        loop = asyncio.get_running_loop()
+        limit = (
+            self.limits.execute_timeout_s
+            if stage is Stage.EXECUTE
+            else self.limits.validate_timeout_s
+        )
+        deadline = loop.time() + limit
+        try:
+            await pipe.send(pack(request, payload), deadline)
+        except TimeoutError:
+            return timeout(stage, limit)
+        except OSError:
+            return crash(stage, worker.process.exitcode)
+        while True:
+            try:
+                header, body = unpack(await pipe.recv(deadline))
+            except TimeoutError:
+                return timeout(stage, limit)
+            except FrameError:
+                return crash(stage, None)
+            except (EOFError, OSError):
+                worker.process.join(10)  # its pipe closed: it is exiting
+                return crash(stage, worker.process.exitcode)
+            if header.get("type") != "stage":
+                if pipe.leftover:  # nothing may follow a reply: the worker is out of step
+                    return crash(stage, None)
+                return header, body
+            try:
+                new_stage = Stage(str(header.get("stage")))
+            except ValueError:
+                return crash(stage, None)
+            if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
+                limit = self.limits.compile_timeout_s
+                deadline = loop.time() + limit
+            elif new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
+                limit = self.limits.execute_timeout_s
+                deadline = loop.time() + limit
+            stage = new_stage
+            if self._on_stage is not None and worker.info is not None:
+                self._on_stage(worker.info.pid, stage)
 
     def _exchange(
         self, worker: _Worker, request: Header, payload: bytes, stage: Stage
@@ -305,5 +424,8 @@ class WorkerPool:
             self._closed = True
             workers = list(self._all)
             self._all.clear()
+            waiters, self._waiters = self._waiters, None
         for worker in workers:
             worker.stop()
+        if waiters is not None:
+            waiters.shutdown(wait=False, cancel_futures=True)

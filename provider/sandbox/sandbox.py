@@ -110,15 +110,16 @@ class Sandbox:
         payload = self._payload(envelope)
         if isinstance(payload, TaskFailure):
             return payload
-        reply = self._pool.call(request, payload, warm=warm)
-        if isinstance(reply, Diagnosis):
-            return TaskFailure(
-                diagnosis=reply, program_sha256=None, elapsed_s=time.perf_counter() - started
-            )
-        header, body = reply
-        if header.get("type") == "failed":
-            return _failure_from_wire(header)
-        return header, body
+        return _reply(self._pool.call(request, payload, warm=warm), started)
+
+    async def _call_async(
+        self, request: Header, envelope: Envelope, warm: WarmCall | None = None
+    ) -> tuple[Header, bytes] | TaskFailure:
+        started = time.perf_counter()
+        payload = self._payload(envelope)
+        if isinstance(payload, TaskFailure):
+            return payload
+        return _reply(await self._pool.call_async(request, payload, warm=warm), started)
 
     def compile(self, envelope: Envelope, target: str = "local") -> CompileResult | TaskFailure:
         """Validate and compile a program for ``target`` (``local`` or e.g. ``v5e:1x1``)."""
@@ -162,24 +163,17 @@ class Sandbox:
         """
         if isinstance(envelope, ProgramEnvelope):
             decoded = envelope
-        reply = self._call({"op": "run"}, envelope, None if decoded is None else _warm(decoded))
-        if isinstance(reply, TaskFailure):
-            return reply
-        header, body = reply
-        try:
-            return InferenceResult(
-                program_sha256=bytes.fromhex(header["program_sha256"]),
-                inputs_sha256=bytes.fromhex(header["inputs_sha256"]),
-                outputs=body,
-                outputs_sha256=bytes.fromhex(header["outputs_sha256"]),
-                device_time_s=float(header["device_time_s"]),
-                compile_time_s=float(header["compile_time_s"]),
-                cache_hit=bool(header["cache_hit"]),
-                platform=str(header["platform"]),
-                device_kind=str(header["device_kind"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            return _bad_reply(exc)
+        warm = None if decoded is None else _warm(decoded)
+        return _ran(self._call({"op": "run"}, envelope, warm))
+
+    async def run_async(
+        self, envelope: Envelope, *, decoded: ProgramEnvelope | None = None
+    ) -> InferenceResult | TaskFailure:
+        """:meth:`run` from an event loop, which reads and writes the worker's pipe itself."""
+        if isinstance(envelope, ProgramEnvelope):
+            decoded = envelope
+        warm = None if decoded is None else _warm(decoded)
+        return _ran(await self._call_async({"op": "run"}, envelope, warm))
 
     def capacity(
         self, *, benchmark: bool = True, aot_targets: tuple[str, ...] = ("v5e:1x1",)
@@ -194,6 +188,39 @@ class Sandbox:
         if header.get("type") != "capacity":
             raise SandboxError(f"capacity discovery failed: {header}")
         return capacity_from_wire(header["capacity"])
+
+
+def _reply(
+    reply: tuple[Header, bytes] | Diagnosis, started: float
+) -> tuple[Header, bytes] | TaskFailure:
+    if isinstance(reply, Diagnosis):
+        return TaskFailure(
+            diagnosis=reply, program_sha256=None, elapsed_s=time.perf_counter() - started
+        )
+    header, body = reply
+    if header.get("type") == "failed":
+        return _failure_from_wire(header)
+    return header, body
+
+
+def _ran(reply: tuple[Header, bytes] | TaskFailure) -> InferenceResult | TaskFailure:
+    if isinstance(reply, TaskFailure):
+        return reply
+    header, body = reply
+    try:
+        return InferenceResult(
+            program_sha256=bytes.fromhex(header["program_sha256"]),
+            inputs_sha256=bytes.fromhex(header["inputs_sha256"]),
+            outputs=body,
+            outputs_sha256=bytes.fromhex(header["outputs_sha256"]),
+            device_time_s=float(header["device_time_s"]),
+            compile_time_s=float(header["compile_time_s"]),
+            cache_hit=bool(header["cache_hit"]),
+            platform=str(header["platform"]),
+            device_kind=str(header["device_kind"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        return _bad_reply(exc)
 
 
 def _warm(envelope: ProgramEnvelope) -> WarmCall:

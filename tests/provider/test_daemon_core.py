@@ -184,9 +184,10 @@ def journal(tmp_path: Path) -> Iterator[Journal]:
         j.close()
 
 
-def deliver(journal: Journal, index: int) -> bytes:
+def deliver(journal: Journal, index: int, *, defer: bool = False, ack: bool = True) -> bytes:
     record = ack_record(index)
-    journal.record_ack(record, b"envelope-%d" % index)
+    if ack:
+        journal.record_ack(record, b"envelope-%d" % index, defer=defer)
     with journal.lock:
         receipt = build_receipt(
             PLAN,
@@ -224,6 +225,38 @@ def test_journal_when_reopened_then_chain_acks_and_envelopes_survive(
         assert [a.key for a in reopened.unfinished()] == [(7, 3)]
         assert reopened.envelope((7, 3)) == b"pending"
         assert book.unpaid_ack_total() == 4 * 500
+    finally:
+        reopened.close()
+
+
+def committed_acks(path: Path) -> list[int]:
+    with sqlite3.connect(path) as db:
+        return [int(i) for (i,) in db.execute("SELECT task_index FROM acks ORDER BY task_index")]
+
+
+def test_journal_when_ack_deferred_then_it_commits_with_its_receipt_or_when_made_durable(
+    journal: Journal, tmp_path: Path
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal.record_ack(ack_record(0), b"envelope-0", defer=True)
+    assert journal.ack((7, 0)) is not None and journal.envelope((7, 0)) == b"envelope-0"
+    assert committed_acks(path) == []  # in memory only: no client holds it yet
+    deliver(journal, 0, ack=False)  # the receipt brings the deferred ack in its transaction
+    assert committed_acks(path) == [0]
+    journal.record_ack(ack_record(1), b"envelope-1", defer=True)
+    journal.make_durable((7, 1))  # answered with the ack alone
+    journal.make_durable((7, 1))
+    assert committed_acks(path) == [0, 1]
+    deliver(journal, 1, ack=False)
+    journal.record_ack(ack_record(2), b"envelope-2", defer=True)  # never answered
+    journal.close()
+
+    reopened = Journal(path, address_of(KEY), DOMAIN)
+    try:
+        assert reopened.verify() == 2
+        book = reopened.deal(7)
+        assert book is not None and sorted(book.acks) == [0, 1] and sorted(book.receipts) == [0, 1]
+        assert reopened.unfinished() == []
     finally:
         reopened.close()
 
