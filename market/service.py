@@ -10,6 +10,7 @@ database does not.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -69,7 +70,7 @@ from market.models import (
     ProviderPublic,
     QuoteAttach,
 )
-from market.verify import Verifier, checksum, recover
+from market.verify import CheckedOrder, Verifier, checksum, recover
 from market.writer import Placed, Writer
 
 
@@ -277,25 +278,29 @@ class MarketService:
 
     def place(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
         """Verify, match and persist orders atomically; return each order and its fills."""
-        return [
-            PlaceResult.model_construct(order=_placed_order(p), fills=_fills(p))
-            for p in self._place(orders_in)
-        ]
+        checked, now, started = self._verify(orders_in)
+        return _results(self._placed(self.writer.place(checked, now), started))
 
     def place_batch(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
         """Like `place`, answering each order's id, state and fills only (cheaper)."""
-        return [
-            PlaceSummary.model_construct(
-                order_id=p.checked.order.order_id,
-                state=p.state,
-                remaining=p.remaining,
-                fills=_fills(p),
-            )
-            for p in self._place(orders_in)
-        ]
+        checked, now, started = self._verify(orders_in)
+        return _summaries(self._placed(self.writer.place(checked, now), started))
 
-    def _place(self, orders_in: Sequence[OrderCreate]) -> list[Placed]:
-        """Verify here, then hand the orders to the writer and wait for their commit."""
+    async def place_async(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
+        """`place` for an event loop: verify in the caller's thread, await the commit."""
+        checked, now, started = self._verify(orders_in)
+        placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+        return _results(self._placed(placed, started))
+
+    async def place_batch_async(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
+        """`place_batch` for an event loop: verify in the caller's thread, await the commit."""
+        checked, now, started = self._verify(orders_in)
+        placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+        return _summaries(self._placed(placed, started))
+
+    def _verify(self, orders_in: Sequence[OrderCreate]) -> tuple[list[CheckedOrder], int, float]:
+        """Check orders (signatures, expiry, duplicates, rate limits) for the writer; return
+        them with the market clock and the start time."""
         if len(orders_in) > self.settings.max_batch:
             raise PayloadTooLargeError(f"at most {self.settings.max_batch} orders per batch")
         started = time.perf_counter()
@@ -321,7 +326,9 @@ class MarketService:
             seen_nonces.add((owner, c.nonce))
         for owner, count in per_owner.items():
             self.address_limiter.take(owner, count)
-        placed = self.writer.place(checked, now)
+        return checked, now, started
+
+    def _placed(self, placed: list[Placed], started: float) -> list[Placed]:
         self.metrics.place_seconds.observe(time.perf_counter() - started)
         return placed
 
@@ -375,11 +382,14 @@ class MarketService:
             if record.order.owner != owner:
                 raise ForbiddenError(f"order {order_id} belongs to {record.order.owner}")
             connection = session.connection()
+            replay = ReplayError(f"nonce {nonce} of {owner} was used before")
+            if self.writer.nonce_used(owner, nonce):  # this runs in the writer thread
+                raise replay
             try:
                 storage.use_nonces(connection=connection, pairs=[(owner, nonce)])
             except IntegrityError:
                 session.rollback()
-                raise ReplayError(f"nonce {nonce} of {owner} was used before") from None
+                raise replay from None
             final = book.engine.cancel(order_id)  # may raise OrderStateError: nothing written
             try:
                 storage.record_progress(
@@ -391,6 +401,7 @@ class MarketService:
                 session.rollback()
                 self.books.rebuild([record.order.device_class])
                 raise
+            self.writer.claim_nonces([(owner, nonce)])
             row = storage.get_order(session=session, order_id=order_id)
         assert row is not None
         return row
@@ -585,6 +596,19 @@ class MarketService:
             session=session, ids={d.chain_deal_id for d in rows if d.chain_deal_id is not None}
         )
         return [deal_public(d, orders, chain.get(d.chain_deal_id or -1)) for d in rows]
+
+
+def _results(placed: list[Placed]) -> list[PlaceResult]:
+    return [PlaceResult.model_construct(order=_placed_order(p), fills=_fills(p)) for p in placed]
+
+
+def _summaries(placed: list[Placed]) -> list[PlaceSummary]:
+    return [
+        PlaceSummary.model_construct(
+            order_id=p.checked.order.order_id, state=p.state, remaining=p.remaining, fills=_fills(p)
+        )
+        for p in placed
+    ]
 
 
 def _fills(placed: Placed) -> list[FillPublic]:

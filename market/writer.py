@@ -7,10 +7,10 @@ answers each request only after that `COMMIT` (group commit). So one commit serv
 requests, and parsing and signature checks never interleave with matching.
 
 A request that fails on its own (an order id already placed, a nonce used before) fails alone:
-when a group's nonce claim hits a used nonce, the group is rolled back before any engine
-changed and its requests are retried one by one. If anything fails after the engines changed,
-the transaction rolls back, every request of the group gets the error, and the touched classes
-are rebuilt from SQL, so an engine never holds an order the database lacks.
+when a group's nonce check finds a used nonce (or two requests of the group share one), no
+engine has changed yet and its requests are retried one by one. If anything fails after the
+engines changed, the transaction rolls back, every request of the group gets the error, and the
+touched classes are rebuilt from SQL, so an engine never holds an order the database lacks.
 
 One writer serves every device class (each class is still written by exactly one thread): the
 database has one write lock and the interpreter one lock, so more writers would only contend,
@@ -27,7 +27,6 @@ from contextlib import ExitStack
 from typing import NamedTuple, TypeVar
 
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError
 
 from market import storage
 from market.books import Books, ClassBook
@@ -77,6 +76,8 @@ class Writer:
         self._books = books
         self._db = db
         self._on_commit = on_commit
+        with db.connect() as connection:
+            self._nonces = storage.used_nonces(connection=connection)
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
         self._thread.start()
@@ -87,11 +88,16 @@ class Writer:
         Raise `DuplicateOrderError` or `ReplayError` if one was placed or its nonce used
         before, or whatever made the commit fail.
         """
+        return self.submit(orders, now).result()
+
+    def submit(self, orders: list[CheckedOrder], now: int) -> Future[list[Placed]]:
+        """Queue verified orders like `place`; return the future of their results (set after
+        the commit), for callers that must not block (an event loop)."""
         if not self._thread.is_alive():
             raise RuntimeError("the market's writer has stopped")
         request = _Request(orders, now, Future())
         self._queue.put(request)
-        return request.future.result()
+        return request.future
 
     def call(self, function: Callable[[], T]) -> T:
         """Run `function` in the writer thread between groups (other writes: cancel, expire)."""
@@ -100,6 +106,19 @@ class Writer:
         job = _Call(function, Future())
         self._queue.put(job)
         return job.future.result()  # type: ignore[return-value]  # the future holds a T
+
+    def nonce_used(self, owner: str, nonce: int) -> bool:
+        """Return whether an order or a cancel of `owner` used `nonce` (writer thread only)."""
+        return nonce in self._nonces.get(owner, ())
+
+    def claim_nonces(self, pairs: list[tuple[str, int]]) -> None:
+        """Remember committed (signer, nonce) pairs as used (writer thread only)."""
+        nonces = self._nonces
+        for owner, nonce in pairs:
+            mine = nonces.get(owner)
+            if mine is None:
+                mine = nonces[owner] = set()
+            mine.add(nonce)
 
     def pending(self) -> int:
         """Return how many jobs wait for the writer (approximately: the queue is live)."""
@@ -161,7 +180,7 @@ class Writer:
                 _fail([request], exc)
 
     def _commit(self, group: list[_Request], *, alone: bool) -> bool:
-        """Match and commit `group`; return False if its nonce claim failed and not `alone`."""
+        """Match and commit `group`; return False if it holds a used nonce and is not `alone`."""
         names = sorted({c.order.device_class for r in group for c in r.orders})
         books = {name: self._books.get(name) for name in names}
         with ExitStack() as held:
@@ -170,20 +189,19 @@ class Writer:
             live = [r for r in group if _fresh(r, books)]
             if not live:
                 return True
+            # Each order claims its nonce in its own row (a unique index is the backstop); the
+            # writer knows every committed nonce, so a used one fails before any matching.
+            pairs = [(c.order.owner, c.nonce) for r in live for c in r.orders]
+            used = sorted(p for p in pairs if self.nonce_used(*p))
+            if used or len(set(pairs)) < len(pairs):
+                if not alone:
+                    return False
+                owner, nonce = used[0] if used else ("a signer", -1)
+                live[0].future.set_exception(
+                    ReplayError(f"nonce {nonce} of {owner} was used before")
+                )
+                return True
             with self._db.connect() as connection:
-                pairs = [(c.order.owner, c.nonce) for r in live for c in r.orders]
-                try:
-                    storage.use_nonces(connection=connection, pairs=pairs)
-                except IntegrityError:
-                    connection.rollback()
-                    if not alone:
-                        return False
-                    used = storage.used_nonces(connection=connection, pairs=pairs)
-                    owner, nonce = sorted(used)[0] if used else ("a signer", -1)
-                    live[0].future.set_exception(
-                        ReplayError(f"nonce {nonce} of {owner} was used before")
-                    )
-                    return True
                 try:
                     results, rows = _match(live, books)
                     storage.record_placement(
@@ -198,6 +216,7 @@ class Writer:
                     connection.rollback()
                     self._books.rebuild(names)
                     raise
+            self.claim_nonces(pairs)
         for request, placed in zip(live, results, strict=True):
             request.future.set_result(placed)
         self._on_commit(results)

@@ -51,10 +51,10 @@ def _random_session(service: MarketService, clock: Clock, rng: random.Random) ->
     return fills
 
 
-def _cancel(owner: Trader, order_id: str, now: int):  # type: ignore[no-untyped-def]
+def _cancel(owner: Trader, order_id: str, now: int, **overrides: Any):  # type: ignore[no-untyped-def]
     from market.models import CancelCreate
 
-    return CancelCreate.model_validate(owner.cancel(order_id, now))
+    return CancelCreate.model_validate(owner.cancel(order_id, now, **overrides))
 
 
 def test_restart_when_reopened_then_books_and_sequences_are_identical(
@@ -114,4 +114,26 @@ def test_accepted_order_survives_a_new_process_view(settings: Settings, clock: C
     assert second.order(result.order.order_id).state == "open"
     assert second.book("tpu-v5e").bids[0].quantity == 10
     first.close()
+    second.close()
+
+
+def test_nonce_when_used_by_an_order_or_a_cancel_then_neither_may_reuse_it_after_restart(
+    settings: Settings, clock: Clock
+) -> None:
+    from market.errors import ReplayError
+
+    alice = Trader()
+    first = MarketService(settings, clock=clock)
+    [placed] = first.place([OrderCreate.model_validate(alice.bid(START, nonce=5))])
+    first.cancel(_cancel(alice, placed.order.order_id, START, nonce=6))
+    first.close()
+
+    second = MarketService(settings, clock=clock)
+    [other] = second.place([OrderCreate.model_validate(alice.bid(START, nonce=7))])
+    for nonce in (5, 6):  # an order's nonce, a cancel's nonce
+        with pytest.raises(ReplayError):
+            second.place([OrderCreate.model_validate(alice.bid(START, nonce=nonce, price=99))])
+        with pytest.raises(ReplayError):
+            second.cancel(_cancel(alice, other.order.order_id, START, nonce=nonce))
+    assert second.order(other.order.order_id).state == "open"
     second.close()
