@@ -9,7 +9,7 @@ across signatures except the address of a recovered public key.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from eth_utils.address import to_checksum_address
 
@@ -59,6 +59,17 @@ class Verifier:
         quote_json: str | None = None
         quote_hash: str | None = None
         message: Ask | Bid
+        terms: dict[str, Any] = {
+            "owner": owner,
+            "device_class": order_in.device_class,
+            "quantity": order_in.quantity,
+            "price": order_in.price,
+            "plan": order_in.plan,
+            "slo_ms": order_in.slo_ms,
+            "memory": order_in.memory,
+            "expiry": expiry,
+            "nonce": order_in.nonce,
+        }
         if order_in.side == "ask":
             quote = order_in.quote
             quote_signature = order_in.quote_signature
@@ -67,33 +78,12 @@ class Verifier:
             quote_struct = self._ask_quote(order_in, quote, quote_signature, owner)
             quote_json = quote.model_dump_json()
             quote_hash = "0x" + quote_struct.hex()
-            message = Ask(
-                owner=owner,
-                device_class=order_in.device_class,
-                quantity=order_in.quantity,
-                price=order_in.price,
-                plan=order_in.plan,
-                slo_ms=order_in.slo_ms,
-                memory=order_in.memory,
-                expiry=expiry,
-                nonce=order_in.nonce,
-                quote_hash=quote_struct,
-            )
+            message = Ask(**terms, quote_hash=quote_struct)
             side = Side.ASK
         else:
             if order_in.quote is not None or order_in.quote_signature is not None:
                 raise InvalidOrderError("quote", "...", "a bid carries no quote")
-            message = Bid(
-                owner=owner,
-                device_class=order_in.device_class,
-                quantity=order_in.quantity,
-                price=order_in.price,
-                plan=order_in.plan,
-                slo_ms=order_in.slo_ms,
-                memory=order_in.memory,
-                expiry=expiry,
-                nonce=order_in.nonce,
-            )
+            message = Bid(**terms)
             side = Side.BID
         digest = order_digest(message, self.domain)
         signer = recover(message.TYPE_NAME, digest, order_in.signature)
