@@ -321,15 +321,20 @@ class WorkerPool:
                 new_stage = Stage(str(header.get("stage")))
             except ValueError:
                 return crash(stage, None)
-            if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
-                limit = self.limits.compile_timeout_s
-                deadline = loop.time() + limit
-            elif new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
-                limit = self.limits.execute_timeout_s
-                deadline = loop.time() + limit
+            new_limit = self._stage_limit(stage, new_stage)
+            if new_limit is not None:
+                limit, deadline = new_limit, loop.time() + new_limit
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
+
+    def _stage_limit(self, stage: Stage, new_stage: Stage) -> float | None:
+        """Return the new deadline's length when the worker enters compile or execute."""
+        if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
+            return self.limits.compile_timeout_s
+        if new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
+            return self.limits.execute_timeout_s
+        return None
 
     def _exchange(
         self, worker: _Worker, request: Header, payload: bytes, stage: Stage
@@ -366,12 +371,9 @@ class WorkerPool:
             except ValueError:
                 self._retire(worker, kill=True)
                 return crash(stage, None)
-            if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
-                limit = self.limits.compile_timeout_s
-                deadline = time.monotonic() + limit
-            elif new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
-                limit = self.limits.execute_timeout_s
-                deadline = time.monotonic() + limit
+            new_limit = self._stage_limit(stage, new_stage)
+            if new_limit is not None:
+                limit, deadline = new_limit, time.monotonic() + new_limit
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
