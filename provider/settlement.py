@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,17 @@ class SettlementJobs:
         return int(self.escrow.tx.w3.eth.get_block("latest")["timestamp"])
 
     # ---- helpers -----------------------------------------------------------------------
+
+    def _unclosed(self) -> Iterator[tuple[int, DealBook, DealState]]:
+        """Yield each deal the journal does not hold closed, with its state read afresh."""
+        for deal_id, book in self.journal.iter_books():
+            if book.closed():
+                continue
+            try:
+                state = self.deals.get(deal_id, fresh=True)
+            except RejectedError:
+                continue
+            yield deal_id, book, state
 
     def _open_deals(
         self, only: Collection[int] | None = None
@@ -308,13 +319,7 @@ class SettlementJobs:
         """Journal claims lost before journaling; record deals closed on chain; return those."""
         closed = []
         with self._lock:
-            for deal_id, book in self.journal.iter_books():
-                if book.closed():
-                    continue
-                try:
-                    state = self.deals.get(deal_id, fresh=True)
-                except RejectedError:
-                    continue
+            for deal_id, book, state in self._unclosed():
                 self._reconcile(deal_id, book, state)
                 if state.status == DEAL_CLOSED:
                     self.journal.record_settlement(deal_id, "closed", {}, None)
@@ -407,13 +412,7 @@ class SettlementJobs:
         now = time.time() if now is None else now
         chain_now = self._chain_time()
         due: dict[int, bool] = {}  # deal -> past expiry + challenge window
-        for deal_id, book in self.journal.iter_books():
-            if book.closed():
-                continue
-            try:
-                state = self.deals.get(deal_id, fresh=True)
-            except RejectedError:
-                continue
+        for deal_id, _, state in self._unclosed():
             ended = chain_now >= state.expiry + state.challenge_window
             if state.status == DEAL_OPEN and (state.client_agreed_close or ended):
                 due[deal_id] = ended
