@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from client.errors import ClientError, SpendingCapExceeded
+from client.errors import ClientError, DealMismatch, SpendingCapExceeded
+from client.market_http import MarketHttp
 from contracts.binding import DEAL_OPEN, Escrow, Token, TxResult
-from contracts.messages import Ack, Quote, address_of
+from contracts.errors import SignatureError
+from contracts.messages import ZERO_ADDRESS, Ack, Quote, address_of
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,17 @@ class Balances:
     def total(self) -> int:
         """Return everything the client owns."""
         return self.wallet + self.free + self.locked
+
+
+@dataclass(frozen=True)
+class OpenedDeal:
+    """A market deal opened on chain: its ids, the quote it opened with and what it locks."""
+
+    market_id: str
+    chain_deal_id: int
+    quote: Quote
+    max_spend: int
+    locked: int
 
 
 class ClientAccount:
@@ -82,6 +97,51 @@ class ClientAccount:
         self._deals.add(deal_id)
         return deal_id
 
+    def open_market_deal(
+        self, record: Mapping[str, Any], *, max_spend: int | None = None
+    ) -> OpenedDeal:
+        """Open a matched market deal on chain with the provider's signed quote.
+
+        ``record`` is the market's deal record (``MarketHttp.deal``). Check first that the deal
+        and its quote name this client (or any client), that the quote is the one the deal
+        records and that its signature recovers to the deal's provider; raise ``DealMismatch``
+        otherwise. ``max_spend`` defaults to the deal's value (price times quantity).
+        """
+        market_id = str(record.get("deal_id", "?"))
+        if str(record.get("client", "")).lower() != self.address.lower():
+            raise DealMismatch(f"deal {market_id} is {record.get('client')}'s, not ours")
+        if record.get("chain_deal_id") is not None:
+            raise DealMismatch(
+                f"deal {market_id} is already open on chain as {record['chain_deal_id']}"
+            )
+        raw_quote, raw_signature = record.get("quote"), record.get("quote_signature")
+        if not isinstance(raw_quote, dict) or not isinstance(raw_signature, str):
+            raise DealMismatch(f"deal {market_id} has no provider quote to open it with yet")
+        try:
+            quote = Quote.from_json(raw_quote)
+            signature = bytes.fromhex(raw_signature.removeprefix("0x"))
+            signer = quote.recover(self.escrow.domain, signature)
+        except (ValueError, SignatureError) as exc:
+            raise DealMismatch(f"deal {market_id}: unreadable quote or signature: {exc}") from exc
+        if quote.client.lower() not in (ZERO_ADDRESS.lower(), self.address.lower()):
+            raise DealMismatch(f"deal {market_id}: the quote is for {quote.client}, not us")
+        provider = str(record.get("provider", "")).lower()
+        if signer.lower() != provider or quote.provider.lower() != provider:
+            raise DealMismatch(
+                f"deal {market_id}: the quote is signed by {signer}, not by the deal's "
+                f"provider {record.get('provider')}"
+            )
+        if "0x" + quote.struct_hash().hex() != str(record.get("quote_hash", "")).lower():
+            raise DealMismatch(f"deal {market_id}: the quote is not the one the deal records")
+        cap = int(record["max_spend"]) if max_spend is None else max_spend
+        if not 0 < cap <= quote.max_spend:
+            raise DealMismatch(
+                f"deal {market_id}: a cap of {cap} is outside the quote's (0, {quote.max_spend}]"
+            )
+        chain_deal_id = self.open_deal(quote, signature, cap)
+        locked = self.escrow.get_deal(chain_deal_id).locked
+        return OpenedDeal(market_id, chain_deal_id, quote, cap, locked)
+
     def refund_breach(self, ack: Ack, signature: bytes) -> tuple[int, int]:
         """Refund a task the provider acked but did not deliver; return (refund, penalty)."""
         event = self.escrow.refund_breach(self.key, ack, signature).event("BreachRefunded").args
@@ -94,3 +154,10 @@ class ClientAccount:
     def close(self, deal_id: int) -> TxResult:
         """Close a deal (or agree to close it early)."""
         return self.escrow.close_deal(self.key, deal_id)
+
+
+def open_market_deal(
+    market: MarketHttp, account: ClientAccount, deal_id: str, *, max_spend: int | None = None
+) -> OpenedDeal:
+    """Read the market deal ``deal_id`` and open it on chain with its quote and the cap."""
+    return account.open_market_deal(market.deal(deal_id), max_spend=max_spend)

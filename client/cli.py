@@ -1,5 +1,7 @@
 """`tpumarket client ...`: a client's balances, deposits, withdrawals, deals and bids.
 
+Browsing offers, cancelling orders and opening matched deals live in `client.market_cli`.
+
 A thin layer over the SDK (`client.accounts`, `client.market_http`, `contracts.orders`):
 tables for people, `--json` (one JSON object on the last line) for scripts. SDK errors print
 `error: ...` and exit 1; bad input exits 2.
@@ -133,14 +135,16 @@ def escrow_from(args: argparse.Namespace) -> Escrow:
     return Chain(args.rpc_url).escrow(args.escrow)
 
 
-def _account(args: argparse.Namespace) -> ClientAccount:
+def account_from(args: argparse.Namespace) -> ClientAccount:
+    """Return the client account of `--key` on the escrow of `--escrow`."""
     key = key_from(args)
     escrow = escrow_from(args)
     token = Chain(args.rpc_url).token(escrow.token())
     return ClientAccount(escrow, token, key)
 
 
-def _market(args: argparse.Namespace) -> MarketHttp:
+def market_from(args: argparse.Namespace) -> MarketHttp:
+    """Return a client of the market at `--market-url`."""
     if not args.market_url:
         raise UsageError("no market: pass --market-url or set TPUMARKET_MARKET_URL")
     return MarketHttp(args.market_url)
@@ -165,7 +169,7 @@ def _locked(account: ClientAccount) -> int:
 
 
 def _balances(args: argparse.Namespace) -> int:
-    account = _account(args)
+    account = account_from(args)
     plain = account.balances()
     balances = Balances(wallet=plain.wallet, free=plain.free, locked=_locked(account))
     if args.json:
@@ -191,7 +195,7 @@ def _balances(args: argparse.Namespace) -> int:
 
 
 def _move(args: argparse.Namespace, action: str) -> int:
-    account = _account(args)
+    account = account_from(args)
     amount: int = args.amount
     progress = Progress(action, 1)
     result = account.deposit(amount) if action == "deposit" else account.withdraw(amount)
@@ -226,7 +230,7 @@ def _withdraw(args: argparse.Namespace) -> int:
 
 def _deals(args: argparse.Namespace) -> int:
     address = address_of(key_from(args))
-    market = _market(args)
+    market = market_from(args)
     try:
         records = market.deals(address, limit=args.limit)
     finally:
@@ -262,7 +266,7 @@ def _deals(args: argparse.Namespace) -> int:
 def _bid(args: argparse.Namespace) -> int:
     key = key_from(args)
     escrow = escrow_from(args)
-    market = _market(args)
+    market = market_from(args)
     progress = Progress("bid", 2)
     try:
         domain = market_domain(escrow.domain.chain_id, escrow.address)
@@ -360,10 +364,12 @@ def common_options() -> argparse.ArgumentParser:
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `tpumarket client ...` and `tpumarket job ...` (`client.job_cli`)."""
-    from client import job_cli  # it builds on this module's helpers
+    from client import job_cli, market_cli  # they build on this module's helpers
 
     job_cli.register(commands)
-    client = commands.add_parser("client", help="a client's balances, deposits, deals and bids")
+    client = commands.add_parser(
+        "client", help="a client's balances, deposits, offers, bids and deals"
+    )
     actions = client.add_subparsers(dest="action", required=True)
     common = common_options()
 
@@ -396,6 +402,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     bid.add_argument("--nonce", type=_non_negative_int, default=None, help="default: the time")
     bid.set_defaults(handler=guarded(_bid))
+    market_cli.register(actions, common)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,10 @@ class SpendingCapExceeded(ClientError):
     """Paying would take a deal or the client past its spending cap."""
 
 
+class DealMismatch(ClientError, ValueError):
+    """A market deal cannot be opened by this client: not its deal, no quote, or a bad quote."""
+
+
 class ModelExportError(ClientError, ValueError):
     """A model could not be exported into a task program (bad example arguments, tracing)."""
 

@@ -8,24 +8,51 @@ signed quote) it opens on chain.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from client.errors import ClientError
-from contracts.messages import Domain, Quote
-from contracts.orders import Ask, Bid, order_request
+from contracts.messages import Domain, Quote, address_of
+from contracts.orders import Ask, Bid, CancelOrder, order_request
 
 HEARTBEAT_PATH = "/v1/providers/heartbeat"
+CANCEL_REASONS = {
+    404: "is not on the market",
+    403: "belongs to another owner",
+    409: "is no longer live or the cancel's nonce was used",
+}
+"""What a refused cancel's status says about the order (the market's reason follows)."""
+
+
+class Level(NamedTuple):
+    """One price level of a book: price per unit, live units, resting orders."""
+
+    price: int
+    quantity: int
+    orders: int
+
+
+class Book(NamedTuple):
+    """Both sides of a device class's book by price level, best first."""
+
+    device_class: str
+    bids: tuple[Level, ...]
+    asks: tuple[Level, ...]
 
 
 class MarketHttpError(ClientError):
     """Raised when the market cannot be reached or answers with an error status."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
-        """Carry the HTTP status when the market answered."""
+    def __init__(self, message: str, status: int | None = None, detail: str = "") -> None:
+        """Carry the HTTP status and the market's reason when the market answered."""
         super().__init__(message)
         self.status = status
+        self.detail = detail
+
+
+class OrderNotCancelled(MarketHttpError):
+    """The market refused a cancel: the order is unknown, someone else's, or no longer live."""
 
 
 class MarketHttp:
@@ -68,6 +95,90 @@ class MarketHttp:
     def place_bid(self, bid: Bid, domain: Domain, private_key: str) -> dict[str, Any]:
         """Sign ``bid`` under the market ``domain`` and place it; return the order and fills."""
         return self.place_order(bid, bid.sign(domain, private_key))
+
+    def cancel(self, cancel: CancelOrder, domain: Domain, private_key: str) -> dict[str, Any]:
+        """Sign ``cancel`` under the market ``domain`` and send it; return the order's final state.
+
+        Raise ``OrderNotCancelled`` when the market refuses it (unknown order, another owner's
+        order, an order no longer live, a nonce used before).
+        """
+        body = {
+            "owner": cancel.owner,
+            "order_id": "0x" + cancel.order_id.hex(),
+            "nonce": cancel.nonce,
+            "expiry": cancel.expiry,
+            "signature": "0x" + cancel.sign(domain, private_key).hex(),
+        }
+        try:
+            reply = self._call("POST", "/v1/orders/cancel", json=body)
+        except MarketHttpError as exc:
+            reason = CANCEL_REASONS.get(exc.status or 0)
+            if reason is None:
+                raise
+            order = body["order_id"]
+            raise OrderNotCancelled(
+                f"cannot cancel order {order}: it {reason} ({exc.detail})", exc.status, exc.detail
+            ) from exc
+        if not isinstance(reply, dict):
+            raise MarketHttpError("market answered a cancel with something else than an object")
+        return reply
+
+    def cancel_order(
+        self,
+        order_id: str,
+        domain: Domain,
+        private_key: str,
+        *,
+        nonce: int | None = None,
+        expiry_s: int = 300,
+    ) -> dict[str, Any]:
+        """Cancel one of our orders by id (``0x`` + 64 hex); return the order's final state.
+
+        The nonce defaults to the time in microseconds (orders and cancels of one signer share
+        the market's nonce space); the signed cancel is valid for ``expiry_s`` seconds.
+        """
+        raw = order_id.removeprefix("0x")
+        if len(raw) != 64:
+            raise OrderNotCancelled(f"not an order id: {order_id!r} (0x and 64 hex digits)")
+        try:
+            digest = bytes.fromhex(raw)
+        except ValueError:
+            raise OrderNotCancelled(
+                f"not an order id: {order_id!r} (0x and 64 hex digits)"
+            ) from None
+        cancel = CancelOrder(
+            owner=address_of(private_key),
+            order_id=digest,
+            nonce=nonce if nonce is not None else time.time_ns() // 1000,
+            expiry=int(time.time()) + expiry_s,
+        )
+        return self.cancel(cancel, domain, private_key)
+
+    def order(self, order_id: str) -> dict[str, Any]:
+        """Return one order by id, with its state and remaining units."""
+        reply = self._call("GET", f"/v1/orders/{order_id}")
+        if not isinstance(reply, dict):
+            raise MarketHttpError(f"order {order_id}: unexpected reply")
+        return reply
+
+    def classes(self) -> list[str]:
+        """Return the device classes that have a book."""
+        reply = self._call("GET", "/v1/classes")
+        return [str(c) for c in reply] if isinstance(reply, list) else []
+
+    def book(self, device_class: str, *, levels: int = 50) -> Book:
+        """Return a device class's book by price level (at most ``levels`` a side), best first."""
+        reply = self._call("GET", f"/v1/book/{device_class}", params={"levels": levels})
+        if not isinstance(reply, dict):
+            raise MarketHttpError(f"book {device_class}: unexpected reply")
+
+        def side(name: str) -> tuple[Level, ...]:
+            return tuple(
+                Level(int(v["price"]), int(v["quantity"]), int(v["orders"]))
+                for v in reply.get(name) or []
+            )
+
+        return Book(str(reply.get("device_class", device_class)), side("bids"), side("asks"))
 
     def deals(self, party: str, *, limit: int = 50) -> list[dict[str, Any]]:
         """Return the deal records of one client or provider address, newest first."""
@@ -122,5 +233,16 @@ class MarketHttp:
             raise MarketHttpError(
                 f"{method} {path}: {response.status_code} {response.text[:300]}",
                 response.status_code,
+                _detail(response),
             )
         return response.json() if response.content else None
+
+
+def _detail(response: httpx.Response) -> str:
+    """Return the market's reason for an error status (its JSON ``detail``, else the text)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return detail if isinstance(detail, str) else response.text[:300]

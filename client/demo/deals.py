@@ -127,10 +127,8 @@ def bid_and_open(
         if known is None:
             raise DemoError(f"deal {record['deal_id']} names an unknown provider")
         profile, url = known
-        quote = Quote.from_json(record["quote"])
-        signature = bytes.fromhex(str(record["quote_signature"]).removeprefix("0x"))
-        max_spend = int(record["max_spend"])
-        chain_deal = account.open_deal(quote, signature, max_spend)
+        opened = account.open_market_deal(record)
+        quote, max_spend, chain_deal = opened.quote, opened.max_spend, opened.chain_deal_id
         advert = adverts.get(quote.provider.lower())
         endpoint = str(advert["endpoint"]) if advert else url
         say(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,3 +262,127 @@ def test_build_parser_lists_the_client_actions() -> None:
     assert isinstance(args, argparse.Namespace) and args.amount == 1_250_000
     with pytest.raises(SystemExit):
         parser.parse_args(["client", "bid", "--quantity", "1"])
+
+
+def _book(market: str) -> Any:
+    from client.market_http import MarketHttp
+
+    http = MarketHttp(market)
+    try:
+        return http.book("tpu-v5e")
+    finally:
+        http.close()
+
+
+def test_offers_show_asks_by_level_with_depth_and_the_providers(
+    world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from client.market_http import MarketHttp
+    from tests.market.signing import Trader
+
+    provider = world.providers[0]
+    _post_ask(world, market, provider, quantity=4, price=10_000)
+    _post_ask(world, market, provider, quantity=2, price=12_000)
+    trader = Trader(key=provider, chain_id=int(CHAIN_ID), escrow=world.escrow.address)
+    http = MarketHttp(market)
+    try:
+        http.heartbeat(trader.heartbeat(int(time.time()), throughput=7.5))
+    finally:
+        http.close()
+
+    assert _cli(world, "offers", "--device-class", "tpu-v5e", "--json", market=market) == 0
+    offers = _last_json(capsys.readouterr().out)
+    assert offers["asks"] == {
+        "tpu-v5e": [
+            {"price": 10_000, "quantity": 4, "orders": 1, "depth": 4},
+            {"price": 12_000, "quantity": 2, "orders": 1, "depth": 6},
+        ]
+    }
+    [advert] = offers["providers"]
+    assert advert["address"].lower() == world.addr(provider).lower()
+    assert (advert["device_kind"], advert["throughput"]) == ("TPU v5 lite", 7.5)
+
+    assert _cli(world, "offers", market=market) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "tpu-v5e asks"
+    assert lines[1].split() == ["price", "units", "orders", "depth"]
+    assert lines[2].split() == ["0.010000", "4", "1", "4"]
+    assert lines[3].split() == ["0.012000", "2", "1", "6"]
+    assert lines[4] == "providers"
+    assert lines[5].split()[:4] == ["provider", "class", "device", "price"]
+    assert lines[6].startswith(advert["address"]) and "TPU v5 lite" in lines[6]
+
+
+def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
+    world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.001"]
+    bid += ["--slo-ms", "5000", "--expiry-s", "600", "--json"]
+    assert _cli(world, "bid", *bid, key=client_key, market=market) == 0
+    mine = _last_json(capsys.readouterr().out)["order_id"]
+    assert [(lv.price, lv.quantity) for lv in _book(market).bids] == [(1_000, 3)]
+
+    other = world.anvil.new_funded_key()
+    assert _cli(world, "cancel", mine, key=other, market=market) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot cancel order {mine}: it belongs to another owner")
+    assert _book(market).bids
+
+    assert _cli(world, "cancel", mine, "--json", key=client_key, market=market) == 0
+    cancelled = _last_json(capsys.readouterr().out)
+    assert cancelled == {"order_id": mine, "state": "cancelled", "remaining": 3, "filled": 0}
+    assert _book(market).bids == ()
+
+    assert _cli(world, "cancel", mine, key=client_key, market=market) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot cancel order {mine}: it ")
+    unknown = "0x" + "ab" * 32
+    assert _cli(world, "cancel", unknown, key=client_key, market=market) == 1
+    assert "it is not on the market" in capsys.readouterr().err
+    assert _cli(world, "cancel", "0x12", key=client_key, market=market) == 1
+    assert "not an order id" in capsys.readouterr().err
+
+
+def test_open_turns_a_matched_deal_into_an_on_chain_deal_with_the_cap_locked(
+    world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    provider = world.providers[1]
+    address = world.addr(client_key)
+    _post_ask(world, market, provider, quantity=4, price=10_000)
+    assert _cli(world, "deposit", "1", key=client_key) == 0
+    plan = plan_kind(quote(world, provider).plan)
+    bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.02", "--plan", plan]
+    assert _cli(world, "bid", *bid, "--slo-ms", "5000", key=client_key, market=market) == 0
+    assert _cli(world, "deals", "--json", key=client_key, market=market) == 0
+    [deal] = _last_json(capsys.readouterr().out)["deals"]
+    count = world.escrow.deal_count()
+
+    other = world.anvil.new_funded_key()
+    assert _cli(world, "open", deal["deal_id"], key=other, market=market) == 1
+    assert "error: deal " in capsys.readouterr().err
+    too_much = ["--max-spend", "0.05"]  # the quote allows 4 x 0.01
+    assert _cli(world, "open", deal["deal_id"], *too_much, key=client_key, market=market) == 1
+    assert "outside the quote's (0, 40000]" in capsys.readouterr().err
+    assert world.escrow.deal_count() == count
+    assert world.escrow.balance_of(address) == 1_000_000
+
+    cap = ["--max-spend", "0.02", "--json"]
+    assert _cli(world, "open", deal["deal_id"], *cap, key=client_key, market=market) == 0
+    opened = _last_json(capsys.readouterr().out)
+    assert opened == {
+        "deal_id": deal["deal_id"],
+        "chain_deal_id": count + 1,
+        "provider": opened["provider"],
+        "max_spend": 20_000,
+        "locked": 20_000,
+    }
+    assert opened["provider"].lower() == world.addr(provider).lower()
+    on_chain = world.escrow.get_deal(count + 1)
+    assert on_chain.client.lower() == address.lower() and on_chain.locked == 20_000
+    assert world.escrow.balance_of(address) == 1_000_000 - 20_000
+    assert world.token.balance_of(address) == 9_000_000
+
+    # The provider's quote opens one deal: a second open is refused and locks nothing more.
+    assert _cli(world, "open", deal["deal_id"], key=client_key, market=market) == 1
+    assert capsys.readouterr().err.startswith("error: ")
+    assert world.escrow.balance_of(address) == 1_000_000 - 20_000
