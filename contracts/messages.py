@@ -444,6 +444,15 @@ def sign_digest(digest: bytes, private_key: bytes | str) -> bytes:
 
 def recover_digest(digest: bytes, signature: bytes) -> str:
     """Return the signer of `digest`; raise SignatureError on malformed or malleable signatures."""
+    return to_checksum_address(keccak256(recover_public(digest, signature)[1:])[-20:])
+
+
+def recover_public(digest: bytes, signature: bytes) -> bytes:
+    """Return the uncompressed public key that signed `digest` (65 bytes, 0x04 first).
+
+    Raise SignatureError unless the signature is 65 bytes, v is 27 or 28 and s is in the
+    lower half order (no malleable twins).
+    """
     if len(signature) != 65:
         raise SignatureError(f"signature must be 65 bytes, got {len(signature)}")
     v = signature[64]
@@ -458,7 +467,7 @@ def recover_digest(digest: bytes, signature: bytes) -> str:
         )
     except Exception as exc:  # coincurve raises plain Exception on bad points
         raise SignatureError(f"signature does not recover: {exc}") from exc
-    return to_checksum_address(keccak256(public.format(compressed=False)[1:])[-20:])
+    return bytes(public.format(compressed=False))
 
 
 def address_of(private_key: bytes | str) -> str:

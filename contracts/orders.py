@@ -14,11 +14,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-import coincurve
-
-from contracts.errors import SignatureError
 from contracts.hashing import keccak256, keccak_text
-from contracts.messages import SECP256K1_N, Domain, Plan, _attr, _from_json, _Message, _word
+from contracts.messages import (
+    Domain,
+    Plan,
+    _attr,
+    _from_json,
+    _Message,
+    _word,
+    recover_public,
+)
 
 MARKET_DOMAIN_NAME = "tpumarket-market"
 MARKET_DOMAIN_VERSION = "1"
@@ -126,21 +131,7 @@ def recover_address(digest: bytes, signature: bytes) -> str:
     The same rules as `contracts.messages.recover_digest` (65 bytes, v in {27, 28}, low s),
     without the checksum encoding (the market compares addresses case-insensitively).
     """
-    if len(signature) != 65:
-        raise SignatureError(f"signature must be 65 bytes, got {len(signature)}")
-    v = signature[64]
-    s = int.from_bytes(signature[32:64], "big")
-    if v not in (27, 28):
-        raise SignatureError(f"signature v must be 27 or 28, got {v}")
-    if not 0 < s <= SECP256K1_N // 2:
-        raise SignatureError("signature s is not in the lower half order (malleable)")
-    try:
-        public = coincurve.PublicKey.from_signature_and_message(
-            signature[:64] + bytes([v - 27]), digest, hasher=None
-        )
-    except Exception as exc:  # coincurve raises plain Exception on bad points
-        raise SignatureError(f"signature does not recover: {exc}") from exc
-    return _address_of_public(public.format(compressed=False))
+    return _address_of_public(recover_public(digest, signature))
 
 
 @functools.lru_cache(maxsize=65_536)
