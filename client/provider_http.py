@@ -20,30 +20,16 @@ from typing import Any
 import httpx
 
 from client.errors import ProviderRejected, ProviderUnavailable
-from contracts.hashing import keccak256
+from contracts.access import (
+    ACCESS_EXPIRY_HEADER,
+    ACCESS_SIGNATURE_HEADER,
+    ACCESS_TOKEN_HEADER,
+    result_access_digest,
+)
 from contracts.messages import Ack, Domain, Receipt, TaskRequest, Voucher, sign_digest
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
-ACCESS_TAG = b"tpumarket.result-access.v1"
-ACCESS_TOKEN_HEADER = "X-Tpumarket-Access"
-ACCESS_EXPIRY_HEADER = "X-Tpumarket-Access-Expiry"
-ACCESS_SIGNATURE_HEADER = "X-Tpumarket-Access-Signature"
 ACCESS_TTL_S = 300
-
-
-def result_access_digest(domain: Domain, deal_id: int, task_index: int, expiry: int) -> bytes:
-    """Return what a client signs to read a task's result until `expiry` (unix seconds).
-
-    `keccak256("tpumarket.result-access.v1" || domain separator || uint256 dealId ||
-    uint256 taskIndex || uint64 expiry)`: valid for one task on one chain and escrow.
-    """
-    return keccak256(
-        ACCESS_TAG
-        + domain.separator()
-        + deal_id.to_bytes(32, "big")
-        + task_index.to_bytes(32, "big")
-        + expiry.to_bytes(8, "big")
-    )
 
 
 @dataclass(frozen=True)

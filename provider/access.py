@@ -5,7 +5,7 @@ Two proofs, either one per request (checked by :meth:`ResultAccess.check`):
 - the **access token** returned with the signed ack (``access_token`` in the answer to
   ``POST /v1/tasks``): an HMAC of (chain, escrow, deal, task) under a secret derived from the
   provider's key, so it survives restarts and costs no lookup; sent as ``X-Tpumarket-Access``;
-- a **client signature** over ``client.provider_http.result_access_digest(domain, deal, task,
+- a **client signature** over ``contracts.access.result_access_digest(domain, deal, task,
   expiry)`` with an expiry at most :data:`MAX_ACCESS_TTL_S` ahead, sent as
   ``X-Tpumarket-Access-Expiry`` and ``X-Tpumarket-Access-Signature``; it must recover to the
   deal's client.
@@ -17,7 +17,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 
-from client.provider_http import (
+from contracts.access import (
     ACCESS_EXPIRY_HEADER,
     ACCESS_SIGNATURE_HEADER,
     ACCESS_TAG,

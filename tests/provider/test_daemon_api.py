@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from client.provider_http import (
+from contracts.access import (
     ACCESS_EXPIRY_HEADER,
     ACCESS_SIGNATURE_HEADER,
     ACCESS_TOKEN_HEADER,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from client.provider_http import (
+from contracts.access import (
     ACCESS_EXPIRY_HEADER,
     ACCESS_SIGNATURE_HEADER,
     ACCESS_TOKEN_HEADER,
