@@ -11,9 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
+from provider.api import create_app
+from provider.daemon import Daemon
 from provider.sandbox import Sandbox, SandboxLimits
-from tests.provider.daemon_support import ChainWorld, start_world
+from tests.provider.daemon_support import ChainWorld, provider_config, start_world
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +46,24 @@ def chain_world() -> Iterator[ChainWorld]:
         yield world
     finally:
         world.anvil.stop()
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    chain_world: ChainWorld, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Daemon]:
+    """One daemon per module on the shared chain (its jobs triggered by hand)."""
+    data = tmp_path_factory.mktemp("provider-data")
+    node = Daemon(provider_config(chain_world, data), chain=chain_world.chain, sandbox=sandbox)
+    node.start(schedule=False)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="module")
+def api(daemon: Daemon) -> Iterator[TestClient]:
+    """The daemon's task API in process."""
+    with TestClient(create_app(daemon)) as client:
+        yield client

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -39,39 +38,17 @@ from contracts.program import (
     decode_arrays,
     encode_arrays,
 )
-from provider.api import create_app
 from provider.daemon import Daemon
 from provider.diagnosis import Category
-from provider.sandbox import Sandbox
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     PLAN,
     ChainWorld,
     SignedTask,
     compile_task,
-    provider_config,
     sign_task,
     tiny_mlp_envelope,
 )
-
-
-@pytest.fixture(scope="module")
-def daemon(
-    chain_world: ChainWorld, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Daemon]:
-    data = tmp_path_factory.mktemp("provider-data")
-    node = Daemon(provider_config(chain_world, data), chain=chain_world.chain, sandbox=sandbox)
-    node.start(schedule=False)
-    try:
-        yield node
-    finally:
-        node.close()
-
-
-@pytest.fixture(scope="module")
-def api(daemon: Daemon) -> Iterator[TestClient]:
-    with TestClient(create_app(daemon)) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
 from contracts.binding import DEAL_CLOSED, TASK_REFUNDED
 from contracts.messages import Ack, Receipt, Voucher, address_of, task_bitmap
-from provider.api import create_app
 from provider.daemon import Daemon
-from provider.sandbox import Sandbox
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     ChainWorld,
-    provider_config,
     sign_task,
     spin_envelope,
     tiny_mlp_envelope,
@@ -25,25 +20,6 @@ from tests.provider.daemon_support import (
 )
 
 SLOW_STEPS = 400_000_000  # several seconds: the close lands while it runs
-
-
-@pytest.fixture(scope="module")
-def daemon(
-    chain_world: ChainWorld, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Daemon]:
-    data = tmp_path_factory.mktemp("provider-settlement")
-    node = Daemon(provider_config(chain_world, data), chain=chain_world.chain, sandbox=sandbox)
-    node.start(schedule=False)
-    try:
-        yield node
-    finally:
-        node.close()
-
-
-@pytest.fixture(scope="module")
-def api(daemon: Daemon) -> Iterator[TestClient]:
-    with TestClient(create_app(daemon)) as client:
-        yield client
 
 
 def run_tasks(api: TestClient, world: ChainWorld, deal_id: int, count: int) -> list[Receipt]:
