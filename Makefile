@@ -2,11 +2,14 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 NPMSTAMP := node_modules/.installed
+# The matching engine's hot modules, compiled to C extensions (see market/native.py)
+ENGINE_SRC := market/engine/book.py market/engine/engine.py market/native.py scripts/build_engine.py
+ENGINE_STAMP := .cache/engine-native.built
 ARGS    ?=
 
 .PHONY: demo test lint typecheck unit setup system-deps bench-gas clean
 
-setup: $(STAMP) $(NPMSTAMP)
+setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
@@ -18,6 +21,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torchax==0.0.13 onnx==1.23.2 onnxruntime==1.32.0
 	$(PY) -m pip install --quiet --no-deps silero-vad==6.2.3
 	touch $(STAMP)
+
+$(ENGINE_STAMP): $(STAMP) $(ENGINE_SRC)
+	$(PY) scripts/build_engine.py
+	mkdir -p $(dir $@) && touch $@
 
 $(NPMSTAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -45,4 +52,4 @@ bench-gas: setup
 	$(PY) scripts/bench-gas
 
 clean:
-	rm -rf .venv node_modules .cache
+	rm -rf .venv node_modules .cache market/engine/*.so

@@ -3,8 +3,10 @@
 
 Generate a replay of places and cancels over several device classes with some constraint
 mismatches (plans, SLO, memory), replay it against a fresh engine and print one JSON line:
-`{"engine_orders_per_s": x, "orders": n, "fills": n}`. Orders are built before the clock starts
-(as if parsed by the API); the timed loop is the engine alone, including periodic `expire` calls.
+`{"engine_orders_per_s": x, "orders": n, "fills": n, "compiled": bool}` (`compiled`: whether
+the engine ran as the C extensions `make setup` builds, see `market.native`). Orders are built
+before the clock starts (as if parsed by the API); the timed loop is the engine alone, including
+periodic `expire` calls.
 `scripts/bench-market` imports `run` from here; run this file directly for the engine alone.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from market.engine import MatchingEngine, Order, Side
+from market.native import built_extensions
 
 # device class -> mid price per unit (settlement token base units)
 DEVICE_CLASSES: dict[str, int] = {
@@ -139,7 +142,7 @@ def replay(ops: Sequence[Op]) -> tuple[float, int]:
     return time.perf_counter() - start, fills
 
 
-def run(orders: int = 200_000, seed: int = 1, repeat: int = 3) -> dict[str, float | int]:
+def run(orders: int = 200_000, seed: int = 1, repeat: int = 3) -> dict[str, float | int | bool]:
     """Benchmark the engine; return the figures, using the fastest of `repeat` replays."""
     ops = generate_replay(orders, seed)
     n = sum(1 for op in ops if op.kind != 2)
@@ -156,7 +159,12 @@ def run(orders: int = 200_000, seed: int = 1, repeat: int = 3) -> dict[str, floa
             best = min(best, seconds)
     finally:
         gc.unfreeze()
-    return {"engine_orders_per_s": round(n / best), "orders": n, "fills": fills}
+    return {
+        "engine_orders_per_s": round(n / best),
+        "orders": n,
+        "fills": fills,
+        "compiled": bool(built_extensions()),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ from bisect import bisect_left, insort
 from collections import deque
 from typing import NamedTuple
 
-from market.engine.compatibility import compatible
 from market.engine.fills import Fill
 from market.engine.lifecycle import OrderState
 from market.engine.orders import Order, Side
@@ -37,15 +36,37 @@ class PriceLevel(NamedTuple):
 
 
 class BookEntry:
-    """Mutable engine state of one order; `live` is True while it rests and can trade."""
+    """Mutable engine state of one order; `live` is True while it rests and can trade.
 
-    __slots__ = ("book", "expiry", "live", "order", "remaining", "seq", "state")
+    Holds copies of the order fields the matching loops read (price, SLO, memory, id, side), so
+    the hot paths never reach through to the `Order`.
+    """
+
+    __slots__ = (
+        "book",
+        "expiry",
+        "is_bid",
+        "live",
+        "memory",
+        "order",
+        "order_id",
+        "price",
+        "remaining",
+        "seq",
+        "slo_ms",
+        "state",
+    )
 
     def __init__(self, order: Order, seq: int, book: Book) -> None:
         """Wrap a newly placed `order` of `book` with its sequence number; it starts OPEN."""
         self.order = order
         self.seq = seq
         self.book = book
+        self.order_id = order.order_id
+        self.is_bid = order.side is _BID
+        self.price = order.price
+        self.slo_ms = order.slo_ms
+        self.memory = order.memory
         self.expiry = order.expiry
         self.remaining = order.quantity
         self.state = _OPEN
@@ -90,12 +111,14 @@ class Book:
         resting asks and the taker (remaining units, state, and `live` if it rests).
         """
         fills: list[Fill] = []
-        limit = taker.order.price
+        limit = taker.price
         prices = self._ask_prices
         if prices and prices[0] <= limit:
             levels = self._ask_levels
-            bid = taker.order
-            bid_id = bid.order_id
+            bid_id = taker.order_id
+            # `compatible(bid, ask)` within one book, whose orders all share a plan.
+            need_slo_ms = taker.slo_ms
+            need_memory = taker.memory
             remaining = taker.remaining
             device_class = self.device_class
             i = 0
@@ -117,7 +140,11 @@ class Book:
                         else:
                             j += 1
                         continue
-                    if entry.expiry <= now or not compatible(bid, entry.order):
+                    if (
+                        entry.expiry <= now
+                        or entry.slo_ms > need_slo_ms
+                        or entry.memory < need_memory
+                    ):
                         j += 1
                         continue
                     available = entry.remaining
@@ -129,7 +156,7 @@ class Book:
                             fill_id,
                             device_class,
                             bid_id,
-                            entry.order.order_id,
+                            entry.order_id,
                             price,
                             qty,
                             _BID,
@@ -160,7 +187,7 @@ class Book:
                     n_prices -= 1
                 else:
                     if n > 2 * level.count + _COMPACT_SLACK:
-                        level.queue = deque(e for e in queue if e.live)
+                        level.queue = deque([e for e in queue if e.live])
                     i += 1
                 if not remaining:
                     break
@@ -184,12 +211,14 @@ class Book:
     def place_ask(self, taker: BookEntry, now: int, fill_id: int) -> list[Fill]:
         """Match incoming ask `taker` against resting bids; mirror image of `place_bid`."""
         fills: list[Fill] = []
-        limit = taker.order.price
+        limit = taker.price
         prices = self._bid_prices
         if prices and prices[-1] >= limit:
             levels = self._bid_levels
-            ask = taker.order
-            ask_id = ask.order_id
+            ask_id = taker.order_id
+            # `compatible(bid, ask)` within one book, whose orders all share a plan.
+            offer_slo_ms = taker.slo_ms
+            offer_memory = taker.memory
             remaining = taker.remaining
             device_class = self.device_class
             i = len(prices) - 1
@@ -210,7 +239,11 @@ class Book:
                         else:
                             j += 1
                         continue
-                    if entry.expiry <= now or not compatible(entry.order, ask):
+                    if (
+                        entry.expiry <= now
+                        or entry.slo_ms < offer_slo_ms
+                        or entry.memory > offer_memory
+                    ):
                         j += 1
                         continue
                     available = entry.remaining
@@ -221,7 +254,7 @@ class Book:
                         Fill(
                             fill_id,
                             device_class,
-                            entry.order.order_id,
+                            entry.order_id,
                             ask_id,
                             price,
                             qty,
@@ -249,7 +282,7 @@ class Book:
                     del levels[price]
                     del prices[i]
                 elif n > 2 * level.count + _COMPACT_SLACK:
-                    level.queue = deque(e for e in queue if e.live)
+                    level.queue = deque([e for e in queue if e.live])
                 if not remaining:
                     break
                 i -= 1
@@ -274,11 +307,11 @@ class Book:
 
     def rest(self, entry: BookEntry) -> None:
         """Append live `entry` to the back of its price level's queue."""
-        if entry.order.side is _BID:
+        if entry.is_bid:
             levels, prices = self._bid_levels, self._bid_prices
         else:
             levels, prices = self._ask_levels, self._ask_prices
-        price = entry.order.price
+        price = entry.price
         level = levels.get(price)
         if level is None:
             level = levels[price] = _Level()
@@ -290,11 +323,11 @@ class Book:
 
     def remove(self, entry: BookEntry) -> None:
         """Take live `entry` out of the book (cancel or expiry); the caller sets its state."""
-        if entry.order.side is _BID:
+        if entry.is_bid:
             levels, prices = self._bid_levels, self._bid_prices
         else:
             levels, prices = self._ask_levels, self._ask_prices
-        price = entry.order.price
+        price = entry.price
         level = levels[price]
         entry.live = False
         level.quantity -= entry.remaining
@@ -307,7 +340,7 @@ class Book:
         if queue[0] is entry:
             queue.popleft()
         elif len(queue) > 2 * level.count + _COMPACT_SLACK:
-            level.queue = deque(e for e in queue if e.live)
+            level.queue = deque([e for e in queue if e.live])
 
     # -- queries ------------------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ class MatchingEngine:
         entry = BookEntry(order, seq, book)
         entries[order_id] = entry
         fill_id = self._next_fill_id
-        if order.side is _BID:
+        if entry.is_bid:
             fills = book.place_bid(entry, now, fill_id)
         else:
             fills = book.place_ask(entry, now, fill_id)
@@ -139,7 +139,7 @@ class MatchingEngine:
             for entry in buckets.pop(heappop(heap)):
                 if not entry.live:
                     continue
-                check_transition(entry.order.order_id, entry.state, _EXPIRED)
+                check_transition(entry.order_id, entry.state, _EXPIRED)
                 entry.book.remove(entry)
                 entry.state = _EXPIRED
                 expired.append(OrderRecord(entry.order, entry.seq, _EXPIRED, entry.remaining))
@@ -174,9 +174,9 @@ class MatchingEngine:
         entries = [entry for book in books for entry in book.live_entries(side)]
         if len(books) > 1:
             if side is _BID:
-                entries.sort(key=lambda e: (-e.order.price, e.seq))
+                entries.sort(key=lambda e: (-e.price, e.seq))
             else:
-                entries.sort(key=lambda e: (e.order.price, e.seq))
+                entries.sort(key=lambda e: (e.price, e.seq))
         return [_record(e) for e in entries]
 
     def device_classes(self) -> list[str]:

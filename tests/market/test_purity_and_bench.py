@@ -87,6 +87,7 @@ def test_bench_script_prints_one_json_line_with_the_figures() -> None:
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1
     figures = json.loads(lines[0])
-    assert set(figures) == {"engine_orders_per_s", "orders", "fills"}
+    assert set(figures) == {"engine_orders_per_s", "orders", "fills", "compiled"}
+    assert figures["compiled"] is True
     assert figures["orders"] == 3000
     assert figures["engine_orders_per_s"] > 0

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Compile the matching engine's hot modules to C extensions with mypyc, in place.
+
+The sources stay the reference: `market.engine` runs the same code as plain Python when no
+extension is built (a fresh checkout, an install without a C compiler). `make setup` runs this
+whenever a compiled source changed; `market.native` refuses to import an extension older than
+its source. The generated C goes to `.cache/mypyc`; the extensions land next to their sources
+(`market/engine/*.so`, ignored by git), with the shared runtime as `market.engine._native__mypyc`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _native_module() -> ModuleType:
+    """Load market/native.py alone: importing `market` would run the guard this script serves."""
+    spec = importlib.util.spec_from_file_location("market_native", ROOT / "market" / "native.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    """Build the extensions in place; return the process exit status."""
+    from mypyc.build import mypycify
+    from setuptools import setup
+
+    native = _native_module()
+    modules: tuple[str, ...] = native.COMPILED_MODULES
+    os.chdir(ROOT)
+    paths = [module.replace(".", "/") + ".py" for module in modules]
+    extensions = mypycify(
+        paths, opt_level="3", group_name=native.GROUP, target_dir=".cache/mypyc", verbose=False
+    )
+    setup(
+        name="tpumarket-engine-native",
+        ext_modules=extensions,
+        script_args=["--quiet", "build_ext", "--inplace", "--build-temp", ".cache/mypyc/obj"],
+    )
+    # Copying keeps the compiler's mtimes from the build dir; stamp them now, after the sources.
+    for module in (*modules, native.GROUP + "__mypyc"):
+        package, _, name = module.rpartition(".")
+        for built in (ROOT / package.replace(".", "/")).glob(f"{name}.*.so"):
+            built.touch()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
