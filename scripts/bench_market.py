@@ -190,8 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             post_all(url, warmup, batch=args.batch, clients=args.clients)
             cpu_before = process_cpu_s(process.pid)
+            client_before = time.process_time()
             seconds, latencies = post_all(url, orders, batch=args.batch, clients=args.clients)
             server_cpu_us = (process_cpu_s(process.pid) - cpu_before) / len(orders) * 1e6
+            client_cpu_us = (time.process_time() - client_before) / len(orders) * 1e6
             stats = httpx.get(url + "/v1/fills", params={"limit": 1}).json()
         finally:
             os.kill(process.pid, signal.SIGTERM)
@@ -199,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"api: {len(orders)} orders in {len(latencies)} requests of {args.batch} "
         f"from {args.clients} clients in {seconds:.2f}s; server CPU {server_cpu_us:.0f} us/order "
-        f"({1e6 / server_cpu_us:.0f} orders/s per busy core); load average "
+        f"({1e6 / server_cpu_us:.0f} orders/s per busy core), client CPU {client_cpu_us:.0f} "
+        f"us/order; load average "
         f"{os.getloadavg()[0]:.1f}; last fill {stats[:1]}",
         flush=True,
     )
