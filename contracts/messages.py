@@ -8,6 +8,7 @@ equal both the contract's digest views and eth-account's typed-data encoder.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -69,18 +70,46 @@ def _separator(domain: Domain) -> bytes:
 
 
 def _word(kind: str, value: Any) -> bytes:
+    return _encoder(kind)(value)
+
+
+@functools.cache
+def _encoder(kind: str) -> Callable[[Any], bytes]:
+    """Return the function that encodes a value of an atomic EIP-712 type as one 32-byte word."""
     if kind.startswith("uint"):
-        if not 0 <= value < 1 << int(kind[4:]):
-            raise ValueError(f"{value} does not fit {kind}")
-        return int(value).to_bytes(32, "big")
+        bound = 1 << int(kind[4:])
+
+        def uint(value: Any) -> bytes:
+            if not 0 <= value < bound:
+                raise ValueError(f"{value} does not fit {kind}")
+            return int(value).to_bytes(32, "big")
+
+        return uint
     if kind == "address":
-        return to_canonical_address(value).rjust(32, b"\x00")
+        return _address_word
     if kind == "bool":
-        return (1 if value else 0).to_bytes(32, "big")
+        return _bool_word
     if kind == "bytes32":
-        if not isinstance(value, bytes) or len(value) != 32:
-            raise ValueError("bytes32 field needs exactly 32 bytes")
-        return value
+        return _bytes32_word
+    return functools.partial(_unsupported, kind)
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_word(value: str | bytes) -> bytes:
+    return to_canonical_address(value).rjust(32, b"\x00")
+
+
+def _bool_word(value: Any) -> bytes:
+    return (1 if value else 0).to_bytes(32, "big")
+
+
+def _bytes32_word(value: Any) -> bytes:
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise ValueError("bytes32 field needs exactly 32 bytes")
+    return value
+
+
+def _unsupported(kind: str, value: Any) -> bytes:
     raise TypeError(f"unsupported field type {kind}")
 
 
@@ -110,7 +139,13 @@ class _Message:
 
     def struct_hash(self) -> bytes:
         """Return the EIP-712 struct hash."""
-        encoded = b"".join(self._encode_field(t, getattr(self, _attr(n))) for n, t in self.TYPES)
+        cls = type(self)
+        if cls._encode_field is _Message._encode_field:  # atomic fields only: the fast path
+            encoded = b"".join([encode(getattr(self, name)) for name, encode in _fields_of(cls)])
+        else:
+            encoded = b"".join(
+                self._encode_field(t, getattr(self, _attr(n))) for n, t in self.TYPES
+            )
         return keccak256(self.typehash() + encoded)
 
     def digest(self, domain: Domain) -> bytes:
@@ -141,7 +176,7 @@ class _Message:
         if isinstance(value, _Message):
             return value.as_typed_data()
         if kind == "address":
-            return to_checksum_address(value)
+            return checksum_of(value)
         return value
 
     def as_args(self) -> tuple[Any, ...]:
@@ -195,13 +230,26 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
             raise ValueError("bool field needs true or false")
         return value
     if kind == "address":
-        return to_checksum_address(value)
+        if not isinstance(value, str):
+            raise ValueError("address field needs a 0x-hex string")
+        return checksum_of(value)
     if kind.startswith("uint"):
         number = int(value)
         _word(kind, number)
         return number
     nested = {m.TYPE_NAME: m for m in owner._nested()}[kind]
     return nested.from_json(value)
+
+
+_FIELDS: dict[type[_Message], tuple[tuple[str, Callable[[Any], bytes]], ...]] = {}
+
+
+def _fields_of(cls: type[_Message]) -> tuple[tuple[str, Callable[[Any], bytes]], ...]:
+    """Return (attribute, encoder) of each field of a message type, in EIP-712 order."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = _FIELDS[cls] = tuple((_attr(name), _encoder(kind)) for name, kind in cls.TYPES)
+    return found
 
 
 @functools.cache
@@ -444,7 +492,17 @@ def sign_digest(digest: bytes, private_key: bytes | str) -> bytes:
 
 def recover_digest(digest: bytes, signature: bytes) -> str:
     """Return the signer of `digest`; raise SignatureError on malformed or malleable signatures."""
-    return to_checksum_address(keccak256(recover_public(digest, signature)[1:])[-20:])
+    return checksum_of(keccak256(recover_public(digest, signature)[1:])[-20:])
+
+
+@functools.lru_cache(maxsize=4096)
+def checksum_of(address: bytes | str) -> str:
+    """Return the EIP-55 form of an address, 20 bytes or text; raise ValueError if it is none.
+
+    Cached: the same parties sign again and again, and the checksum costs about as much as a
+    signature recovery (~30 us).
+    """
+    return to_checksum_address(address)
 
 
 def recover_public(digest: bytes, signature: bytes) -> bytes:
@@ -473,7 +531,7 @@ def recover_public(digest: bytes, signature: bytes) -> bytes:
 def address_of(private_key: bytes | str) -> str:
     """Return the checksummed address of a private key."""
     public = _private_key(private_key).public_key.format(compressed=False)
-    return to_checksum_address(keccak256(public[1:])[-20:])
+    return checksum_of(keccak256(public[1:])[-20:])
 
 
 def verify(message: M, domain: Domain, signature: bytes, expected: str) -> M:
