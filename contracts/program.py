@@ -283,6 +283,40 @@ def decode_envelope(data: bytes, *, max_bytes: int = MAX_ENVELOPE_BYTES) -> Prog
     return envelope
 
 
+def split_envelope(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """Split an envelope into (frame, program, weights) for storage by content hash.
+
+    ``frame`` is the envelope with its program and weights sections cut out (the prefix, the
+    header and the inputs); :func:`join_envelope` puts them back, byte for byte. Raise
+    :class:`ProgramFormatError` unless the prefix, header and section lengths are well formed
+    (the hashes are not checked here: :func:`decode_envelope` does that).
+    """
+    if len(data) < _PREFIX.size:
+        raise ProgramFormatError("envelope shorter than its fixed prefix")
+    magic, version, header_len = _PREFIX.unpack_from(data)
+    start = _PREFIX.size + header_len
+    if magic != MAGIC or version != FORMAT_VERSION or start > len(data):
+        raise ProgramFormatError("not an envelope of this format")
+    try:
+        program_len, inputs_len, weights_len = (
+            int(n) for n in json.loads(data[_PREFIX.size : start])["lengths"]
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProgramFormatError(f"bad envelope header: {exc}") from exc
+    inputs_start = start + program_len
+    inputs_end = inputs_start + inputs_len
+    if min(program_len, inputs_len, weights_len) < 0 or inputs_end + weights_len != len(data):
+        raise ProgramFormatError("section lengths do not add up to the envelope size")
+    frame = data[:start] + data[inputs_start:inputs_end]
+    return frame, data[start:inputs_start], data[inputs_end:]
+
+
+def join_envelope(frame: bytes, program: bytes, weights: bytes) -> bytes:
+    """Return the envelope :func:`split_envelope` split into these three parts."""
+    start = _PREFIX.size + _PREFIX.unpack_from(frame)[2]
+    return b"".join((frame[:start], program, frame[start:], weights))
+
+
 # ---- binding a task to its signed request ------------------------------------------------
 
 _HASH_DOMAIN_COMPILE_TARGET: Final = b"tpumarket.compile-target.v1"

@@ -8,6 +8,11 @@ transactions; set ``synchronous=FULL`` through ``durable=True`` for that). Table
 append-only, enforced by triggers: state changes are new rows (a redeemed voucher, a claimed
 batch, a finalized batch), never updates.
 
+An ack keeps the envelope it answers, so an acked task can be re-run after a crash; program
+and weights sections are stored once per content hash (table ``blobs``), the rest of the
+envelope (header and inputs) in the ack's row: a model's weights are journaled once, not once
+per task.
+
 Receipts chain per deal: each receipt's ``prevReceiptHash`` is the EIP-712 struct hash of the
 deal's previous receipt (zero for the first). :meth:`Journal.verify` walks every chain, checks
 each link, hash and signature, and runs on every open.
@@ -15,6 +20,8 @@ each link, hash and signature, and runs on every open.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import sqlite3
 import threading
@@ -26,12 +33,17 @@ from typing import Any
 
 from contracts.errors import SignatureError
 from contracts.messages import ZERO_HASH, Ack, Domain, Receipt, TaskRequest, Voucher, recover_digest
+from contracts.program import ProgramFormatError, join_envelope, split_envelope
 from provider.errors import JournalCorruptError, JournalError
 
 Key = tuple[int, int]
 
-_TABLES = ("acks", "receipts", "vouchers", "settlements")
+_TABLES = ("acks", "receipts", "vouchers", "settlements", "blobs")
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS blobs (
+    sha256 BLOB PRIMARY KEY,
+    data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS acks (
     deal_id TEXT NOT NULL,
     task_index INTEGER NOT NULL,
@@ -43,6 +55,8 @@ CREATE TABLE IF NOT EXISTS acks (
     ack_json TEXT NOT NULL,
     ack_sig BLOB NOT NULL,
     acked_at REAL NOT NULL,
+    program_sha256 BLOB,
+    weights_sha256 BLOB,
     PRIMARY KEY (deal_id, task_index)
 );
 CREATE TABLE IF NOT EXISTS receipts (
@@ -212,9 +226,15 @@ class Journal:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._db.executescript(_SCHEMA + _append_only_triggers())
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(acks)")}
+            for column in ("program_sha256", "weights_sha256"):
+                if column not in columns:  # a journal written before blobs were shared
+                    self._db.execute(f"ALTER TABLE acks ADD COLUMN {column} BLOB")
+            self._blobs = {bytes(row[0]) for row in self._db.execute("SELECT sha256 FROM blobs")}
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal at {path}: {exc}") from exc
         self._deals: dict[int, DealBook] = {}
+        self._new_blobs: list[tuple[bytes, bytes]] = []  # blobs of the ack being inserted
         self._deferred: dict[Key, tuple[AckRecord, bytes]] = {}  # acks not yet committed
         self._load()
         self.verify()
@@ -358,11 +378,23 @@ class Journal:
             if deferred is not None:
                 return deferred[1]
             row = self._db.execute(
-                "SELECT envelope FROM acks WHERE deal_id = ? AND task_index = ?",
+                "SELECT envelope, program_sha256, weights_sha256 FROM acks "
+                "WHERE deal_id = ? AND task_index = ?",
                 (str(key[0]), key[1]),
             ).fetchone()
+            if row is None:
+                raise JournalError(f"no envelope journaled for task {key}")
+            frame, program_sha, weights_sha = row
+            if program_sha is None:  # stored whole
+                return bytes(frame)
+            program = self._blob(bytes(program_sha))
+            weights = b"" if weights_sha is None else self._blob(bytes(weights_sha))
+        return join_envelope(bytes(frame), program, weights)
+
+    def _blob(self, sha: bytes) -> bytes:
+        row = self._db.execute("SELECT data FROM blobs WHERE sha256 = ?", (sha,)).fetchone()
         if row is None:
-            raise JournalError(f"no envelope journaled for task {key}")
+            raise JournalCorruptError(f"blob {sha.hex()} of a journaled envelope is missing")
         return bytes(row[0])
 
     def unfinished(self) -> list[AckRecord]:
@@ -408,23 +440,63 @@ class Journal:
                 del self._deferred[key]
 
     def _insert_ack(self, record: AckRecord, envelope: bytes) -> None:
+        """Insert an ack row, its program and weights as blobs (in the caller's transaction, or
+        in one of its own)."""
         deal_id, index = record.key
-        self._db.execute(
-            "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
-            "target, envelope, ack_json, ack_sig, acked_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (
-                str(deal_id),
-                index,
-                json.dumps(record.request.to_json()),
-                record.request_sig,
-                record.request_hash,
-                record.target,
-                envelope,
-                json.dumps(record.ack.to_json()),
-                record.ack_sig,
-                record.acked_at,
-            ),
-        )
+        frame, program_sha, weights_sha = envelope, None, None
+        with contextlib.suppress(ProgramFormatError):  # not an envelope: stored whole
+            frame, program, weights = split_envelope(envelope)
+            program_sha = self._store_blob(program)
+            weights_sha = self._store_blob(weights) if weights else None
+        own = not self._db.in_transaction
+        if own:
+            self._db.execute("BEGIN")
+        try:
+            for sha, data in self._new_blobs:
+                self._db.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)", (sha, data))
+            self._db.execute(
+                "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
+                "target, envelope, ack_json, ack_sig, acked_at, program_sha256, weights_sha256) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    str(deal_id),
+                    index,
+                    json.dumps(record.request.to_json()),
+                    record.request_sig,
+                    record.request_hash,
+                    record.target,
+                    frame,
+                    json.dumps(record.ack.to_json()),
+                    record.ack_sig,
+                    record.acked_at,
+                    program_sha,
+                    weights_sha,
+                ),
+            )
+            if own:
+                self._db.execute("COMMIT")
+        except BaseException:
+            if own:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                self._settle_blobs(committed=False)
+            raise
+        if own:
+            self._settle_blobs(committed=True)
+
+    def _settle_blobs(self, *, committed: bool) -> None:
+        """Remember the queued blobs as stored once their transaction committed; forget them
+        when it rolled back (a later ack stores them again)."""
+        if committed:
+            self._blobs.update(sha for sha, _ in self._new_blobs)
+        self._new_blobs.clear()
+
+    def _store_blob(self, data: bytes) -> bytes:
+        """Return the content hash of ``data``, queueing it for the next ack insert if new."""
+        sha = hashlib.sha256(data).digest()
+        if sha not in self._blobs and all(sha != queued for queued, _ in self._new_blobs):
+            self._new_blobs.append((sha, data))
+        return sha
 
     def next_prev_hash(self, deal_id: int) -> bytes:
         """Return the hash the deal's next receipt must chain to (hold :meth:`lock`)."""
@@ -482,7 +554,9 @@ class Journal:
             except BaseException:
                 if deferred is not None and self._db.in_transaction:
                     self._db.execute("ROLLBACK")
+                self._settle_blobs(committed=False)
                 raise
+            self._settle_blobs(committed=True)
             self._deferred.pop(key, None)
             record = ReceiptRecord(
                 receipt, signature, receipt_hash, detail, int(cursor.lastrowid or 0)

@@ -36,10 +36,11 @@ from contracts.program import (
     ProgramEnvelope,
     ProgramFormatError,
     compile_input_hash,
+    encode_envelope,
     request_input_hash,
 )
 from provider.config import load_config
-from provider.errors import ConfigError, JournalCorruptError
+from provider.errors import ConfigError, JournalCorruptError, JournalError
 from provider.heartbeat import Heartbeat, build_advert, heartbeat_message, signed_heartbeat
 from provider.journal import AckRecord, Journal
 from provider.metrics import ProviderMetrics
@@ -259,6 +260,87 @@ def test_journal_when_ack_deferred_then_it_commits_with_its_receipt_or_when_made
         assert reopened.unfinished() == []
     finally:
         reopened.close()
+
+
+def envelope_bytes(inputs: bytes, *, weights: bytes | None = b"w" * 3_000) -> bytes:
+    return encode_envelope(
+        ProgramEnvelope.create(
+            program=b"p" * 5_000,
+            inputs=inputs,
+            producer=ProducerVersions(jax="0.10.2", jaxlib="0.10.2", calling_convention=9),
+            platforms=("cpu",),
+            weights=weights,
+        )
+    )
+
+
+def test_journal_stores_program_and_weights_once_and_gives_back_each_envelope_exactly(
+    journal: Journal, tmp_path: Path
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    sent = {i: envelope_bytes(b"inputs-%d" % i) for i in range(4)}
+    sent[4] = envelope_bytes(b"no weights", weights=None)
+    journal.record_ack(ack_record(0), sent[0])
+    journal.record_ack(ack_record(1), sent[1], defer=True)
+    journal.make_durable((7, 1))
+    journal.record_ack(ack_record(2), sent[2], defer=True)
+    deliver(journal, 2, ack=False)  # the deferred ack commits with its receipt
+    journal.record_ack(ack_record(3), sent[3])
+    journal.record_ack(ack_record(4), sent[4])
+    journal.record_ack(ack_record(5), b"not an envelope")
+    with sqlite3.connect(path) as db:
+        blobs = sorted(len(data) for (data,) in db.execute("SELECT data FROM blobs"))
+        rows = dict(db.execute("SELECT task_index, length(envelope) FROM acks"))
+    assert blobs == [3_000, 5_000]  # one program, one set of weights, for five envelopes
+    assert all(rows[i] < 1_000 for i in range(5)) and rows[5] == len(b"not an envelope")
+    journal.close()
+
+    reopened = Journal(path, address_of(KEY), DOMAIN)
+    try:
+        for i, data in sent.items():
+            assert reopened.envelope((7, i)) == data
+        assert reopened.envelope((7, 5)) == b"not an envelope"
+        with pytest.raises(JournalError, match="no envelope"):
+            reopened.envelope((7, 6))
+    finally:
+        reopened.close()
+
+
+def test_journal_written_before_shared_blobs_opens_and_serves_its_envelopes(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    record = ack_record(0)
+    with sqlite3.connect(path) as db:  # the acks table as it was, one row in it
+        db.execute(
+            "CREATE TABLE acks (deal_id TEXT NOT NULL, task_index INTEGER NOT NULL, "
+            "request_json TEXT NOT NULL, request_sig BLOB NOT NULL, request_hash BLOB NOT NULL, "
+            "target TEXT, envelope BLOB NOT NULL, ack_json TEXT NOT NULL, ack_sig BLOB NOT NULL, "
+            "acked_at REAL NOT NULL, PRIMARY KEY (deal_id, task_index))"
+        )
+        db.execute(
+            "INSERT INTO acks VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                "7",
+                0,
+                json.dumps(record.request.to_json()),
+                record.request_sig,
+                record.request_hash,
+                None,
+                envelope_bytes(b"old"),
+                json.dumps(record.ack.to_json()),
+                record.ack_sig,
+                record.acked_at,
+            ),
+        )
+    journal = Journal(path, address_of(KEY), DOMAIN)
+    try:
+        assert journal.envelope((7, 0)) == envelope_bytes(b"old")
+        journal.record_ack(ack_record(1), envelope_bytes(b"new"))
+        assert journal.envelope((7, 1)) == envelope_bytes(b"new")
+        assert [a.key for a in journal.unfinished()] == [(7, 0), (7, 1)]
+    finally:
+        journal.close()
 
 
 def test_journal_when_someone_updates_a_row_then_the_trigger_refuses(journal: Journal) -> None:

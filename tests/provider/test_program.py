@@ -23,8 +23,10 @@ from contracts.program import (
     encode_arrays,
     encode_envelope,
     inputs_hash,
+    join_envelope,
     outputs_hash,
     program_hash,
+    split_envelope,
 )
 
 PRODUCER = ProducerVersions(jax="0.10.2", jaxlib="0.10.2", calling_convention=10)
@@ -130,3 +132,32 @@ def test_decode_envelope_on_single_byte_flip_never_raises_other_errors(
     wire[pos % len(wire)] = value
     with contextlib.suppress(ProgramFormatError):
         decode_envelope(bytes(wire))
+
+
+@given(
+    program=st.binary(min_size=1, max_size=300),
+    inputs=st.binary(max_size=300),
+    weights=st.one_of(st.none(), st.binary(max_size=300)),
+)
+def test_split_envelope_then_join_gives_the_same_bytes(
+    program: bytes, inputs: bytes, weights: bytes | None
+) -> None:
+    data = encode_envelope(
+        ProgramEnvelope.create(
+            program=program,
+            inputs=inputs,
+            producer=ProducerVersions(jax="0.10.2", jaxlib="0.10.2", calling_convention=9),
+            platforms=("cpu",),
+            weights=weights,
+        )
+    )
+    frame, cut_program, cut_weights = split_envelope(data)
+    assert (cut_program, cut_weights) == (program, weights or b"")
+    assert len(frame) == len(data) - len(program) - len(weights or b"")
+    assert join_envelope(frame, cut_program, cut_weights) == data
+
+
+@pytest.mark.parametrize("data", [b"", b"TPMP", b"XXXX\x01\x00\x00\x00\x02{}", b"pending"])
+def test_split_envelope_when_not_an_envelope_then_format_error(data: bytes) -> None:
+    with pytest.raises(ProgramFormatError):
+        split_envelope(data)
