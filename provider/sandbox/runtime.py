@@ -137,6 +137,10 @@ class WorkerRuntime:
         self._hbm_by_kind: dict[str, int] = {}
         self._cache_hits = 0
         monitoring.register_event_listener(self._on_event)
+        # A worker runs one task at a time and waits for its outputs: on the CPU backend,
+        # asynchronous dispatch would only add a hop to XLA's thread and back per call
+        # (measured: the worker's share of a small warm task ~15-20% shorter without it).
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
         self.local_device = jax.devices()[0]
         self.local_kind = str(self.local_device.device_kind)
         if cache_root is not None:
