@@ -131,8 +131,11 @@ class _Message:
 
     @classmethod
     def typehash(cls) -> bytes:
-        """Return keccak256 of the type string."""
-        return _typehash(cls.encode_type())
+        """Return keccak256 of the type string (computed once per type)."""
+        found = _TYPEHASHES.get(cls)
+        if found is None:
+            found = _TYPEHASHES[cls] = _typehash(cls.encode_type())
+        return found
 
     def _encode_field(self, kind: str, value: Any) -> bytes:
         return _word(kind, value)
@@ -193,27 +196,27 @@ class _Message:
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict (bytes as 0x-hex, nested messages as dicts)."""
         out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
             if isinstance(value, _Message):
-                out[f.name] = value.to_json()
+                out[name] = value.to_json()
             elif isinstance(value, bytes):
-                out[f.name] = "0x" + value.hex()
+                out[name] = "0x" + value.hex()
             elif isinstance(value, tuple):
-                out[f.name] = [str(v) for v in value]
+                out[name] = [str(v) for v in value]
             else:
-                out[f.name] = value
+                out[name] = value
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
         """Build the message from `to_json` output; raise ValueError on bad fields."""
         kwargs: dict[str, Any] = {}
-        kinds = {_attr(n): t for n, t in cls.TYPES}
-        for f in fields(cls):  # type: ignore[arg-type]
-            if f.name not in data:
-                raise ValueError(f"{cls.TYPE_NAME} lacks field {f.name}")
-            kwargs[f.name] = _from_json(kinds[f.name], data[f.name], cls)
+        kinds = _field_kinds(cls)
+        for name in _field_names(cls):
+            if name not in data:
+                raise ValueError(f"{cls.TYPE_NAME} lacks field {name}")
+            kwargs[name] = _from_json(kinds[name], data[name], cls)
         return cls(**kwargs)
 
 
@@ -242,6 +245,25 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
 
 
 _FIELDS: dict[type[_Message], tuple[tuple[str, Callable[[Any], bytes]], ...]] = {}
+_TYPEHASHES: dict[type[_Message], bytes] = {}
+_NAMES: dict[type[_Message], tuple[str, ...]] = {}
+_KINDS: dict[type[_Message], dict[str, str]] = {}
+
+
+def _field_names(cls: type[_Message]) -> tuple[str, ...]:
+    """Return the dataclass field names of a message type, in declaration order."""
+    found = _NAMES.get(cls)
+    if found is None:
+        found = _NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    return found
+
+
+def _field_kinds(cls: type[_Message]) -> dict[str, str]:
+    """Return the EIP-712 type of each field of a message type, by attribute name."""
+    found = _KINDS.get(cls)
+    if found is None:
+        found = _KINDS[cls] = {_attr(n): t for n, t in cls.TYPES}
+    return found
 
 
 def _fields_of(cls: type[_Message]) -> tuple[tuple[str, Callable[[Any], bytes]], ...]:

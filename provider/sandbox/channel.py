@@ -66,16 +66,21 @@ class PipeChannel:
     # ---- sending -----------------------------------------------------------------------
 
     async def send(self, data: bytes, deadline: float) -> None:
-        """Write one frame; raise TimeoutError past ``deadline`` (loop time), OSError if closed."""
+        """Write one frame; raise TimeoutError past ``deadline`` (loop time), OSError if closed.
+
+        Prefix and data go in one ``writev``: one wake-up of the worker, not one per part.
+        """
         parts = [memoryview(frame_prefix(len(data))), memoryview(data)]
-        for part in parts:
-            while part:
-                try:
-                    written = os.write(self._fd, part)
-                except BlockingIOError:
-                    await self._wait(deadline, write=True)
-                    continue
-                part = part[written:]
+        while parts:
+            try:
+                written = os.writev(self._fd, parts)
+            except BlockingIOError:
+                await self._wait(deadline, write=True)
+                continue
+            while parts and written >= len(parts[0]):
+                written -= len(parts.pop(0))
+            if parts and written:
+                parts[0] = parts[0][written:]
 
     # ---- receiving ---------------------------------------------------------------------
 
