@@ -36,6 +36,9 @@ def main() -> int:
     native = _native_module()
     modules: tuple[str, ...] = native.COMPILED_MODULES
     os.chdir(ROOT)
+    # Old extensions go first: if this build fails, the sources run, never a stale build.
+    for built in _extensions(modules, native.GROUP):
+        built.unlink()
     paths = [module.replace(".", "/") + ".py" for module in modules]
     extensions = mypycify(
         paths, opt_level="3", group_name=native.GROUP, target_dir=".cache/mypyc", verbose=False
@@ -46,11 +49,18 @@ def main() -> int:
         script_args=["--quiet", "build_ext", "--inplace", "--build-temp", ".cache/mypyc/obj"],
     )
     # Copying keeps the compiler's mtimes from the build dir; stamp them now, after the sources.
-    for module in (*modules, native.GROUP + "__mypyc"):
-        package, _, name = module.rpartition(".")
-        for built in (ROOT / package.replace(".", "/")).glob(f"{name}.*.so"):
-            built.touch()
+    for built in _extensions(modules, native.GROUP):
+        built.touch()
     return 0
+
+
+def _extensions(modules: tuple[str, ...], group: str) -> list[Path]:
+    """Return the built extension files of `modules` and of their shared runtime `group`."""
+    found: list[Path] = []
+    for module in (*modules, group + "__mypyc"):
+        package, _, name = module.rpartition(".")
+        found.extend((ROOT / package.replace(".", "/")).glob(f"{name}.*.so"))
+    return found
 
 
 if __name__ == "__main__":
