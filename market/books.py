@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -25,14 +25,15 @@ class ClassBook:
 class Books:
     """Every device class's book; a class is restored from storage the first time it is used."""
 
-    def __init__(self, db: Engine) -> None:
-        """Restore every class that has stored orders."""
+    def __init__(self, db: Engine, now: Callable[[], int]) -> None:
+        """Restore every class that has stored orders, as remembered at `now()`."""
         self._db = db
+        self._now = now
         self._classes: dict[str, ClassBook] = {}
         self._lock = threading.Lock()
         with Session(db) as session:
             for name in storage.device_classes(session=session):
-                self._classes[name] = _restore(session, name)
+                self._classes[name] = _restore(session, name, now())
 
     def get(self, name: str) -> ClassBook:
         """Return a class's book, creating (restoring) it if this process has not used it yet."""
@@ -42,7 +43,7 @@ class Books:
                 book = self._classes.get(name)
                 if book is None:
                     with Session(self._db) as session:
-                        book = self._classes[name] = _restore(session, name)
+                        book = self._classes[name] = _restore(session, name, self._now())
         return book
 
     def find(self, name: str) -> ClassBook | None:
@@ -61,13 +62,14 @@ class Books:
         """Reload classes from storage after a failed write (call with their locks held)."""
         with Session(self._db) as session:
             for name in names:
-                fresh = _restore(session, name)
+                fresh = _restore(session, name, self._now())
                 book = self._classes[name]
                 book.engine = fresh.engine
                 book.quote_hashes = fresh.quote_hashes
 
 
-def _restore(session: Session, name: str) -> ClassBook:
-    snapshot = storage.load_snapshot(session=session, device_class=name)
+def _restore(session: Session, name: str, now: int) -> ClassBook:
+    snapshot = storage.load_snapshot(session=session, device_class=name, now=now)
     engine = MatchingEngine.restore(snapshot)  # type: ignore[arg-type]
-    return ClassBook(engine, storage.ask_quote_hashes(session=session, device_class=name))
+    quote_hashes = storage.ask_quote_hashes(session=session, device_class=name, now=now)
+    return ClassBook(engine, quote_hashes)

@@ -47,6 +47,7 @@ from market.errors import (
     InvalidOrderError,
     MarketError,
     NotFoundError,
+    OrderStateError,
     PayloadTooLargeError,
     ReplayError,
     SignatureExpiredError,
@@ -185,7 +186,7 @@ class MarketService:
         self.ip_limiter = RateLimiter(rate=settings.rate_per_ip, burst=settings.burst_per_ip)
         self._version = 0
         self._version_lock = threading.Lock()
-        self.books = Books(self.db)
+        self.books = Books(self.db, self.now)
         for name, book in self.books.items():
             self._update_live_gauge(name, book.engine)
         self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed)
@@ -376,7 +377,12 @@ class MarketService:
         """Cancel in the writer thread: claim the nonce, change the engine, commit."""
         book = next((b for _, b in self.books.items() if order_id in b.engine), None)
         if book is None:
-            raise UnknownOrderError(order_id)
+            with self.session() as session:
+                stored = storage.get_order(session=session, order_id=order_id)
+            if stored is None:
+                raise UnknownOrderError(order_id)
+            # Past its expiry, so no longer in the engine: filled, cancelled or expired.
+            raise OrderStateError(order_id, stored.state, "cancelled")
         with book.lock, self.session() as session:
             record = book.engine.record(order_id)
             if record.order.owner != owner:
@@ -419,7 +425,11 @@ class MarketService:
         total = 0
         for name, book in self.books.items():
             with book.lock:
+                remembered = len(book.engine)
                 expired = book.engine.expire(now)
+                if len(book.engine) < remembered:  # it forgot orders: so do the quote hashes
+                    engine = book.engine
+                    book.quote_hashes = {i: h for i, h in book.quote_hashes.items() if i in engine}
                 self._update_live_gauge(name, book.engine)  # here, not on the placement path
                 if not expired:
                     continue

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, event, func
+from sqlalchemy import Table, and_, event, func, or_
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, SQLModel, col, create_engine, select
 
@@ -101,11 +101,26 @@ def device_classes(*, session: Session) -> list[str]:
     return sorted(rows)
 
 
-def load_snapshot(*, session: Session, device_class: str) -> SnapshotData:
-    """Build the engine snapshot of one device class from its order and fill rows."""
+def _remembered(device_class: str, now: int) -> Any:
+    """The orders of a class an engine remembers at `now`: live, or their expiry not past."""
+    return and_(
+        col(Order.device_class) == device_class,
+        or_(col(Order.state).in_(("open", "partially_filled")), col(Order.expiry) > now),
+    )
+
+
+def load_snapshot(*, session: Session, device_class: str, now: int) -> SnapshotData:
+    """Build the engine snapshot of one device class at `now` from its order and fill rows.
+
+    Only the orders an engine remembers at `now` are loaded (see `MatchingEngine.expire`), so
+    a restart reads the validity window, not the whole history.
+    """
     rows = session.exec(
-        select(Order).where(Order.device_class == device_class).order_by(col(Order.seq))
+        select(Order).where(_remembered(device_class, now)).order_by(col(Order.seq))
     ).all()
+    last_seq = session.exec(
+        select(func.max(Order.seq)).where(Order.device_class == device_class)
+    ).one()
     orders: list[OrderData] = [
         {
             "side": r.side,
@@ -129,17 +144,17 @@ def load_snapshot(*, session: Session, device_class: str) -> SnapshotData:
     ).one()
     return {
         "version": SNAPSHOT_VERSION,
-        "next_seq": (rows[-1].seq + 1) if rows else 1,
+        "next_seq": (last_seq or 0) + 1,
         "next_fill_id": (last_fill or 0) + 1,
         "orders": orders,
     }
 
 
-def ask_quote_hashes(*, session: Session, device_class: str) -> dict[str, str]:
-    """Return the quote hash of every ask of a device class, by order id."""
+def ask_quote_hashes(*, session: Session, device_class: str, now: int) -> dict[str, str]:
+    """Return the quote hash of every ask of a device class remembered at `now`, by order id."""
     rows = session.exec(
         select(Order.order_id, Order.quote_hash).where(
-            Order.device_class == device_class, Order.side == "ask"
+            _remembered(device_class, now), Order.side == "ask"
         )
     ).all()
     return {order_id: quote_hash for order_id, quote_hash in rows if quote_hash}

@@ -121,7 +121,7 @@ def _live_target(rng: random.Random, engine: MatchingEngine, recent: list[str]) 
         if not recent:
             return None
         candidate = rng.choice(recent)
-        if engine.record(candidate).state.is_live:
+        if candidate in engine and engine.record(candidate).state.is_live:
             return candidate
     return None
 

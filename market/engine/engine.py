@@ -9,7 +9,10 @@ Rules:
 - the trade price is the resting order's limit price; partial fills leave the rest resting;
 - an order is tradable while `now < expiry`. `place` skips resting orders whose expiry has
   passed without changing them; only `expire(now)` moves them to EXPIRED, so the caller (the
-  storage layer's job) learns and records every state change it causes.
+  storage layer's job) learns and records every state change it causes;
+- the engine remembers an order until its expiry: `expire(now)` then also forgets it, live or
+  not. A forgotten order can never be placed again (`place` refuses `expiry <= now`), so memory
+  holds the orders of the validity window, not the whole history.
 
 Because of the constraints the book may hold a bid priced at or above an ask when the two are
 incompatible; the book is *crossed* only if a compatible live pair has `bid.price >= ask.price`,
@@ -38,16 +41,15 @@ _BID = Side.BID
 _CANCELLED = OrderState.CANCELLED
 _EXPIRED = OrderState.EXPIRED
 
-# Every this many resting orders, drop dead entries from the expiry buckets if they dominate.
-_EXPIRY_CHECK_EVERY = 4096
-
 
 class MatchingEngine:
     """Order books of every device class, with the records of every order placed.
 
     Not thread-safe: one writer drives an engine (the market runs one per device class or one
-    behind a lock). Records of filled, cancelled and expired orders are kept, so a reused order
-    id is always rejected and a snapshot holds the full history the engine has seen.
+    behind a lock). Records of filled, cancelled and expired orders are kept until the order's
+    expiry, so a reused order id is rejected: as a duplicate while it is remembered, as expired
+    once `expire` has forgotten it (ids that name the order's signed content, expiry included,
+    as the market's do, are thus never accepted twice). A snapshot holds what is remembered.
     """
 
     __slots__ = (
@@ -58,7 +60,6 @@ class MatchingEngine:
         "_expiry_heap",
         "_next_fill_id",
         "_next_seq",
-        "_pushes",
     )
 
     def __init__(self) -> None:
@@ -66,13 +67,12 @@ class MatchingEngine:
         self._books: dict[tuple[str, str], Book] = {}
         self._books_by_class: dict[str, list[Book]] = {}
         self._entries: dict[str, BookEntry] = {}
-        # Resting orders by expiry, each bucket in sequence order, and a heap of the expiries;
-        # entries that died otherwise (filled, cancelled) are skipped when their bucket is due.
+        # Every remembered order by expiry, each bucket in sequence order, and a heap of the
+        # expiries: when a bucket is due, its live orders expire and all of them are forgotten.
         self._expiry_buckets: dict[int, list[BookEntry]] = {}
         self._expiry_heap: list[int] = []
         self._next_seq = 1
         self._next_fill_id = 1
-        self._pushes = 0
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -103,17 +103,13 @@ class MatchingEngine:
             fills = book.place_ask(entry, now, fill_id)
         if fills:
             self._next_fill_id = fill_id + len(fills)
-        if entry.live:
-            expiry = order.expiry
-            bucket = self._expiry_buckets.get(expiry)
-            if bucket is None:
-                self._expiry_buckets[expiry] = [entry]
-                heappush(self._expiry_heap, expiry)
-            else:
-                bucket.append(entry)
-            self._pushes += 1
-            if self._pushes >= _EXPIRY_CHECK_EVERY:
-                self._compact_expiries()
+        expiry = order.expiry
+        bucket = self._expiry_buckets.get(expiry)
+        if bucket is None:
+            self._expiry_buckets[expiry] = [entry]
+            heappush(self._expiry_heap, expiry)
+        else:
+            bucket.append(entry)
         return fills
 
     def cancel(self, order_id: str) -> OrderRecord:
@@ -131,12 +127,17 @@ class MatchingEngine:
         return OrderRecord(entry.order, entry.seq, _CANCELLED, entry.remaining)
 
     def expire(self, now: int) -> list[OrderRecord]:
-        """Expire every live order with `expiry <= now`; return them by (expiry, seq)."""
+        """Expire every live order with `expiry <= now`; return them by (expiry, seq).
+
+        Every order with `expiry <= now`, live or not, is then forgotten (see the class).
+        """
         heap = self._expiry_heap
         buckets = self._expiry_buckets
+        entries = self._entries
         expired: list[OrderRecord] = []
         while heap and heap[0] <= now:
             for entry in buckets.pop(heappop(heap)):
+                del entries[entry.order_id]
                 if not entry.live:
                     continue
                 check_transition(entry.order_id, entry.state, _EXPIRED)
@@ -155,15 +156,15 @@ class MatchingEngine:
         return _record(entry)
 
     def __contains__(self, order_id: object) -> bool:
-        """Return whether an order with this id was ever placed."""
+        """Return whether an order with this id is remembered (placed, expiry not yet past)."""
         return order_id in self._entries
 
     def __len__(self) -> int:
-        """Return the number of orders ever placed (live or not)."""
+        """Return the number of orders remembered (live or not)."""
         return len(self._entries)
 
     def records(self) -> list[OrderRecord]:
-        """Return the records of all orders, in sequence order."""
+        """Return the records of all remembered orders, in sequence order."""
         return [_record(e) for e in self._entries.values()]
 
     def open_orders(
@@ -277,7 +278,7 @@ class MatchingEngine:
             engine._entries[rec.order_id] = entry
             if rec.state.is_live:
                 book.rest(entry)
-                engine._expiry_buckets.setdefault(rec.order.expiry, []).append(entry)
+            engine._expiry_buckets.setdefault(rec.order.expiry, []).append(entry)
         engine._expiry_heap = sorted(engine._expiry_buckets)
         engine._next_seq = next_seq
         engine._next_fill_id = next_fill_id
@@ -293,22 +294,6 @@ class MatchingEngine:
             return self._books_by_class.get(device_class, [])
         book = self._books.get((device_class, plan))
         return [] if book is None else [book]
-
-    def _compact_expiries(self) -> None:
-        """Drop dead entries from the expiry buckets once they dominate."""
-        self._pushes = 0
-        buckets = self._expiry_buckets
-        held = sum(len(bucket) for bucket in buckets.values())
-        live = sum(len(book) for book in self._books.values())
-        if held <= 2 * live + _EXPIRY_CHECK_EVERY:
-            return
-        kept = {}
-        for expiry, bucket in buckets.items():
-            alive = [entry for entry in bucket if entry.live]
-            if alive:
-                kept[expiry] = alive
-        self._expiry_buckets = kept
-        self._expiry_heap = sorted(kept)
 
 
 def _record(entry: BookEntry) -> OrderRecord:

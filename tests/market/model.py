@@ -102,13 +102,16 @@ class ModelEngine:
         model.state = OrderState.CANCELLED
 
     def expire(self, now: int) -> list[str]:
-        """Expire live orders due at `now`; return their ids by (expiry, seq)."""
+        """Expire live orders due at `now`, then forget every order with `expiry <= now`;
+        return the expired ids by (expiry, seq)."""
         due = sorted(
             (m for m in self.orders.values() if m.state.is_live and m.order.expiry <= now),
             key=lambda m: (m.order.expiry, m.seq),
         )
         for m in due:
             m.state = OrderState.EXPIRED
+        # Then every order past its expiry is forgotten, live or not.
+        self.orders = {i: m for i, m in self.orders.items() if m.order.expiry > now}
         return [m.order.order_id for m in due]
 
     def states(self) -> list[tuple[str, int, OrderState, int]]:

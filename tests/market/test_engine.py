@@ -272,16 +272,38 @@ def test_expire_when_orders_are_due_then_expires_them_by_expiry_then_sequence(
     assert [r.order_id for r in engine.open_orders("tpu-v5e", Side.BID)] == ["b3"]
 
 
-def test_expire_when_order_was_filled_or_cancelled_then_leaves_it_alone(
+def test_expire_when_order_was_filled_or_cancelled_then_reports_nothing_and_forgets_it(
     engine: MatchingEngine,
 ) -> None:
     engine.place(ask("a1", expiry=NOW + 10), now=NOW)
     engine.place(ask("a2", price=150, expiry=NOW + 10), now=NOW)
     engine.place(bid("b1"), now=NOW)
     engine.cancel("a2")
-    assert engine.expire(NOW + 10) == []
-    assert engine.record("a1").state is OrderState.FILLED
+    assert engine.expire(NOW + 9) == []
+    assert engine.record("a1").state is OrderState.FILLED  # remembered until its expiry
     assert engine.record("a2").state is OrderState.CANCELLED
+    assert engine.expire(NOW + 10) == []  # no state change to report
+    assert "a1" not in engine and "a2" not in engine and "b1" in engine
+    with pytest.raises(OrderExpiredError):  # a forgotten order can never come back
+        engine.place(ask("a1", expiry=NOW + 10), now=NOW + 10)
+
+
+def test_expire_forgets_every_order_past_its_expiry_so_memory_holds_the_window(
+    engine: MatchingEngine,
+) -> None:
+    for i in range(1_000):  # rest, fill, cancel and expire orders over 1,000 seconds
+        now = NOW + i
+        engine.place(ask(f"a{i}", price=100 + i % 7, expiry=now + 30), now=now)
+        engine.place(bid(f"b{i}", price=100 + i % 5, expiry=now + 30), now=now)
+        if i % 3 == 0 and f"a{i}" in engine and engine.record(f"a{i}").state.is_live:
+            engine.cancel(f"a{i}")
+        engine.expire(now)
+    assert len(engine) <= 2 * 31  # the orders of the last 30 seconds, not all 2,000
+    assert {r.order_id for r in engine.records()} <= {
+        f"{side}{i}" for side in "ab" for i in range(1_000 - 31, 1_000)
+    }
+    restored = MatchingEngine.restore(engine.snapshot())
+    assert restored.records() == engine.records()
 
 
 def test_expire_when_partially_filled_then_expired_quantity_is_the_remainder(

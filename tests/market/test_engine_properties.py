@@ -96,6 +96,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.count = 0
         self.filled: Counter[str] = Counter()
         self.fills: list[Fill] = []
+        self.forgotten: dict[str, OrderRecord] = {}  # final records of orders the engine forgot
 
     @rule(target=placed, params=order_params)
     def place(self, params: dict[str, object]) -> str:
@@ -164,9 +165,16 @@ class EngineMachine(RuleBasedStateMachine):
     def expire(self, seconds: int) -> None:
         """Move the clock and sweep expiries in both."""
         self.now += seconds
+        due = {r.order_id: r for r in self.engine.records() if r.order.expiry <= self.now}
         expired = self.engine.expire(self.now)
         assert [r.order_id for r in expired] == self.model.expire(self.now)
         assert all(r.state is OrderState.EXPIRED and r.order.expiry <= self.now for r in expired)
+        # Every order past its expiry is forgotten, with its final record as reported or as it
+        # was; none that is not yet due.
+        due.update({r.order_id: r for r in expired})
+        assert all(order_id not in self.engine for order_id in due)
+        assert all(r.order.expiry > self.now for r in self.engine.records())
+        self.forgotten.update(due)
 
     @precondition(lambda self: self.count > 0)
     @rule()
@@ -212,7 +220,7 @@ class EngineMachine(RuleBasedStateMachine):
     def quantities_are_conserved(self) -> None:
         """Filled + open + cancelled + expired = placed, per order and in total."""
         totals = Counter[str]()
-        for r in self.engine.records():
+        for r in [*self.engine.records(), *self.forgotten.values()]:
             parts = (r.filled, r.open_quantity, r.cancelled_quantity, r.expired_quantity)
             assert all(p >= 0 for p in parts)
             assert sum(parts) == r.order.quantity

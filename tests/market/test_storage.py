@@ -137,3 +137,42 @@ def test_nonce_when_used_by_an_order_or_a_cancel_then_neither_may_reuse_it_after
             second.cancel(_cancel(alice, other.order.order_id, START, nonce=nonce))
     assert second.order(other.order.order_id).state == "open"
     second.close()
+
+
+def test_orders_past_their_expiry_are_forgotten_by_the_books_but_kept_in_storage(
+    settings: Settings, clock: Clock
+) -> None:
+    from market.errors import OrderStateError
+
+    alice, bob = Trader(), Trader()
+    first = MarketService(settings, clock=clock)
+
+    def place(body: dict[str, Any]) -> str:
+        [result] = first.place([OrderCreate.model_validate(body)])
+        return result.order.order_id
+
+    resting = place(alice.ask(START, price=120, expiry=START + 10))
+    maker = place(alice.ask(START, price=100, quantity=5, expiry=START + 10))
+    taker = place(bob.bid(START, price=100, quantity=5, expiry=START + 10))
+    lasting = place(bob.bid(START, price=90, expiry=START + 1_000))
+    clock.advance(20)
+    assert first.expire_orders() == 1  # the resting ask; the filled pair just goes
+    snapshot = first.engine_snapshot("tpu-v5e")
+    assert [o["order_id"] for o in snapshot["orders"]] == [lasting]
+    assert snapshot["next_seq"] == 5
+    assert first.books.get("tpu-v5e").quote_hashes == {}  # the asks' hashes went with them
+    states = {i: first.order(i).state for i in (resting, maker, taker, lasting)}
+    assert states == {resting: "expired", maker: "filled", taker: "filled", lasting: "open"}
+    with pytest.raises(OrderStateError, match="expired to cancelled"):
+        first.cancel(_cancel(alice, resting, int(clock.now)))
+    first.close()
+
+    # A restart reads what the books remember, and carries on the sequence numbers.
+    second = MarketService(settings, clock=clock)
+    assert second.engine_snapshot("tpu-v5e") == snapshot
+    with pytest.raises(OrderStateError, match="filled to cancelled"):
+        second.cancel(_cancel(bob, taker, int(clock.now)))
+    now = int(clock.now)
+    [fresh] = second.place([OrderCreate.model_validate(alice.ask(now, price=90, quantity=1))])
+    assert fresh.order.seq == 5 and [f.bid_id for f in fresh.fills] == [lasting]
+    second.close()
