@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 import coincurve
 from eth_utils.address import to_canonical_address, to_checksum_address
@@ -76,7 +76,7 @@ def _word(kind: str, value: Any) -> bytes:
 @functools.cache
 def _encoder(kind: str) -> Callable[[Any], bytes]:
     """Return the function that encodes a value of an atomic EIP-712 type as one 32-byte word."""
-    if kind.startswith("uint"):
+    if kind.startswith("uint") and kind[4:].isdigit():
         bound = 1 << int(kind[4:])
 
         def uint(value: Any) -> bytes:
@@ -132,10 +132,7 @@ class _Message:
     @classmethod
     def typehash(cls) -> bytes:
         """Return keccak256 of the type string (computed once per type)."""
-        found = _TYPEHASHES.get(cls)
-        if found is None:
-            found = _TYPEHASHES[cls] = _typehash(cls.encode_type())
-        return found
+        return _layout(cls).typehash
 
     def _encode_field(self, kind: str, value: Any) -> bytes:
         return _word(kind, value)
@@ -144,7 +141,8 @@ class _Message:
         """Return the EIP-712 struct hash."""
         cls = type(self)
         if cls._encode_field is _Message._encode_field:  # atomic fields only: the fast path
-            encoded = b"".join([encode(getattr(self, name)) for name, encode in _fields_of(cls)])
+            encoders = _layout(cls).encoders
+            encoded = b"".join([encode(getattr(self, name)) for name, encode in encoders])
         else:
             encoded = b"".join(
                 self._encode_field(t, getattr(self, _attr(n))) for n, t in self.TYPES
@@ -196,7 +194,7 @@ class _Message:
     def to_json(self) -> dict[str, Any]:
         """Return a JSON-ready dict (bytes as 0x-hex, nested messages as dicts)."""
         out: dict[str, Any] = {}
-        for name in _field_names(type(self)):
+        for name in _layout(type(self)).names:
             value = getattr(self, name)
             if isinstance(value, _Message):
                 out[name] = value.to_json()
@@ -212,8 +210,9 @@ class _Message:
     def from_json(cls, data: dict[str, Any]) -> Self:
         """Build the message from `to_json` output; raise ValueError on bad fields."""
         kwargs: dict[str, Any] = {}
-        kinds = _field_kinds(cls)
-        for name in _field_names(cls):
+        layout = _layout(cls)
+        kinds = layout.kinds
+        for name in layout.names:
             if name not in data:
                 raise ValueError(f"{cls.TYPE_NAME} lacks field {name}")
             kwargs[name] = _from_json(kinds[name], data[name], cls)
@@ -244,33 +243,28 @@ def _from_json(kind: str, value: Any, owner: type[_Message]) -> Any:
     return nested.from_json(value)
 
 
-_FIELDS: dict[type[_Message], tuple[tuple[str, Callable[[Any], bytes]], ...]] = {}
-_TYPEHASHES: dict[type[_Message], bytes] = {}
-_NAMES: dict[type[_Message], tuple[str, ...]] = {}
-_KINDS: dict[type[_Message], dict[str, str]] = {}
+class _Layout(NamedTuple):
+    """What encoding a message type needs, computed once per type."""
+
+    typehash: bytes
+    encoders: tuple[tuple[str, Callable[[Any], bytes]], ...]  # (attribute, encoder), EIP-712 order
+    names: tuple[str, ...]  # dataclass field names, declaration order
+    kinds: dict[str, str]  # EIP-712 type of each field, by attribute name
 
 
-def _field_names(cls: type[_Message]) -> tuple[str, ...]:
-    """Return the dataclass field names of a message type, in declaration order."""
-    found = _NAMES.get(cls)
+_LAYOUTS: dict[type[_Message], _Layout] = {}
+
+
+def _layout(cls: type[_Message]) -> _Layout:
+    """Return the encoding layout of a message type."""
+    found = _LAYOUTS.get(cls)
     if found is None:
-        found = _NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-    return found
-
-
-def _field_kinds(cls: type[_Message]) -> dict[str, str]:
-    """Return the EIP-712 type of each field of a message type, by attribute name."""
-    found = _KINDS.get(cls)
-    if found is None:
-        found = _KINDS[cls] = {_attr(n): t for n, t in cls.TYPES}
-    return found
-
-
-def _fields_of(cls: type[_Message]) -> tuple[tuple[str, Callable[[Any], bytes]], ...]:
-    """Return (attribute, encoder) of each field of a message type, in EIP-712 order."""
-    found = _FIELDS.get(cls)
-    if found is None:
-        found = _FIELDS[cls] = tuple((_attr(name), _encoder(kind)) for name, kind in cls.TYPES)
+        found = _LAYOUTS[cls] = _Layout(
+            typehash=_typehash(cls.encode_type()),
+            encoders=tuple((_attr(name), _encoder(kind)) for name, kind in cls.TYPES),
+            names=tuple(f.name for f in fields(cls)),  # type: ignore[arg-type]
+            kinds={_attr(name): kind for name, kind in cls.TYPES},
+        )
     return found
 
 
@@ -517,7 +511,7 @@ def recover_digest(digest: bytes, signature: bytes) -> str:
     return checksum_of(keccak256(recover_public(digest, signature)[1:])[-20:])
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=65_536)
 def checksum_of(address: bytes | str) -> str:
     """Return the EIP-55 form of an address, 20 bytes or text; raise ValueError if it is none.
 

@@ -8,14 +8,11 @@ across signatures except the address of a recovered public key.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
-
-from eth_utils.address import to_checksum_address
 
 from contracts.errors import SignatureError
 from contracts.hashing import keccak256
-from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote
+from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote, checksum_of
 from contracts.orders import Ask, Bid, plan_kind, recover_address
 from contracts.orders import digest as order_digest
 from contracts.orders import struct_hash as message_struct_hash
@@ -163,10 +160,9 @@ def recover(type_name: str, digest: bytes, signature_hex: str) -> str:
         raise AuthError(f"bad {type_name} signature: {exc}") from exc
 
 
-@functools.lru_cache(maxsize=65_536)
 def checksum(address: str) -> str:
     """Return the EIP-55 form of an address (cached: the same traders sign again and again)."""
     try:
-        return to_checksum_address(address)
+        return checksum_of(address)
     except ValueError as exc:
         raise InvalidOrderError("address", address, "not an address") from exc

@@ -291,11 +291,7 @@ class WorkerPool:
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request and follow the stage reports; a diagnosis means: retire it."""
         loop = asyncio.get_running_loop()
-        limit = (
-            self.limits.execute_timeout_s
-            if stage is Stage.EXECUTE
-            else self.limits.validate_timeout_s
-        )
+        limit = self._first_limit(stage)
         deadline = loop.time() + limit
         try:
             await pipe.send(pack(request, payload), deadline)
@@ -328,6 +324,12 @@ class WorkerPool:
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
 
+    def _first_limit(self, stage: Stage) -> float:
+        """Return the deadline's length for a request that starts at ``stage``."""
+        if stage is Stage.EXECUTE:
+            return self.limits.execute_timeout_s
+        return self.limits.validate_timeout_s
+
     def _stage_limit(self, stage: Stage, new_stage: Stage) -> float | None:
         """Return the new deadline's length when the worker enters compile or execute."""
         if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
@@ -340,11 +342,7 @@ class WorkerPool:
         self, worker: _Worker, request: Header, payload: bytes, stage: Stage
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request; follow the worker's stage reports under each stage's deadline."""
-        limit = (
-            self.limits.execute_timeout_s
-            if stage is Stage.EXECUTE
-            else self.limits.validate_timeout_s
-        )
+        limit = self._first_limit(stage)
         deadline = time.monotonic() + limit
         try:
             worker.conn.send_bytes(pack(request, payload))
