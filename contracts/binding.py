@@ -23,10 +23,14 @@ from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCErro
 from contracts.chain import rpc_batch
 from contracts.compiler import Artifact, compile_contracts
 from contracts.errors import ChainError, ContractRevert
-from contracts.messages import Ack, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
+from contracts.messages import Ack, Claim, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
 from contracts.reverts import REVERTS
 
 GAS_MARGIN = 1.2
+# Deployment defaults: a minute is the least a provider's daemon gets after each deadline to
+# settle its tasks; disputes give the arbiter a week.
+DEFAULT_MIN_CHALLENGE_WINDOW = 60
+DEFAULT_ARBITRATION_PERIOD = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class BatchState:
     amount: int
     deadline: int
     status: int
+    tasks: int
 
 
 DEAL_NONE, DEAL_OPEN, DEAL_CLOSED = 0, 1, 2
@@ -361,7 +366,7 @@ class Escrow(_Bound):
     def redeem_voucher(
         self, key: str, voucher: Voucher, signature: bytes, gas: int | None = None
     ) -> TxResult:
-        """Pay the provider the increase of a client-signed cumulative voucher."""
+        """Pay the provider the increase of a client-signed cumulative voucher (provider only)."""
         return self._send(key, "redeemVoucher", voucher.as_args(), signature, gas=gas)
 
     def claim_receipts(
@@ -369,19 +374,12 @@ class Escrow(_Bound):
         key: str,
         deal_id: int,
         plan: Plan,
-        receipts: list[Receipt],
-        signatures: list[bytes],
+        claims: list[Claim],
         gas: int | None = None,
     ) -> TxResult:
-        """Claim provider-signed receipts of unvouched tasks."""
+        """Claim unvouched tasks, each with its receipt and the client's signed request."""
         return self._send(
-            key,
-            "claimReceipts",
-            deal_id,
-            plan.as_args(),
-            [r.as_args() for r in receipts],
-            signatures,
-            gas=gas,
+            key, "claimReceipts", deal_id, plan.as_args(), [c.as_args() for c in claims], gas=gas
         )
 
     def finalize_claim(self, key: str, deal_id: int, batch_id: int) -> TxResult:
@@ -402,12 +400,14 @@ class Escrow(_Bound):
         """End a dispute left unresolved past the arbitration period, for the client."""
         return self._send(key, "lapseDispute", deal_id, batch_id)
 
-    def refund_breach(self, key: str, ack: Ack, signature: bytes) -> TxResult:
-        """Refund a breached task with the penalty."""
-        return self._send(key, "refundBreach", ack.as_args(), signature)
+    def refund_breach(
+        self, key: str, request: TaskRequest, ack: Ack, ack_signature: bytes
+    ) -> TxResult:
+        """Refund a breached task with the penalty (client only, after its settlement instant)."""
+        return self._send(key, "refundBreach", request.as_args(), ack.as_args(), ack_signature)
 
     def close_deal(self, key: str, deal_id: int) -> TxResult:
-        """Close a deal (alone after expiry plus window, early once both parties call)."""
+        """Close a deal (alone after expiry plus two windows, early once both parties call)."""
         return self._send(key, "closeDeal", deal_id)
 
     # views
@@ -443,6 +443,14 @@ class Escrow(_Bound):
     def task_status(self, deal_id: int, task_index: int) -> int:
         """Return the settlement state of a task (TASK_* constants)."""
         return int(self._view("taskStatus", deal_id, task_index))
+
+    def min_challenge_window(self) -> int:
+        """Return the shortest challenge window a quote may set on this escrow."""
+        return int(self._view("minChallengeWindow"))
+
+    def arbitration_period(self) -> int:
+        """Return how long an arbiter has to rule before a dispute lapses for the client."""
+        return int(self._view("arbitrationPeriod"))
 
     def deal_count(self) -> int:
         """Return the number of deals opened so far."""
@@ -511,14 +519,26 @@ class Chain:
         self.artifacts = artifacts or compile_contracts()
         self.tx = Transactor(self.w3, decoder(self.artifacts))
 
-    def deploy(self, key: str) -> Deployment:
-        """Deploy the settlement token and the escrow, signed by `key`."""
+    def deploy(
+        self,
+        key: str,
+        *,
+        min_challenge_window: int = DEFAULT_MIN_CHALLENGE_WINDOW,
+        arbitration_period: int = DEFAULT_ARBITRATION_PERIOD,
+    ) -> Deployment:
+        """Deploy the settlement token and the escrow, signed by `key`.
+
+        `min_challenge_window` is the shortest window a quote may set: the time a provider's
+        daemon has after each task's deadline to settle it, restarts included.
+        """
         token = self.artifacts["SettlementToken"]
         token_receipt = self.tx.send(key, None, token.bytecode)
         token_address = to_checksum_address(token_receipt["contractAddress"])
         escrow = self.artifacts["ComputeEscrow"]
         ctor = self.w3.eth.contract(abi=escrow.abi, bytecode=escrow.bytecode)
-        data = ctor.constructor(token_address).data_in_transaction
+        data = ctor.constructor(
+            token_address, min_challenge_window, arbitration_period
+        ).data_in_transaction
         escrow_receipt = self.tx.send(key, None, data)
         return Deployment(
             token=token_address,

@@ -22,7 +22,7 @@ KIND_COMPILE = 0
 KIND_INFERENCE = 1
 STATUS_SUCCESS = 0
 DOMAIN_NAME = "ComputeEscrow"
-DOMAIN_VERSION = "1"
+DOMAIN_VERSION = "2"
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 ZERO_ADDRESS = "0x" + "00" * 20
 ZERO_HASH = b"\x00" * 32
@@ -372,6 +372,7 @@ class TaskRequest(_Message):
         ("programHash", "bytes32"),
         ("inputHash", "bytes32"),
         ("maxPrice", "uint256"),
+        ("deadline", "uint64"),
     )
 
     deal_id: int
@@ -380,25 +381,28 @@ class TaskRequest(_Message):
     program_hash: bytes
     input_hash: bytes
     max_price: int
+    deadline: int  # unix seconds by which the result must be delivered; the client sets it
 
 
 @dataclass(frozen=True)
 class Ack(_Message):
-    """A provider's signed acceptance of a task with the deadline it commits to."""
+    """A provider's signed acceptance of a task request: its deadline, at this price.
+
+    `request_hash` is the request's EIP-712 struct hash; the deadline it commits to is the
+    request's own (`TaskRequest.deadline`), which the client signed.
+    """
 
     TYPE_NAME: ClassVar[str] = "Ack"
     TYPES: ClassVar[tuple[tuple[str, str], ...]] = (
         ("dealId", "uint256"),
         ("taskIndex", "uint32"),
         ("requestHash", "bytes32"),
-        ("deadline", "uint64"),
         ("price", "uint256"),
     )
 
     deal_id: int
     task_index: int
     request_hash: bytes
-    deadline: int
     price: int
 
 
@@ -437,9 +441,21 @@ class Receipt(_Message):
     output_hash: bytes
     started_at: int
     finished_at: int
-    deadline: int
+    deadline: int  # the request's deadline
     amount: int
     prev_receipt_hash: bytes
+
+    def request(self, max_price: int) -> TaskRequest:
+        """Return the task request this receipt answers, given the request's `max_price`."""
+        return TaskRequest(
+            deal_id=self.deal_id,
+            task_index=self.task_index,
+            kind=self.kind,
+            program_hash=self.program_hash,
+            input_hash=self.input_hash,
+            max_price=max_price,
+            deadline=self.deadline,
+        )
 
 
 @dataclass(frozen=True)
@@ -473,6 +489,23 @@ class Voucher(_Message):
         """Return whether the voucher pays task `task_index`."""
         word, bit = divmod(task_index, 256)
         return word < len(self.tasks) and bool(self.tasks[word] >> bit & 1)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One task a provider claims on chain: its receipt and the client's signed request.
+
+    The request is rebuilt from the receipt's fields and `max_price`, so the client's
+    signature binds the task, its hashes, its deadline and the most it pays.
+    """
+
+    receipt: Receipt
+    max_price: int
+    request_signature: bytes
+
+    def as_args(self) -> tuple[Any, ...]:
+        """Return the claim as a tuple for a contract call."""
+        return (self.receipt.as_args(), self.max_price, self.request_signature)
 
 
 def task_bitmap(task_indices: Any) -> tuple[int, ...]:

@@ -8,6 +8,22 @@ from __future__ import annotations
 from contracts.errors import ContractRevert
 
 
+class EscrowAckMismatch(ContractRevert):
+    """Thrown when an ack answers another request than the one presented."""
+
+
+class EscrowArbitrationOver(ContractRevert):
+    """Thrown when the arbiter rules after the arbitration period."""
+
+
+class EscrowChallengeWindowTooShort(ContractRevert):
+    """Thrown when a quote's challenge window is below the escrow's minimum."""
+
+
+class EscrowPriceAboveRequest(ContractRevert):
+    """Thrown when a claimed amount is above the request's signed maxPrice."""
+
+
 class EscrowAmountMismatch(ContractRevert):
     """Thrown when a receipt's amount differs from the plan's price for its usage."""
 
@@ -17,7 +33,7 @@ class EscrowArbitrationOpen(ContractRevert):
 
 
 class EscrowBadBatch(ContractRevert):
-    """Thrown when receipts and signatures differ in number, or a batch is empty."""
+    """Thrown when a claim batch is empty."""
 
 
 class EscrowBatchNotFound(ContractRevert):
@@ -41,7 +57,7 @@ class EscrowChallengeWindowOpen(ContractRevert):
 
 
 class EscrowClaimPeriodOver(ContractRevert):
-    """Thrown when receipts are claimed after the deal's claim period."""
+    """Thrown when a task is claimed after its settlement instant."""
 
 
 class EscrowClaimsPending(ContractRevert):
@@ -49,7 +65,7 @@ class EscrowClaimsPending(ContractRevert):
 
 
 class EscrowDeadlineNotPassed(ContractRevert):
-    """Thrown when a breach refund is asked before the deadline and its grace have passed."""
+    """Thrown when a breach refund is asked before the task's settlement instant."""
 
 
 class EscrowDealNotFound(ContractRevert):
@@ -93,11 +109,11 @@ class EscrowQuoteExpired(ContractRevert):
 
 
 class EscrowReceiptForOtherDeal(ContractRevert):
-    """Thrown when a receipt belongs to another deal."""
+    """Thrown when a receipt, ack or request belongs to another deal."""
 
 
 class EscrowReceiptLate(ContractRevert):
-    """Thrown when a receipt finished after its ack deadline."""
+    """Thrown when a receipt finished after its request's deadline."""
 
 
 class EscrowSpendAboveQuote(ContractRevert):
@@ -173,6 +189,10 @@ class SettlementTokenUnauthorized(ContractRevert):
 
 
 REVERTS: dict[str, type[ContractRevert]] = {
+    "EscrowAckMismatch": EscrowAckMismatch,
+    "EscrowArbitrationOver": EscrowArbitrationOver,
+    "EscrowChallengeWindowTooShort": EscrowChallengeWindowTooShort,
+    "EscrowPriceAboveRequest": EscrowPriceAboveRequest,
     "EscrowAmountMismatch": EscrowAmountMismatch,
     "EscrowArbitrationOpen": EscrowArbitrationOpen,
     "EscrowBadBatch": EscrowBadBatch,

@@ -4,18 +4,18 @@ pragma solidity ^0.8.24;
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
-import {ECDSA} from "@openzeppelin/contracts/utils/cryptography/ECDSA.sol";
+import {SignatureChecker} from "@openzeppelin/contracts/utils/cryptography/SignatureChecker.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 
 import {IComputeEscrow} from "./interfaces/IComputeEscrow.sol";
 import {MessageHashing} from "./libraries/MessageHashing.sol";
 import {PlanPricing} from "./libraries/PlanPricing.sol";
-import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher} from "./types/Messages.sol";
+import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher, Claim} from "./types/Messages.sol";
 
 /// @title ComputeEscrow
 /// @notice See {IComputeEscrow}. Money invariant: the token balance of this contract equals the
 /// sum of free balances, free stakes, and every open deal's locked funds (cap minus committed)
-/// and locked stake.
+/// and locked stake. Signatures are ECDSA for accounts without code and ERC-1271 for contracts.
 contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
     using MessageHashing for Plan;
@@ -27,8 +27,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
 
     /// @notice Tasks per deal: task indices are below this, voucher bitmaps have at most 256 words.
     uint256 public constant MAX_TASKS = 65_536;
-    /// @notice How long an arbiter has to rule on a dispute before it lapses for the client.
-    uint64 public constant ARBITRATION_PERIOD = 7 days;
+    /// @notice Arbitration period of deployments that do not choose one.
+    uint64 public constant DEFAULT_ARBITRATION_PERIOD = 7 days;
 
     struct Deal {
         address client;
@@ -53,6 +53,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         uint128 amount;
         uint64 deadline;
         BatchStatus status;
+        uint32 tasks;
     }
 
     /// @dev One word of task flags: bit `i` stands for task `word * 256 + i`.
@@ -63,6 +64,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     }
 
     IERC20 private immutable _token;
+    uint64 private immutable _minChallengeWindow;
+    uint64 private immutable _arbitrationPeriod;
     uint256 private _dealCount;
     mapping(address account => uint256) private _balances;
     mapping(address provider => uint256) private _stakes;
@@ -71,8 +74,17 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     mapping(uint256 dealId => mapping(uint32 batchId => Batch)) private _batches;
     mapping(uint256 dealId => mapping(uint256 word => TaskBits)) private _tasks;
 
-    constructor(IERC20 settlementToken) EIP712("ComputeEscrow", "1") {
+    /// @param settlementToken The ERC-20 every amount is in.
+    /// @param minimumChallengeWindow The shortest challenge window a quote may set (> 0): the time
+    /// a provider's daemon has after each deadline to settle, restarts included.
+    /// @param arbitrationPeriod_ How long an arbiter has to rule (> 0).
+    constructor(IERC20 settlementToken, uint64 minimumChallengeWindow, uint64 arbitrationPeriod_)
+        EIP712("ComputeEscrow", "2")
+    {
+        if (minimumChallengeWindow == 0 || arbitrationPeriod_ == 0) revert EscrowInvalidTerms();
         _token = settlementToken;
+        _minChallengeWindow = minimumChallengeWindow;
+        _arbitrationPeriod = arbitrationPeriod_;
     }
 
     // ------------------------------------------------------------------ balances and stake
@@ -133,8 +145,9 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         returns (uint256 dealId)
     {
         if (block.timestamp > quote.validUntil) revert EscrowQuoteExpired(quote.validUntil);
-        if (quote.client != address(0) && quote.client != msg.sender) {
-            revert EscrowWrongClient(quote.client, msg.sender);
+        if (quote.client != msg.sender) revert EscrowWrongClient(quote.client, msg.sender);
+        if (quote.challengeWindow < _minChallengeWindow) {
+            revert EscrowChallengeWindowTooShort(quote.challengeWindow, _minChallengeWindow);
         }
         if (maxSpend == 0) revert EscrowZeroAmount();
         if (maxSpend > quote.maxSpend) revert EscrowSpendAboveQuote(maxSpend, quote.maxSpend);
@@ -142,7 +155,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (
             quote.arbiter == address(0) || quote.duration == 0 || quote.plan.reservationFee > maxSpend
                 || maxSpend > type(uint128).max || quote.stake > type(uint128).max || quote.penalty > type(uint128).max
-                || block.timestamp + quote.duration + 2 * uint256(quote.challengeWindow) + ARBITRATION_PERIOD
+                || block.timestamp + quote.duration + 3 * uint256(quote.challengeWindow) + _arbitrationPeriod
                     > type(uint64).max
         ) revert EscrowInvalidTerms();
         bytes32 quoteHash = quote.hash();
@@ -163,6 +176,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             _stakes[quote.provider] = freeStake - quote.stake;
         }
         if (fee != 0) _balances[quote.provider] += fee;
+        bytes32 planHash_ = quote.plan.hash();
         Deal storage deal = _deals[dealId];
         deal.client = msg.sender;
         deal.expiry = expiry;
@@ -174,8 +188,22 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         deal.committed = fee;
         deal.stake = uint128(quote.stake);
         deal.penalty = uint128(quote.penalty);
-        deal.planHash = quote.plan.hash();
-        emit DealOpened(dealId, msg.sender, quote.provider, quote.arbiter, maxSpend, quote.stake, expiry, quoteHash);
+        deal.planHash = planHash_;
+        emit DealOpened(
+            dealId,
+            msg.sender,
+            quote.provider,
+            quote.arbiter,
+            maxSpend,
+            quote.stake,
+            quote.penalty,
+            expiry,
+            quote.challengeWindow,
+            quote.sloMs,
+            planHash_,
+            quoteHash
+        );
+        if (fee != 0) emit ReservationFeePaid(dealId, quote.provider, fee);
     }
 
     // ------------------------------------------------------------------ cooperative payment
@@ -184,6 +212,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     function redeemVoucher(Voucher calldata voucher, bytes calldata signature) external {
         uint256 dealId = voucher.dealId;
         Deal storage deal = _open(dealId);
+        if (msg.sender != deal.provider) revert EscrowUnauthorized(msg.sender);
         _checkSigner(_hashTypedDataV4(voucher.hash()), signature, deal.client);
         uint256 redeemed = deal.vouched;
         uint256 cumulative = voucher.cumulativeAmount;
@@ -194,10 +223,11 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             increase = cumulative - redeemed;
         }
         uint256 committed = deal.committed;
-        _checkCap(dealId, deal, committed + deal.pending + increase);
+        _checkCap(dealId, deal, increase);
 
         uint256 words = voucher.tasks.length;
         if (words > MAX_TASKS / 256) revert EscrowTaskIndexTooLarge(words * 256);
+        uint256[] memory newTasks = new uint256[](words);
         for (uint256 w; w < words; ++w) {
             uint256 bits = voucher.tasks[w];
             if (bits == 0) continue;
@@ -207,49 +237,51 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             uint256 conflict = fresh & (flags.claimed | flags.refunded);
             if (conflict != 0) revert EscrowTaskAlreadySettled(dealId, _taskAt(w, conflict));
             flags.vouched |= fresh;
+            newTasks[w] = fresh;
         }
 
+        // Safe: _checkCap bounded committed + pending + increase by maxSpend < 2^128.
         deal.vouched = uint128(cumulative);
         deal.committed = uint128(committed + increase);
         _balances[deal.provider] += increase;
-        emit VoucherRedeemed(dealId, cumulative, increase);
+        emit VoucherRedeemed(dealId, cumulative, increase, newTasks);
     }
 
     // ------------------------------------------------------------------ silent client
 
     /// @inheritdoc IComputeEscrow
-    function claimReceipts(
-        uint256 dealId,
-        Plan calldata plan,
-        Receipt[] calldata receipts,
-        bytes[] calldata signatures
-    ) external returns (uint32 batchId) {
+    function claimReceipts(uint256 dealId, Plan calldata plan, Claim[] calldata claims)
+        external
+        returns (uint32 batchId)
+    {
         Deal storage deal = _open(dealId);
-        address provider = deal.provider;
-        if (msg.sender != provider) revert EscrowUnauthorized(msg.sender);
-        if (block.timestamp >= uint256(deal.expiry) + deal.challengeWindow) revert EscrowClaimPeriodOver(dealId);
+        if (msg.sender != deal.provider) revert EscrowUnauthorized(msg.sender);
         if (plan.hash() != deal.planHash) revert EscrowPlanMismatch(dealId);
-        uint256 count = receipts.length;
-        if (count == 0 || signatures.length != count) revert EscrowBadBatch();
+        uint256 count = claims.length;
+        if (count == 0 || count > MAX_TASKS) revert EscrowBadBatch();
+        address client = deal.client;
+        uint256 expiry = deal.expiry;
+        uint256 window = deal.challengeWindow;
 
         uint256 total;
         uint256 word = type(uint256).max;
         uint256 claimed;
         uint256 taken;
+        uint32[] memory indexes = new uint32[](count);
         for (uint256 i; i < count; ++i) {
-            Receipt calldata receipt = receipts[i];
-            if (receipt.dealId != dealId) revert EscrowReceiptForOtherDeal(dealId, receipt.dealId);
+            Claim calldata claim = claims[i];
+            Receipt calldata receipt = claim.receipt;
             uint32 taskIndex = receipt.taskIndex;
-            if (receipt.finishedAt > receipt.deadline) {
-                revert EscrowReceiptLate(taskIndex, receipt.finishedAt, receipt.deadline);
-            }
+            _checkClaim(dealId, receipt, expiry, window);
             uint256 priced = PlanPricing.price(
                 plan, receipt.kind, receipt.status, receipt.cacheHit, receipt.deviceMs, taskIndex
             );
             if (receipt.amount != priced) revert EscrowAmountMismatch(taskIndex, receipt.amount, priced);
-            _checkSigner(_hashTypedDataV4(receipt.hash()), signatures[i], provider);
+            if (priced > claim.maxPrice) revert EscrowPriceAboveRequest(taskIndex, priced, claim.maxPrice);
+            _checkSigner(
+                _hashTypedDataV4(MessageHashing.requestHash(receipt, claim.maxPrice)), claim.requestSignature, client
+            );
 
-            if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
             uint256 w = taskIndex >> 8;
             if (w != word) {
                 if (word != type(uint256).max) _tasks[dealId][word].claimed = claimed;
@@ -261,18 +293,20 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             uint256 bit = 1 << (taskIndex & 255);
             if ((claimed | taken) & bit != 0) revert EscrowTaskAlreadySettled(dealId, taskIndex);
             claimed |= bit;
+            indexes[i] = taskIndex;
             total += priced;
         }
         _tasks[dealId][word].claimed = claimed;
 
-        uint256 pending = deal.pending + total;
-        _checkCap(dealId, deal, deal.committed + pending);
-        deal.pending = uint128(pending);
+        _checkCap(dealId, deal, total);
+        // Safe: _checkCap bounded committed + pending + total by maxSpend < 2^128.
+        deal.pending = uint128(deal.pending + total);
         batchId = deal.batchCount++;
-        // Safe: now < expiry + window, and openDeal bounded expiry + 2 windows below 2^64.
-        uint64 deadline = uint64(block.timestamp) + deal.challengeWindow;
-        _batches[dealId][batchId] = Batch({amount: uint128(total), deadline: deadline, status: BatchStatus.Pending});
-        emit ReceiptsClaimed(dealId, batchId, total, count, deadline);
+        // Safe: now <= expiry + window, and openDeal bounded expiry + 3 windows below 2^64.
+        uint64 deadline = uint64(block.timestamp + window);
+        _batches[dealId][batchId] =
+            Batch({amount: uint128(total), deadline: deadline, status: BatchStatus.Pending, tasks: uint32(count)});
+        emit ReceiptsClaimed(dealId, batchId, total, indexes, deadline);
     }
 
     /// @inheritdoc IComputeEscrow
@@ -292,7 +326,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         Batch storage batch = _batch(dealId, batchId, BatchStatus.Pending);
         if (block.timestamp >= batch.deadline) revert EscrowChallengeWindowClosed(batch.deadline);
         // Safe: now < batch deadline <= expiry + 2 windows; openDeal bounded that plus arbitration.
-        uint64 deadline = uint64(block.timestamp) + ARBITRATION_PERIOD;
+        uint64 deadline = uint64(block.timestamp) + _arbitrationPeriod;
         batch.status = BatchStatus.Disputed;
         batch.deadline = deadline;
         emit ClaimDisputed(dealId, batchId, deadline);
@@ -302,6 +336,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     function resolveDispute(uint256 dealId, uint32 batchId, bool providerWins) external {
         Deal storage deal = _open(dealId);
         if (msg.sender != deal.arbiter) revert EscrowUnauthorized(msg.sender);
+        uint64 deadline = _batch(dealId, batchId, BatchStatus.Disputed).deadline;
+        if (block.timestamp >= deadline) revert EscrowArbitrationOver(deadline);
         _endDispute(dealId, deal, batchId, providerWins);
     }
 
@@ -316,13 +352,17 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     // ------------------------------------------------------------------ SLO breach
 
     /// @inheritdoc IComputeEscrow
-    function refundBreach(Ack calldata ack, bytes calldata signature) external {
+    function refundBreach(TaskRequest calldata request, Ack calldata ack, bytes calldata ackSignature) external {
         uint256 dealId = ack.dealId;
         Deal storage deal = _open(dealId);
-        _checkSigner(_hashTypedDataV4(ack.hash()), signature, deal.provider);
-        uint256 refundableAt = uint256(ack.deadline) + deal.challengeWindow;
-        if (block.timestamp <= refundableAt) revert EscrowDeadlineNotPassed(refundableAt);
+        if (msg.sender != deal.client) revert EscrowUnauthorized(msg.sender);
         uint32 taskIndex = ack.taskIndex;
+        if (request.dealId != dealId || request.taskIndex != taskIndex || ack.requestHash != request.hash()) {
+            revert EscrowAckMismatch(taskIndex);
+        }
+        _checkSigner(_hashTypedDataV4(ack.hash()), ackSignature, deal.provider);
+        uint256 refundableAt = _settleBy(request.deadline, deal.expiry, deal.challengeWindow);
+        if (block.timestamp <= refundableAt) revert EscrowDeadlineNotPassed(refundableAt);
         if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
         TaskBits storage flags = _tasks[dealId][taskIndex >> 8];
         uint256 bit = 1 << (taskIndex & 255);
@@ -330,18 +370,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             revert EscrowTaskAlreadySettled(dealId, taskIndex);
         }
         flags.refunded |= bit;
-
-        uint256 committed = deal.committed;
-        uint256 unspent = deal.maxSpend - committed - deal.pending;
-        uint256 refund = ack.price < unspent ? ack.price : unspent;
-        uint256 stakeLeft = deal.stake;
-        uint256 penalty = deal.penalty < stakeLeft ? deal.penalty : stakeLeft;
-        deal.committed = uint128(committed + refund);
-        // Safe: penalty <= stakeLeft.
-        unchecked {
-            deal.stake = uint128(stakeLeft - penalty);
-        }
-        _balances[deal.client] += refund + penalty;
+        (uint256 refund, uint256 penalty) = _refund(deal, ack.price, 1);
         emit BreachRefunded(dealId, taskIndex, refund, penalty);
     }
 
@@ -350,12 +379,21 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     /// @inheritdoc IComputeEscrow
     function closeDeal(uint256 dealId) external {
         Deal storage deal = _open(dealId);
-        // Safe from overflow: openDeal bounded expiry + 2 windows + arbitration below 2^64.
-        uint64 closableAt = deal.expiry + deal.challengeWindow;
+        // Safe from overflow: openDeal bounded expiry + 3 windows + arbitration below 2^64.
+        // A unilateral close waits a full window past the last settlement instant (expiry + window),
+        // so every breach stays refundable for at least one window.
+        uint64 closableAt = deal.expiry + 2 * deal.challengeWindow;
         if (block.timestamp < closableAt) {
-            if (msg.sender == deal.client) deal.clientAgreedClose = true;
-            else if (msg.sender == deal.provider) deal.providerAgreedClose = true;
-            else revert EscrowUnauthorized(msg.sender);
+            bool party;
+            if (msg.sender == deal.client) {
+                deal.clientAgreedClose = true;
+                party = true;
+            }
+            if (msg.sender == deal.provider) {
+                deal.providerAgreedClose = true;
+                party = true;
+            }
+            if (!party) revert EscrowUnauthorized(msg.sender);
             emit CloseAgreed(dealId, msg.sender);
             if (!(deal.clientAgreedClose && deal.providerAgreedClose)) return;
         } else if (msg.sender != deal.client && msg.sender != deal.provider) {
@@ -423,11 +461,22 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     function getBatch(uint256 dealId, uint32 batchId) external view returns (BatchView memory) {
         Batch storage batch = _batches[dealId][batchId];
         if (batch.status == BatchStatus.None) revert EscrowBatchNotFound(dealId, batchId);
-        return BatchView({amount: batch.amount, deadline: batch.deadline, status: batch.status});
+        return BatchView({amount: batch.amount, deadline: batch.deadline, status: batch.status, tasks: batch.tasks});
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function minChallengeWindow() external view returns (uint64) {
+        return _minChallengeWindow;
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function arbitrationPeriod() external view returns (uint64) {
+        return _arbitrationPeriod;
     }
 
     /// @inheritdoc IComputeEscrow
     function taskStatus(uint256 dealId, uint32 taskIndex) external view returns (TaskStatus) {
+        if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
         TaskBits storage flags = _tasks[dealId][taskIndex >> 8];
         uint256 bit = 1 << (taskIndex & 255);
         if (flags.vouched & bit != 0) return TaskStatus.Vouched;
@@ -499,14 +548,60 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     function _endDispute(uint256 dealId, Deal storage deal, uint32 batchId, bool providerWins) private {
         Batch storage batch = _batch(dealId, batchId, BatchStatus.Disputed);
         uint256 amount = batch.amount;
+        uint256 refund;
+        uint256 penalty;
         if (providerWins) {
             batch.status = BatchStatus.Paid;
             _payBatch(deal, amount);
         } else {
             batch.status = BatchStatus.Rejected;
             deal.pending -= uint128(amount);
+            (refund, penalty) = _refund(deal, amount, batch.tasks);
         }
-        emit DisputeResolved(dealId, batchId, providerWins, amount);
+        emit DisputeResolved(dealId, batchId, providerWins, amount, refund, penalty);
+    }
+
+    /// @dev Unlock `amount` of the deal's funds for the client (capped by what is unspent) and pay
+    /// it the penalty `tasks` times (capped by the stake left).
+    function _refund(Deal storage deal, uint256 amount, uint256 tasks)
+        private
+        returns (uint256 refund, uint256 penalty)
+    {
+        uint256 committed = deal.committed;
+        uint256 unspent = deal.maxSpend - committed - deal.pending;
+        refund = amount < unspent ? amount : unspent;
+        uint256 stakeLeft = deal.stake;
+        // Safe from overflow: penalty < 2^128 and tasks <= 65,536.
+        penalty = uint256(deal.penalty) * tasks;
+        if (penalty > stakeLeft) penalty = stakeLeft;
+        // Safe: refund <= unspent, so committed + refund <= maxSpend < 2^128; penalty <= stakeLeft.
+        deal.committed = uint128(committed + refund);
+        unchecked {
+            deal.stake = uint128(stakeLeft - penalty);
+        }
+        _balances[deal.client] += refund + penalty;
+    }
+
+    /// @dev Check one claimed task against its deal and timing: the receipt's deadline is the
+    /// request's (the client signs it), and the claim lands by the task's settlement instant.
+    function _checkClaim(uint256 dealId, Receipt calldata receipt, uint256 expiry, uint256 window)
+        private
+        view
+    {
+        uint32 taskIndex = receipt.taskIndex;
+        if (receipt.dealId != dealId) revert EscrowReceiptForOtherDeal(dealId, receipt.dealId);
+        if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
+        if (receipt.finishedAt > receipt.deadline) {
+            revert EscrowReceiptLate(taskIndex, receipt.finishedAt, receipt.deadline);
+        }
+        uint256 settleBy = _settleBy(receipt.deadline, expiry, window);
+        if (block.timestamp > settleBy) revert EscrowClaimPeriodOver(taskIndex, settleBy);
+    }
+
+    /// @dev The instant a task settles: until it the provider may claim, after it the client may
+    /// refund. The deadline counts at most up to the deal's expiry.
+    function _settleBy(uint256 deadline, uint256 expiry, uint256 window) private pure returns (uint256) {
+        return (deadline < expiry ? deadline : expiry) + window;
     }
 
     function _payBatch(Deal storage deal, uint256 amount) private {
@@ -515,9 +610,16 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         _balances[deal.provider] += amount;
     }
 
-    function _checkCap(uint256 dealId, Deal storage deal, uint256 needed) private view {
+    /// @dev Revert unless `amount` more fits the deal's cap; written so no sum can overflow.
+    function _checkCap(uint256 dealId, Deal storage deal, uint256 amount) private view {
         uint256 cap = deal.maxSpend;
-        if (needed > cap) revert EscrowCapExceeded(dealId, cap, needed);
+        uint256 used = uint256(deal.committed) + deal.pending;
+        // Safe: committed + pending <= cap always holds.
+        unchecked {
+            if (amount > cap - used) {
+                revert EscrowCapExceeded(dealId, cap, amount > type(uint256).max - used ? type(uint256).max : used + amount);
+            }
+        }
     }
 
     function _useNonce(address provider, uint256 nonce) private {
@@ -527,9 +629,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         _usedNonces[provider][nonce >> 8] = word | bit;
     }
 
-    function _checkSigner(bytes32 digest, bytes calldata signature, address expected) private pure {
-        (address signer, ECDSA.RecoverError err,) = ECDSA.tryRecoverCalldata(digest, signature);
-        if (err != ECDSA.RecoverError.NoError || signer != expected || signer == address(0)) {
+    function _checkSigner(bytes32 digest, bytes calldata signature, address expected) private view {
+        if (expected == address(0) || !SignatureChecker.isValidSignatureNowCalldata(expected, digest, signature)) {
             revert EscrowInvalidSignature(expected);
         }
     }

@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.24;
 
-import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher} from "../types/Messages.sol";
+import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher, Claim} from "../types/Messages.sol";
 
 /// @title IComputeEscrow
 /// @notice Escrow for accelerator compute: clients lock a spending cap per deal, providers lock a
-/// stake; tasks are paid by cumulative client vouchers, claimed by provider receipts when the
-/// client is silent, or refunded with a penalty when the provider misses its deadline.
+/// stake; tasks are paid by cumulative client vouchers the provider redeems, claimed with the
+/// client's signed request and the provider's receipt when the client is silent, or refunded
+/// with a penalty when the provider misses the request's deadline.
+/// @dev Time rule: each task has one settlement instant, `settleBy = min(request deadline,
+/// expiry) + challengeWindow`. The provider may claim it until then; the client may refund it
+/// only after; a unilateral close waits until `expiry + 2 * challengeWindow`.
 interface IComputeEscrow {
     /// @notice Lifecycle of a deal.
     enum DealStatus {
@@ -57,6 +61,7 @@ interface IComputeEscrow {
         uint256 amount;
         uint64 deadline; // end of the challenge window, or of arbitration once disputed
         BatchStatus status;
+        uint32 tasks; // number of tasks claimed in the batch
     }
 
     /// @notice Emitted when an account deposits tokens into its free balance.
@@ -69,7 +74,7 @@ interface IComputeEscrow {
     event Unstaked(address indexed provider, uint256 amount);
     /// @notice Emitted when a provider cancels a quote nonce.
     event QuoteNonceCancelled(address indexed provider, uint256 nonce);
-    /// @notice Emitted when a deal opens from a signed quote.
+    /// @notice Emitted when a deal opens from a signed quote, with every term an indexer needs.
     event DealOpened(
         uint256 indexed dealId,
         address indexed client,
@@ -77,19 +82,31 @@ interface IComputeEscrow {
         address arbiter,
         uint256 maxSpend,
         uint256 stake,
+        uint256 penalty,
         uint64 expiry,
+        uint64 challengeWindow,
+        uint64 sloMs,
+        bytes32 planHash,
         bytes32 quoteHash
     );
-    /// @notice Emitted when a voucher is redeemed; `paid` is the increase over the last one.
-    event VoucherRedeemed(uint256 indexed dealId, uint256 cumulativeAmount, uint256 paid);
-    /// @notice Emitted when a provider claims a batch of receipts.
-    event ReceiptsClaimed(uint256 indexed dealId, uint32 indexed batchId, uint256 amount, uint256 tasks, uint64 deadline);
+    /// @notice Emitted when a deal's reservation fee is credited to its provider.
+    event ReservationFeePaid(uint256 indexed dealId, address indexed provider, uint256 fee);
+    /// @notice Emitted when a voucher is redeemed; `paid` is the increase over the last one and
+    /// `newTasks` the bitmap words (from word 0) of the tasks this redemption newly paid.
+    event VoucherRedeemed(uint256 indexed dealId, uint256 cumulativeAmount, uint256 paid, uint256[] newTasks);
+    /// @notice Emitted when a provider claims a batch of tasks; `taskIndexes` in claim order.
+    event ReceiptsClaimed(
+        uint256 indexed dealId, uint32 indexed batchId, uint256 amount, uint32[] taskIndexes, uint64 deadline
+    );
     /// @notice Emitted when an undisputed batch pays out after its challenge window.
     event ClaimFinalized(uint256 indexed dealId, uint32 indexed batchId, uint256 amount);
     /// @notice Emitted when the client disputes a claimed batch.
     event ClaimDisputed(uint256 indexed dealId, uint32 indexed batchId, uint64 arbitrationDeadline);
-    /// @notice Emitted when a dispute ends, by ruling or by lapse.
-    event DisputeResolved(uint256 indexed dealId, uint32 indexed batchId, bool providerWins, uint256 amount);
+    /// @notice Emitted when a dispute ends, by ruling or by lapse. When the client wins, the
+    /// batch's amount is unlocked for it (`refund`) and it receives the penalty once per task.
+    event DisputeResolved(
+        uint256 indexed dealId, uint32 indexed batchId, bool providerWins, uint256 amount, uint256 refund, uint256 penalty
+    );
     /// @notice Emitted when a breached task is refunded with the penalty.
     event BreachRefunded(uint256 indexed dealId, uint32 indexed taskIndex, uint256 refund, uint256 penalty);
     /// @notice Emitted when one party agrees to close a deal early.
@@ -118,6 +135,8 @@ interface IComputeEscrow {
     /// @notice Thrown when quote terms are unusable (no arbiter, zero duration, fee above cap,
     /// amounts past 128 bits, or times past 64 bits).
     error EscrowInvalidTerms();
+    /// @notice Thrown when a quote's challenge window is below the escrow's minimum.
+    error EscrowChallengeWindowTooShort(uint64 challengeWindow, uint64 minimum);
     /// @notice Thrown when a deal id is unknown.
     error EscrowDealNotFound(uint256 dealId);
     /// @notice Thrown when a deal is closed.
@@ -132,20 +151,24 @@ interface IComputeEscrow {
     error EscrowTaskAlreadySettled(uint256 dealId, uint32 taskIndex);
     /// @notice Thrown when a task index or voucher bitmap is beyond the supported range.
     error EscrowTaskIndexTooLarge(uint256 taskIndex);
-    /// @notice Thrown when a breach refund is asked before the deadline and its grace have passed.
+    /// @notice Thrown when a breach refund is asked before the task's settlement instant.
     error EscrowDeadlineNotPassed(uint256 refundableAt);
     /// @notice Thrown when claimed receipts come with a plan other than the deal's.
     error EscrowPlanMismatch(uint256 dealId);
-    /// @notice Thrown when a receipt belongs to another deal.
+    /// @notice Thrown when a receipt, ack or request belongs to another deal.
     error EscrowReceiptForOtherDeal(uint256 dealId, uint256 receiptDealId);
     /// @notice Thrown when a receipt's amount differs from the plan's price for its usage.
     error EscrowAmountMismatch(uint32 taskIndex, uint256 claimed, uint256 priced);
-    /// @notice Thrown when a receipt finished after its ack deadline.
+    /// @notice Thrown when a claimed amount is above the request's signed maxPrice.
+    error EscrowPriceAboveRequest(uint32 taskIndex, uint256 amount, uint256 maxPrice);
+    /// @notice Thrown when a receipt finished after its request's deadline.
     error EscrowReceiptLate(uint32 taskIndex, uint64 finishedAt, uint64 deadline);
-    /// @notice Thrown when receipts and signatures differ in number, or a batch is empty.
+    /// @notice Thrown when an ack answers another request than the one presented.
+    error EscrowAckMismatch(uint32 taskIndex);
+    /// @notice Thrown when a claim batch is empty.
     error EscrowBadBatch();
-    /// @notice Thrown when receipts are claimed after the deal's claim period.
-    error EscrowClaimPeriodOver(uint256 dealId);
+    /// @notice Thrown when a task is claimed after its settlement instant.
+    error EscrowClaimPeriodOver(uint32 taskIndex, uint256 settleBy);
     /// @notice Thrown when a batch id is unknown.
     error EscrowBatchNotFound(uint256 dealId, uint32 batchId);
     /// @notice Thrown when a batch is not in the state the action needs.
@@ -156,6 +179,8 @@ interface IComputeEscrow {
     error EscrowChallengeWindowClosed(uint64 deadline);
     /// @notice Thrown when a dispute is lapsed before the arbitration period ends.
     error EscrowArbitrationOpen(uint64 deadline);
+    /// @notice Thrown when the arbiter rules after the arbitration period.
+    error EscrowArbitrationOver(uint64 deadline);
     /// @notice Thrown when a deal closes while claims await their window or a ruling.
     error EscrowClaimsPending(uint256 dealId, uint256 pending);
 
@@ -174,25 +199,26 @@ interface IComputeEscrow {
     /// @notice Make a quote nonce unusable, so a signed quote can no longer open a deal.
     function cancelQuoteNonce(uint256 nonce) external;
 
-    /// @notice Open a deal with a provider-signed quote, locking `maxSpend` of the caller's free
-    /// balance and the quote's stake from the provider's free stake.
+    /// @notice Open a deal with a provider-signed quote naming the caller, locking `maxSpend` of
+    /// the caller's free balance and the quote's stake from the provider's free stake.
     /// @return dealId The new deal's id.
     function openDeal(Quote calldata quote, bytes calldata signature, uint256 maxSpend)
         external
         returns (uint256 dealId);
 
-    /// @notice Pay the provider the increase of a client-signed cumulative voucher.
+    /// @notice Pay the provider the increase of a client-signed cumulative voucher. Callable by
+    /// the deal's provider only (the payee decides which voucher to redeem).
     function redeemVoucher(Voucher calldata voucher, bytes calldata signature) external;
 
-    /// @notice Claim provider-signed receipts of tasks the client did not vouch; they pay after
-    /// the challenge window unless disputed. Callable by the deal's provider.
+    /// @notice Claim tasks the client requested and did not vouch, each with its receipt and the
+    /// client's signed request; the receipt's deadline must be the request's, its amount the
+    /// plan's price for its usage and at most the request's maxPrice, and each task must be
+    /// claimed by its settlement instant. They pay after the challenge window unless disputed.
+    /// Callable by the deal's provider.
     /// @return batchId The claimed batch's id within the deal.
-    function claimReceipts(
-        uint256 dealId,
-        Plan calldata plan,
-        Receipt[] calldata receipts,
-        bytes[] calldata signatures
-    ) external returns (uint32 batchId);
+    function claimReceipts(uint256 dealId, Plan calldata plan, Claim[] calldata claims)
+        external
+        returns (uint32 batchId);
 
     /// @notice Pay an undisputed batch after its challenge window. Callable by anyone.
     function finalizeClaim(uint256 dealId, uint32 batchId) external;
@@ -200,19 +226,22 @@ interface IComputeEscrow {
     /// @notice Dispute a pending batch within its challenge window. Callable by the client.
     function disputeClaim(uint256 dealId, uint32 batchId) external;
 
-    /// @notice Rule on a disputed batch. Callable by the deal's arbiter.
+    /// @notice Rule on a disputed batch before the arbitration period ends. Callable by the
+    /// deal's arbiter. A ruling for the client unlocks the batch for it and pays the penalty per
+    /// task from the stake.
     function resolveDispute(uint256 dealId, uint32 batchId, bool providerWins) external;
 
     /// @notice End a dispute the arbiter left unresolved past the arbitration period, for the
     /// client. Callable by anyone.
     function lapseDispute(uint256 dealId, uint32 batchId) external;
 
-    /// @notice Refund a task whose acked deadline (plus the challenge window as grace) passed
-    /// with no delivery recorded, and pay the client the deal's penalty from the stake.
-    function refundBreach(Ack calldata ack, bytes calldata signature) external;
+    /// @notice Refund an acked task not settled by its settlement instant (request deadline,
+    /// capped at expiry, plus the challenge window), and pay the client the deal's penalty from
+    /// the stake. Callable by the deal's client, with the request and the provider-signed ack.
+    function refundBreach(TaskRequest calldata request, Ack calldata ack, bytes calldata ackSignature) external;
 
-    /// @notice Close a deal: alone after expiry plus the challenge window, or early once both
-    /// parties have called it. Unspent funds return to the client, stake to the provider.
+    /// @notice Close a deal: alone after expiry plus twice the challenge window, or early once
+    /// both parties have called it. Unspent funds return to the client, stake to the provider.
     function closeDeal(uint256 dealId) external;
 
     /// @notice The settlement token.
@@ -233,7 +262,14 @@ interface IComputeEscrow {
     /// @notice A claimed batch as stored.
     function getBatch(uint256 dealId, uint32 batchId) external view returns (BatchView memory);
 
-    /// @notice Settlement state of one task.
+    /// @notice The shortest challenge window a quote may set.
+    function minChallengeWindow() external view returns (uint64);
+
+    /// @notice How long an arbiter has to rule before a dispute lapses for the client.
+    function arbitrationPeriod() external view returns (uint64);
+
+    /// @notice Settlement state of one task (a task of a batch ruled for the client stays
+    /// Claimed; its batch says how it ended).
     function taskStatus(uint256 dealId, uint32 taskIndex) external view returns (TaskStatus);
 
     /// @notice Number of deals opened so far.

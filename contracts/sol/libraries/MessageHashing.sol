@@ -23,10 +23,10 @@ library MessageHashing {
     );
     bytes32 internal constant TASK_REQUEST_TYPEHASH = keccak256(
         "TaskRequest(uint256 dealId,uint32 taskIndex,uint8 kind,bytes32 programHash,bytes32 inputHash,"
-        "uint256 maxPrice)"
+        "uint256 maxPrice,uint64 deadline)"
     );
     bytes32 internal constant ACK_TYPEHASH =
-        keccak256("Ack(uint256 dealId,uint32 taskIndex,bytes32 requestHash,uint64 deadline,uint256 price)");
+        keccak256("Ack(uint256 dealId,uint32 taskIndex,bytes32 requestHash,uint256 price)");
     bytes32 internal constant RECEIPT_TYPEHASH = keccak256(
         "Receipt(uint256 dealId,uint32 taskIndex,uint8 kind,uint8 status,bool cacheHit,uint64 deviceMs,"
         "uint64 compileMs,bytes32 programHash,bytes32 inputHash,bytes32 outputHash,uint64 startedAt,"
@@ -37,8 +37,8 @@ library MessageHashing {
 
     uint256 private constant PLAN_WORDS = 11;
     uint256 private constant QUOTE_HEAD_WORDS = 11;
-    uint256 private constant TASK_REQUEST_WORDS = 6;
-    uint256 private constant ACK_WORDS = 5;
+    uint256 private constant TASK_REQUEST_WORDS = 7;
+    uint256 private constant ACK_WORDS = 4;
     uint256 private constant RECEIPT_WORDS = 15;
 
     /// @notice Hash a plan.
@@ -63,6 +63,23 @@ library MessageHashing {
     /// @notice Hash a task request.
     function hash(TaskRequest calldata request) internal pure returns (bytes32) {
         return _hashStatic(TASK_REQUEST_TYPEHASH, _offset(request), TASK_REQUEST_WORDS);
+    }
+
+    /// @notice Hash the task request a receipt answers: its fields from the receipt, and the
+    /// client's `maxPrice` (a request's deadline is the receipt's).
+    function requestHash(Receipt calldata receipt, uint256 maxPrice) internal pure returns (bytes32 digest) {
+        bytes32 typehash = TASK_REQUEST_TYPEHASH;
+        // Safe: reads calldata words of a static struct into scratch memory past the free pointer.
+        // Receipt words: 0 dealId, 1 taskIndex, 2 kind, 7 programHash, 8 inputHash, 12 deadline.
+        assembly ("memory-safe") {
+            let m := mload(0x40)
+            mstore(m, typehash)
+            calldatacopy(add(m, 0x20), receipt, 0x60)
+            calldatacopy(add(m, 0x80), add(receipt, 0xe0), 0x40)
+            mstore(add(m, 0xc0), maxPrice)
+            calldatacopy(add(m, 0xe0), add(receipt, 0x180), 0x20)
+            digest := keccak256(m, 0x100)
+        }
     }
 
     /// @notice Hash an ack.

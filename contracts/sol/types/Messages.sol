@@ -27,13 +27,14 @@ struct Plan {
 /// @notice Terms a provider signs; a client opens a deal with it.
 struct Quote {
     address provider;
-    address client; // zero: any client
+    address client; // the one client that may open the deal (a quote per fill)
     address arbiter;
     uint256 maxSpend; // the most the provider accepts as the deal's cap
     uint256 stake; // provider stake locked for the deal
     uint256 penalty; // paid to the client per SLO breach, from the stake
     uint64 duration; // seconds from opening to expiry
-    uint64 challengeWindow; // seconds a claim waits for disputes; also the breach grace
+    uint64 challengeWindow; // seconds after a task's deadline the provider has to settle it, and a
+        // claim waits for disputes; at least the escrow's minimum
     uint64 sloMs; // promised latency from ack to delivery
     uint64 validUntil; // the quote cannot open a deal after this time
     uint256 nonce;
@@ -47,16 +48,17 @@ struct TaskRequest {
     uint8 kind;
     bytes32 programHash;
     bytes32 inputHash;
-    uint256 maxPrice;
+    uint256 maxPrice; // the most the client pays for this task
+    uint64 deadline; // unix seconds by which the result must be delivered
 }
 
-/// @notice A provider's signed acceptance of a task, with the deadline it commits to.
+/// @notice A provider's signed acceptance of a task request: it commits to the request's
+/// deadline at this price.
 struct Ack {
     uint256 dealId;
     uint32 taskIndex;
-    bytes32 requestHash;
-    uint64 deadline;
-    uint256 price; // refunded to the client if the deadline is breached
+    bytes32 requestHash; // EIP-712 struct hash of the TaskRequest
+    uint256 price; // unlocked for the client if the deadline is breached
 }
 
 /// @notice A provider's signed account of one executed task.
@@ -73,7 +75,7 @@ struct Receipt {
     bytes32 outputHash;
     uint64 startedAt;
     uint64 finishedAt;
-    uint64 deadline; // the ack's deadline
+    uint64 deadline; // the request's deadline
     uint256 amount; // the plan's price for this usage
     bytes32 prevReceiptHash;
 }
@@ -84,4 +86,12 @@ struct Voucher {
     uint256 dealId;
     uint256 cumulativeAmount;
     uint256[] tasks;
+}
+
+/// @notice One task a provider claims when the client is silent: its receipt and the client's
+/// signature over the request it answers, rebuilt from the receipt's fields and `maxPrice`.
+struct Claim {
+    Receipt receipt;
+    uint256 maxPrice; // the request's maxPrice
+    bytes requestSignature; // the client's signature over the TaskRequest
 }
