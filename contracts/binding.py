@@ -21,7 +21,7 @@ from web3.contract import Contract
 from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
 
 from contracts.chain import rpc_batch
-from contracts.compiler import Artifact, compile_contracts
+from contracts.compiler import Artifact, load_contracts
 from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Ack, Claim, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
 from contracts.reverts import REVERTS
@@ -516,7 +516,7 @@ class Chain:
     def __init__(self, rpc_url: str, artifacts: dict[str, Artifact] | None = None) -> None:
         self.rpc_url = rpc_url
         self.w3 = connect(rpc_url)
-        self.artifacts = artifacts or compile_contracts()
+        self.artifacts = artifacts or load_contracts()
         self.tx = Transactor(self.w3, decoder(self.artifacts))
 
     def deploy(

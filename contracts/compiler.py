@@ -21,6 +21,10 @@ NODE_MODULES = REPO_ROOT / "node_modules"
 EVM_VERSION = "cancun"
 OPTIMIZER_RUNS = 20_000
 CONTRACT_NAMES = ("ComputeEscrow", "SettlementToken")
+SOLC_VERSION = "0.8.37"
+# Build artifacts shipped in the package, so a pip-installed daemon or client binds a deployed
+# escrow without Node: written by `python -m contracts.compiler`, checked against the sources.
+ARTIFACT_DIR = PACKAGE_DIR / "artifacts"
 
 
 @dataclass(frozen=True)
@@ -59,12 +63,60 @@ def standard_input() -> dict[str, Any]:
     }
 
 
+def source_hash() -> str:
+    """Return the hash of the compiler input and version: what an artifact was built from."""
+    encoded = json.dumps(standard_input(), sort_keys=True).encode()
+    return hashlib.sha256(encoded + SOLC_VERSION.encode()).hexdigest()
+
+
+def load_contracts() -> dict[str, Artifact]:
+    """Return the artifacts: the shipped ones when they match the sources, else compile."""
+    shipped = shipped_artifacts()
+    if shipped is not None and shipped[1] == source_hash():
+        return shipped[0]
+    return compile_contracts()
+
+
+def shipped_artifacts() -> tuple[dict[str, Artifact], str] | None:
+    """Return the shipped artifacts and the source hash they were built from, if present."""
+    found: dict[str, Artifact] = {}
+    hashes = set()
+    for name in CONTRACT_NAMES:
+        path = ARTIFACT_DIR / f"{name}.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        hashes.add(data["sourceHash"])
+        found[name] = Artifact(
+            name=name,
+            abi=data["abi"],
+            bytecode=data["bytecode"],
+            deployed_bytecode=data["deployedBytecode"],
+        )
+    return (found, hashes.pop()) if len(hashes) == 1 else None
+
+
+def write_artifacts() -> None:
+    """Compile the sources and write the shipped artifacts."""
+    artifacts = compile_contracts()
+    built_from = source_hash()
+    ARTIFACT_DIR.mkdir(exist_ok=True)
+    for name, artifact in artifacts.items():
+        data = {
+            "contractName": name,
+            "compiler": f"solc {SOLC_VERSION}, via-IR, optimizer runs {OPTIMIZER_RUNS}, {EVM_VERSION}",
+            "sourceHash": built_from,
+            "abi": artifact.abi,
+            "bytecode": artifact.bytecode,
+            "deployedBytecode": artifact.deployed_bytecode,
+        }
+        (ARTIFACT_DIR / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
 def compile_contracts(*, use_cache: bool = True) -> dict[str, Artifact]:
     """Compile the contracts (or load them from the cache) and return artifacts by name."""
     source = standard_input()
-    encoded = json.dumps(source, sort_keys=True).encode()
-    solc_version = "0.8.37"
-    key = hashlib.sha256(encoded + solc_version.encode()).hexdigest()
+    key = source_hash()
     cached = cache_dir() / f"{key}.json"
     if use_cache and cached.exists():
         output = json.loads(cached.read_text())
@@ -107,3 +159,7 @@ def _artifacts(output: dict[str, Any]) -> dict[str, Artifact]:
     if missing:
         raise CompilationError(f"compiler output lacks {sorted(missing)}")
     return found
+
+
+if __name__ == "__main__":
+    write_artifacts()
