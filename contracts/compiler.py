@@ -104,7 +104,7 @@ def write_artifacts() -> None:
     for name, artifact in artifacts.items():
         data = {
             "contractName": name,
-            "compiler": f"solc {SOLC_VERSION}, via-IR, optimizer runs {OPTIMIZER_RUNS}, {EVM_VERSION}",
+            "compiler": f"solc {SOLC_VERSION} via-IR runs={OPTIMIZER_RUNS} evm={EVM_VERSION}",
             "sourceHash": built_from,
             "abi": artifact.abi,
             "bytecode": artifact.bytecode,
