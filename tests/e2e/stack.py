@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,11 @@ CLIENT_FUNDS = 100 * UNIT
 PROVIDER_STAKE = 5 * UNIT
 DEVICE_CLASS = "cpu"
 SLOW_STEPS = 150_000_000  # ~3 s of device time on this CPU: past a 1 s SLO
+# The escrow's shortest challenge window in these tests (the production default is 60 s): long
+# enough for a daemon settling every second with a margin of half the window, short enough
+# that a test waits for it in seconds. Tests that need the chain past a window move its clock.
+MIN_WINDOW = 10
+WINDOW = 10  # the window of the tests' quotes
 _nonces = itertools.count(1)
 
 
@@ -79,6 +84,11 @@ class Process:
             return False
 
         wait_until(up, timeout_s, f"{self.name} at {url}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the process."""
+        assert self.popen is not None
+        os.kill(self.popen.pid, sig)
 
     def kill9(self) -> None:
         """SIGKILL the process (no cleanup of any kind) and reap it."""
@@ -213,12 +223,21 @@ class Stack:
         return provider
 
     def quote(
-        self, provider: Provider, *, max_spend: int, penalty: int = 50_000, window: int = 30
+        self,
+        provider: Provider,
+        *,
+        max_spend: int,
+        penalty: int = 50_000,
+        window: int = WINDOW,
+        client: str | None = None,
     ) -> Quote:
-        """Return the quote a provider's operator signs for its terms."""
+        """Return the quote a provider's operator signs for its terms, naming ``client``.
+
+        ``client`` defaults to the stack's client; an ask's terms name nobody (ZERO_ADDRESS).
+        """
         return Quote(
             provider=provider.address,
-            client=ZERO_ADDRESS,
+            client=address_of(self.client) if client is None else client,
             arbiter=address_of(self.arbiter),
             max_spend=max_spend,
             stake=UNIT,
@@ -255,13 +274,15 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(work: Path, *, market: bool = False) -> Iterator[Stack]:
-    """Start anvil, deploy, fund the client (wallet + deposit); stop everything after."""
+def stack(
+    work: Path, *, market: bool = False, min_challenge_window: int = MIN_WINDOW
+) -> Iterator[Stack]:
+    """Start anvil, deploy, fund the client's wallet; stop everything after."""
     anvil = Anvil.start(accounts=10)
     try:
         chain = Chain(anvil.url)
         keys = anvil.keys
-        deployment = chain.deploy(keys[0])
+        deployment = chain.deploy(keys[0], min_challenge_window=min_challenge_window)
         escrow, token = chain.escrow(deployment.escrow), chain.token(deployment.token)
         token.mint(keys[0], address_of(keys[1]), CLIENT_FUNDS)
         token.approve(keys[1], escrow.address, 2**256 - 1)
@@ -281,10 +302,15 @@ def stack(work: Path, *, market: bool = False) -> Iterator[Stack]:
 
 
 def post_ask(stack: Stack, provider: Provider, quote: Quote, price: int, quantity: int) -> str:
-    """As the provider's operator: post an ask that binds its signed quote."""
+    """As the provider's operator: post an ask bound to its signed terms (``quote``).
+
+    The ask's quote names no client (its terms only); after a match the provider's daemon signs
+    a quote with these terms naming the fill's client.
+    """
     from client.market_http import MarketHttp
 
     assert stack.market_url is not None
+    quote = replace(quote, client=ZERO_ADDRESS)
     ask = Ask(
         owner=provider.address,
         device_class=DEVICE_CLASS,
