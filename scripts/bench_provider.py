@@ -55,6 +55,10 @@ from contracts.messages import (  # noqa: E402
 from contracts.program import ProgramEnvelope, encode_envelope  # noqa: E402
 
 PLAN = Plan(compile_price=10, inference_price=1)
+SLO_MS = 60_000
+# A request's deadline (protocol v2: the client sets it): now + the SLO + 2 s of slack. The
+# throughput run signs its requests before it starts, so they carry this much more.
+PRESIGNED_SLACK_S = 600
 
 
 def _mlp_program() -> tuple[ProgramEnvelope, Any, list[Any]]:
@@ -99,8 +103,8 @@ def open_deal(chain: Chain, escrow_address: str, keys: list[str], token_address:
         stake=10**6,
         penalty=1,
         duration=86_400,
-        challenge_window=60,
-        slo_ms=10_000,
+        challenge_window=120,  # settled with room to spare by a daemon's default jobs
+        slo_ms=SLO_MS,
         valid_until=now + 600,
         nonce=1,
         plan=PLAN,
@@ -118,7 +122,7 @@ def start_daemon(
     config = data / "provider.toml"
     config.write_text(
         f'rpc_url = "{anvil.url}"\nescrow = "{escrow}"\ndata_dir = "{data / "state"}"\n'
-        'jax_platforms = "cpu"\nslo_ms = 60000\nbenchmark_on_start = false\n'
+        f'jax_platforms = "cpu"\nslo_ms = {SLO_MS}\nbenchmark_on_start = false\n'
         f"pool_size = {workers}\n"
         f'log_level = "WARNING"\n[plan]\ncompile_price = {PLAN.compile_price}\n'
         f"inference_price = {PLAN.inference_price}\n"
@@ -165,7 +169,9 @@ class Submitter:
             self.index += 1
             return self.index - 1
 
-    def sign(self, deal_id: int, envelope: ProgramEnvelope, index: int) -> dict[str, str]:
+    def sign(
+        self, deal_id: int, envelope: ProgramEnvelope, index: int, slack_s: int = 0
+    ) -> dict[str, str]:
         request = TaskRequest(
             deal_id=deal_id,
             task_index=index,
@@ -173,6 +179,7 @@ class Submitter:
             program_hash=envelope.program_sha256,
             input_hash=envelope.inputs_sha256,
             max_price=1_000,
+            deadline=int(time.time()) + -(-SLO_MS // 1000) + 2 + slack_s,
         )
         raw = self.signer.sign_recoverable(request.digest(self.domain), hasher=None)
         signature = raw[:64] + bytes([raw[64] + 27])  # r||s||v, as TaskRequest.sign
@@ -233,7 +240,9 @@ def tasks_per_s(
     sub: Submitter, deal_id: int, envelope: ProgramEnvelope, tasks: int, clients: int
 ) -> float:
     body = encode_envelope(envelope)
-    signed = [sub.sign(deal_id, envelope, sub.next_index()) for _ in range(tasks)]
+    signed = [
+        sub.sign(deal_id, envelope, sub.next_index(), PRESIGNED_SLACK_S) for _ in range(tasks)
+    ]
     chunks = [signed[i::clients] for i in range(clients)]
     barrier = threading.Barrier(clients + 1)
 
