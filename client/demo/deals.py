@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from client.accounts import ClientAccount
+from client.accounts import ClientAccount, open_market_deal
 from client.demo.errors import DemoError
 from client.demo.terms import (
     BETA,
@@ -17,6 +17,7 @@ from client.demo.terms import (
     DEAL_DURATION,
     DEVICE_CLASS,
     PROFILES,
+    QUOTE_WAIT_S,
     ProviderProfile,
 )
 from client.demo.text import Say, outcome_line, tokens
@@ -127,7 +128,15 @@ def bid_and_open(
         if known is None:
             raise DemoError(f"deal {record['deal_id']} names an unknown provider")
         profile, url = known
-        opened = account.open_market_deal(record)
+        # The ask's quote names nobody: it is the provider's signed terms. For this fill the
+        # provider's daemon signs a quote naming the client, which the client checks against
+        # the ask's terms before opening the deal with it.
+        started = time.monotonic()
+        opened = open_market_deal(market, account, str(record["deal_id"]), wait_s=QUOTE_WAIT_S)
+        say(
+            f"quote     {profile.name} signed a quote for {record['deal_id']} naming the client "
+            f"({time.monotonic() - started:.1f} s after the match), with the ask's terms"
+        )
         quote, max_spend, chain_deal = opened.quote, opened.max_spend, opened.chain_deal_id
         advert = adverts.get(quote.provider.lower())
         endpoint = str(advert["endpoint"]) if advert else url

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from client.demo.errors import DemoError
-from client.demo.terms import SETTLEMENT_INTERVAL_S, ProviderProfile
+from client.demo.terms import SETTLEMENT_INTERVAL_S, TX_ALLOWANCE_S, ProviderProfile
 from contracts.chain import free_port
 
 
@@ -107,7 +107,8 @@ def start_provider(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     plan = "\n".join(f"{k} = {_toml(v)}" for k, v in profile.plan.to_json().items())
-    # Settlement: redeem every voucher at once, and close a deal within a pass or two of the
+    # Settlement: redeem every voucher at once, run the jobs every second (a deal's window
+    # must cover half of it plus one transaction), close a deal within a pass or two of the
     # client's agreement (the demo waits for both).
     text = f"""# provider {profile.name}: {profile.note}
 rpc_url = "{rpc_url}"
@@ -129,9 +130,8 @@ log_level = "WARNING"
 
 [settlement]
 redeem_threshold = 1
-redeem_max_age_s = 1
-silent_after_s = 86400
 interval_s = {SETTLEMENT_INTERVAL_S}
+tx_allowance_s = {TX_ALLOWANCE_S}
 """
     config = work / f"{profile.name}.toml"
     config.write_text(text)

@@ -21,6 +21,7 @@ from client.demo.summary import Summary, print_figures, print_table, summarize
 from client.demo.terms import (
     ALPHA,
     BETA,
+    CHALLENGE_WINDOW,
     CLIENT_DEPOSIT,
     CLIENT_FUNDS,
     PROVIDER_STAKE,
@@ -104,12 +105,12 @@ def _run(
     deployer, client_key, alpha_key, beta_key, arbiter_key = keys[:5]
     operators = ((ALPHA, alpha_key), (BETA, beta_key))
     chain = Chain(rpc_url)
-    deployment = chain.deploy(deployer)
+    deployment = chain.deploy(deployer, min_challenge_window=CHALLENGE_WINDOW)
     escrow, token = chain.escrow(deployment.escrow), chain.token(deployment.token)
     chain_id = escrow.domain.chain_id
     say(f"chain     {rpc_url} (chain id {chain_id})")
     say(f"token     {deployment.token}")
-    say(f"escrow    {deployment.escrow}")
+    say(f"escrow    {deployment.escrow} (challenge windows of {CHALLENGE_WINDOW} s and more)")
     for _, key in operators:  # the providers' operators stake before their daemons start
         token.mint(deployer, address_of(key), PROVIDER_STAKE)
         token.approve(key, escrow.address, PROVIDER_STAKE)
@@ -150,7 +151,13 @@ def _run(
 
     client = address_of(client_key)
     token.mint(deployer, client, CLIENT_FUNDS)
-    account = ClientAccount(escrow, token, client_key, spending_cap=CLIENT_DEPOSIT)
+    account = ClientAccount(
+        escrow,
+        token,
+        client_key,
+        spending_cap=CLIENT_DEPOSIT,
+        min_challenge_window=CHALLENGE_WINDOW,
+    )
     account.deposit(CLIENT_DEPOSIT)
     say(f"client    {client}: deposited {tokens(CLIENT_DEPOSIT)} (cap {tokens(CLIENT_DEPOSIT)})")
     providers = {address_of(k).lower(): (p, urls[p.name]) for p, k in operators}
@@ -168,7 +175,7 @@ def _run(
                     "handed to the provider"
                 )
         wait_for_redemption(escrow, deals, vouchers, processes.check, say)
-        refund_late(deals, say)
+        refund_late(escrow, deals, say)
         close_deals(escrow, account, deals, processes.check, say)
     finally:
         for deal in deals:

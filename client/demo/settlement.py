@@ -17,6 +17,7 @@ from client.demo.errors import DemoError
 from client.demo.terms import CHALLENGE_WINDOW, CLOSE_TIMEOUT_S, REDEEM_TIMEOUT_S
 from client.demo.text import Say, tokens
 from contracts.binding import DEAL_CLOSED, DealState, Escrow
+from contracts.chain import rpc
 from contracts.hashing import keccak_text
 from contracts.messages import Voucher
 
@@ -50,24 +51,47 @@ def wait_for_redemption(
         say(f"redeemed  deal {deal.chain_id} ({deal.profile.name}) by the provider's job")
 
 
-def refund_late(deals: list[Deal], say: Say) -> None:
-    """Refund, with the penalty, every acked task not verified by its deadline (+ window)."""
-    outcomes = [o for deal in deals for o in deal.outcomes]
-    candidates = [o for o in outcomes if o.ack is not None and not o.verified]
+def refund_late(escrow: Escrow, deals: list[Deal], say: Say) -> None:
+    """Refund, with the penalty, every acked task not verified, once its settleBy has passed.
+
+    A task is refundable only after ``settleBy = min(deadline, expiry) + challengeWindow`` on
+    the chain's clock. Rather than wait for it in wall time, the demo moves anvil's clock
+    forward (``evm_increaseTime`` + ``evm_mine``), and says so.
+    """
+    candidates = [
+        (deal, o) for deal in deals for o in deal.outcomes if o.ack is not None and not o.verified
+    ]
     if not candidates:
         return
-    due = max(o.ack.deadline for o in candidates if o.ack) + CHALLENGE_WINDOW + 1
-    wait = due - time.time()
-    if wait > 0:
-        say(f"waiting   {wait:.0f} s for the challenge window after the missed deadlines")
-        time.sleep(wait)  # the chain's clock follows the wall clock
+    due = max(
+        min(o.request.deadline, escrow.get_deal(deal.chain_id).expiry)
+        + deal.session.challenge_window
+        for deal, o in candidates
+    )
+    now = chain_now(escrow)
+    if now <= due:
+        jump = due + 1 - now
+        rpc_url = escrow.tx.w3.provider.endpoint_uri  # type: ignore[attr-defined]
+        rpc(rpc_url, "evm_increaseTime", [jump])
+        rpc(rpc_url, "evm_mine")
+        say(
+            f"clock     moved the chain's clock {jump} s forward (anvil evm_increaseTime + "
+            f"evm_mine) past the settlement instant of {len(candidates)} late task(s): "
+            f"deadline + the {CHALLENGE_WINDOW} s challenge window, instead of waiting"
+        )
+    now = chain_now(escrow)
     for deal in deals:
-        for outcome in deal.session.refund_breaches(int(time.time())):
+        for outcome in deal.session.refund_breaches(now):
             refund, penalty = outcome.refunded or (0, 0)
             say(
                 f"refunded  {deal.profile.name} #{outcome.index}: {tokens(refund)} back + "
                 f"penalty {tokens(penalty)} from the provider's stake"
             )
+
+
+def chain_now(escrow: Escrow) -> int:
+    """Return the latest block's timestamp."""
+    return int(escrow.tx.w3.eth.get_block("latest")["timestamp"])
 
 
 def close_deals(

@@ -14,10 +14,15 @@ CLIENT_DEPOSIT: Final = 10 * UNIT  # deposited into the escrow
 PROVIDER_STAKE: Final = 5 * UNIT
 DEVICE_CLASS: Final = "cpu"  # what the daemons advertise (they compile for TPU ahead of time)
 TPU_TARGET: Final = "v5e:1x1"
-CHALLENGE_WINDOW: Final = 3  # seconds: short so the demo's refunds come quickly
+SETTLEMENT_INTERVAL_S: Final = 1  # the daemons' settlement jobs run this often ...
+TX_ALLOWANCE_S: Final = 2  # ... and allow this long for one transaction to be mined
+# The daemons put every task on chain by settleBy - window / 2, and that margin must cover one
+# job interval and one transaction: they serve windows from (1 + 2) / 0.5 = 6 s. The demo's
+# escrow is deployed with this window as its minimum (the production default is 60 s).
+CHALLENGE_WINDOW: Final = 10
 DEAL_DURATION: Final = 3_600
-SETTLEMENT_INTERVAL_S: Final = 1  # the daemons' settlement jobs run this often
 START_TIMEOUT_S: Final = 120.0
+QUOTE_WAIT_S: Final = 60.0  # for a provider's daemon to sign the quote of a fill
 REDEEM_TIMEOUT_S: Final = 60.0
 CLOSE_TIMEOUT_S: Final = 60.0
 BID_PRICE: Final = 10_000

@@ -71,7 +71,7 @@ def late_or_reason(outcome: TaskOutcome) -> str:
     """Return how late a delivery was, or why it was not paid."""
     view = outcome.view
     if outcome.ack is not None and view is not None and view.receipt is not None:
-        late = view.receipt.finished_at - outcome.ack.deadline
+        late = view.receipt.finished_at - outcome.request.deadline
         if late > 0:
             return f"delivered {late} s after its deadline"
     return outcome.rejected or "no delivery"

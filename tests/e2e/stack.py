@@ -185,8 +185,9 @@ class Stack:
         self.escrow.stake(key, PROVIDER_STAKE)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        jobs: dict[str, float] = {"redeem_threshold": 1, "redeem_max_age_s": 1}
-        jobs |= {"silent_after_s": 86_400, "interval_s": 1}
+        # Redeem every voucher at once; settle every second, allowing 2 s per transaction: the
+        # daemon then serves windows from (1 + 2) / 0.5 = 6 s (MIN_WINDOW is 10).
+        jobs: dict[str, float] = {"redeem_threshold": 1, "interval_s": 1, "tx_allowance_s": 2}
         jobs.update(settlement or {})
         lines = [
             f'rpc_url = "{self.rpc_url}"',
