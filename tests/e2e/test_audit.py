@@ -1,0 +1,152 @@
+"""The soak's auditor finds what goes wrong: a settlement read back from a real chain.
+
+One anvil and escrow; a provider's journal (the daemon's own `provider.journal.Journal`)
+records six acked tasks of one deal with real signatures, and the chain settles them by hand,
+some of them wrongly: a task delivered on time and refunded instead of paid, a breach never
+refunded, the same inputs vouched under two task indexes. The auditor must count each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contracts.messages import (
+    KIND_INFERENCE,
+    ZERO_HASH,
+    Ack,
+    Quote,
+    Receipt,
+    TaskRequest,
+    Voucher,
+    address_of,
+    task_bitmap,
+)
+from contracts.pricing import flat
+from contracts.program import encode_envelope
+from provider.journal import AckRecord, Journal
+from tests.e2e.audit import audit, read_journal
+from tests.e2e.stack import MIN_WINDOW, PROVIDER_STAKE, UNIT, Stack, spin_model, stack
+
+PLAN = flat(compile_price=3_000, inference_price=1_000)
+PRICE = PLAN.inference_price
+PENALTY = 7_000
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, str, Path]]:
+    work = tmp_path_factory.mktemp("audit")
+    with stack(work) as st:
+        provider = st.spare_keys.pop()
+        st.token.mint(st.deployer, address_of(provider), PROVIDER_STAKE)
+        st.token.approve(provider, st.escrow.address, PROVIDER_STAKE)
+        st.escrow.stake(provider, PROVIDER_STAKE)
+        st.escrow.deposit(st.client, UNIT)
+        yield st, provider, work / "journal.sqlite3"
+
+
+def test_audit_counts_paid_refunded_lost_paid_twice_and_both_sides_losses(
+    world: tuple[Stack, str, Path],
+) -> None:
+    st, provider_key, path = world
+    provider = address_of(provider_key)
+    quote = Quote(
+        provider=provider,
+        client=address_of(st.client),
+        arbiter=address_of(st.arbiter),
+        max_spend=100_000,
+        stake=UNIT,
+        penalty=PENALTY,
+        duration=3_600,
+        challenge_window=MIN_WINDOW,
+        slo_ms=1_000,
+        valid_until=st.anvil.latest_timestamp() + 600,
+        nonce=1,
+        plan=PLAN,
+    )
+    opened = st.escrow.open_deal(
+        st.client, quote, quote.sign(st.escrow.domain, provider_key), quote.max_spend
+    )
+    deal_id = int(opened.event("DealOpened").args["dealId"])
+    domain = st.escrow.domain
+    model = spin_model()
+    envelope = model.envelope(np.array([10], np.int32), np.ones(4, np.float32))
+    frame = encode_envelope(envelope)
+    now = st.anvil.latest_timestamp()
+    deadline = now + 5
+    journal = Journal(path, provider, domain)
+    requests: dict[int, TaskRequest] = {}
+    acks: dict[int, tuple[Ack, bytes]] = {}
+    inputs = [b"\x01" * 32, b"\x02" * 32, b"\x03" * 32, b"\x04" * 32, b"\x05" * 32, b"\x05" * 32]
+    for index, input_hash in enumerate(inputs):
+        request = TaskRequest(
+            deal_id=deal_id,
+            task_index=index,
+            kind=KIND_INFERENCE,
+            program_hash=envelope.program_sha256,
+            input_hash=input_hash,
+            max_price=PRICE,
+            deadline=deadline,
+        )
+        ack = Ack(deal_id, index, request.struct_hash(), PRICE)
+        signature = ack.sign(domain, provider_key)
+        requests[index], acks[index] = request, (ack, signature)
+        journal.record_ack(
+            AckRecord(
+                request=request,
+                request_sig=request.sign(domain, st.client),
+                request_hash=request.struct_hash(),
+                target=None,
+                ack=ack,
+                ack_sig=signature,
+                acked_at=float(now),
+            ),
+            frame,
+        )
+    # Delivered on time: 0 (vouched), 1 (refunded: the provider's loss), 4 and 5 (same inputs).
+    for index in (0, 1, 4, 5):
+        request = requests[index]
+        receipt = Receipt(
+            deal_id=deal_id,
+            task_index=index,
+            kind=KIND_INFERENCE,
+            status=0,
+            cache_hit=False,
+            device_ms=1,
+            compile_ms=0,
+            program_hash=request.program_hash,
+            input_hash=request.input_hash,
+            output_hash=ZERO_HASH,
+            started_at=now,
+            finished_at=now + 1,
+            deadline=deadline,
+            amount=PRICE,
+            prev_receipt_hash=journal.next_prev_hash(deal_id),
+        )
+        journal.record_receipt(receipt, receipt.sign(domain, provider_key), b"", {})
+    journal.close()
+
+    voucher = Voucher(deal_id, 3 * PRICE, task_bitmap([0, 4, 5]))
+    st.escrow.redeem_voucher(provider_key, voucher, voucher.sign(domain, st.client))
+    st.anvil.increase_time(deadline + quote.challenge_window + 1 - now)
+    for index in (1, 2):  # 1 was delivered on time: refunding it takes the provider's due
+        ack, signature = acks[index]
+        st.escrow.refund_breach(st.client, requests[index], ack, signature)
+    # 3: never delivered and never refunded: lost, and the client's refund and penalty with it.
+
+    assert set(read_journal(path)) == {(deal_id, i) for i in range(6)}
+    result = audit(st.escrow, st.token, [path])
+    assert result.tasks_acked == 6
+    assert result.tasks_paid == 3
+    assert result.tasks_refunded == 2
+    assert result.tasks_lost == 1
+    assert result.tasks_paid_twice == 1  # the same inputs paid under indexes 4 and 5
+    assert result.honest_provider_losses == PRICE + PENALTY
+    assert result.honest_client_losses == PRICE + PENALTY
+    assert result.invariant_ok is True
+    assert result.details["lost"] == [[deal_id, 3]]
+    assert result.details["paid_to_providers"] == 3 * PRICE
+    assert result.details["penalties_to_clients"] == 2 * PENALTY
