@@ -12,6 +12,10 @@ from contracts.chain import Anvil
 from contracts.messages import address_of
 
 FUNDS = 10**15  # 1e9 tokens of 6 decimals per account
+# The deployment's shortest challenge window: small, so tests with short windows can open deals;
+# a quote below it is refused (`EscrowChallengeWindowTooShort`).
+MIN_WINDOW = 5
+ARBITRATION_PERIOD = 7 * 24 * 3600
 
 
 @dataclass
@@ -34,20 +38,28 @@ class World:
 
     def now(self) -> int:
         """Return the latest block's timestamp."""
-        return int(self.chain.w3.eth.get_block("latest")["timestamp"])
+        return self.anvil.latest_timestamp()
+
+    def next_at(self, timestamp: int) -> None:
+        """Make the next transaction execute at `timestamp` (mines one block just before it).
+
+        Only with a one-second block interval (`anvil.set_block_interval(1)`): then a transaction
+        sent after this runs at exactly `timestamp`, so tests hit time boundaries to the second.
+        """
+        gap = timestamp - 1 - self.now()
+        if gap < 0:
+            raise ValueError(f"timestamp {timestamp} is in the past")
+        if gap:
+            self.anvil.increase_time(gap)
 
 
-@pytest.fixture(scope="session")
-def anvil() -> Iterator[Anvil]:
-    with Anvil.start(accounts=10) as chain:
-        yield chain
-
-
-@pytest.fixture(scope="session")
-def deployed(anvil: Anvil) -> World:
+def deploy_world(anvil: Anvil, *, arbitration_period: int = ARBITRATION_PERIOD) -> World:
+    """Deploy a token and an escrow on `anvil`, fund and approve the actors; return the world."""
     chain = Chain(anvil.url)
     keys = anvil.keys
-    deployment = chain.deploy(keys[0])
+    deployment = chain.deploy(
+        keys[0], min_challenge_window=MIN_WINDOW, arbitration_period=arbitration_period
+    )
     escrow = chain.escrow(deployment.escrow)
     token = chain.token(deployment.token)
     world = World(
@@ -67,6 +79,17 @@ def deployed(anvil: Anvil) -> World:
     return world
 
 
+@pytest.fixture(scope="session")
+def anvil() -> Iterator[Anvil]:
+    with Anvil.start(accounts=10) as chain:
+        yield chain
+
+
+@pytest.fixture(scope="session")
+def deployed(anvil: Anvil) -> World:
+    return deploy_world(anvil)
+
+
 @pytest.fixture
 def world(deployed: World) -> Iterator[World]:
     snapshot = deployed.anvil.snapshot()
@@ -75,3 +98,13 @@ def world(deployed: World) -> Iterator[World]:
     finally:
         deployed.anvil.revert(snapshot)
         deployed.chain.tx.reset_nonces()
+
+
+@pytest.fixture
+def exact_clock(world: World) -> Iterator[World]:
+    """The world with one second per block, so `world.next_at(t)` sets when the next tx runs."""
+    world.anvil.set_block_interval(1)
+    try:
+        yield world
+    finally:
+        world.anvil.set_block_interval(None)

@@ -1,4 +1,4 @@
-"""Silent client: provider claims of receipts, challenge window, disputes and arbitration."""
+"""Silent client: provider claims with the client's signed requests, challenge window, disputes."""
 
 from __future__ import annotations
 
@@ -7,44 +7,45 @@ from dataclasses import replace
 import pytest
 
 from contracts import reverts
-from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, BATCH_REJECTED
-from contracts.messages import KIND_COMPILE, Plan, Receipt, address_of
+from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, TASK_CLAIMED
+from contracts.messages import KIND_COMPILE, Plan, address_of
 
-from .builders import DEFAULT_PLAN, ack, open_deal, receipt
+from .builders import DEFAULT_PLAN, WINDOW, SignedTask, claim, open_deal, refund, signed_task
 from .conftest import World
 
-ARBITRATION_PERIOD = 7 * 24 * 3600
+
+def _deal(world: World, count: int = 3, **terms: object) -> tuple[int, list[SignedTask]]:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider, **terms)  # type: ignore[arg-type]
+    deadline = world.now() + 100
+    tasks = [
+        signed_task(world, deal_id, i, client, provider, deadline=deadline) for i in range(count)
+    ]
+    return deal_id, tasks
 
 
-def _claim(
-    world: World,
-    deal_id: int,
-    receipts: list[Receipt],
-    plan: Plan = DEFAULT_PLAN,
-    signer: str | None = None,
-) -> int:
-    provider = world.providers[0]
-    sigs = [r.sign(world.escrow.domain, signer or provider) for r in receipts]
-    result = world.escrow.claim_receipts(provider, deal_id, plan, receipts, sigs)
+def _claim(world: World, deal_id: int, tasks: list[SignedTask], plan: Plan = DEFAULT_PLAN) -> int:
+    result = claim(world, world.providers[0], deal_id, tasks, plan)
     return int(result.event("ReceiptsClaimed").args["batchId"])
 
 
-def _deal(world: World, **terms: object) -> tuple[int, list[Receipt]]:
-    deal_id, _ = open_deal(world, world.clients[0], world.providers[0], **terms)  # type: ignore[arg-type]
-    deadline = world.now() + 100
-    return deal_id, [receipt(deal_id, i, DEFAULT_PLAN, deadline=deadline) for i in range(3)]
-
-
 def test_claim_then_finalize_after_window_pays_provider(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    total = sum(r.amount for r in receipts)
-    batch = _claim(world, deal_id, receipts)
+    deal_id, tasks = _deal(world)
+    total = sum(t.receipt.amount for t in tasks)
+    batch = _claim(world, deal_id, tasks)
     assert world.escrow.get_deal(deal_id).pending == total
-    assert world.escrow.get_batch(deal_id, batch).status == BATCH_PENDING
+    stored = world.escrow.get_batch(deal_id, batch)
+    assert (stored.status, stored.amount, stored.tasks) == (BATCH_PENDING, total, 3)
+    assert [world.escrow.task_status(deal_id, t.index) for t in tasks] == [TASK_CLAIMED] * 3
     with pytest.raises(reverts.EscrowChallengeWindowOpen):
         world.escrow.finalize_claim(world.stranger, deal_id, batch)
-    world.anvil.increase_time(61)
-    world.escrow.finalize_claim(world.stranger, deal_id, batch)
+    world.anvil.increase_time(WINDOW + 1)
+    paid = world.escrow.finalize_claim(world.stranger, deal_id, batch)
+    assert paid.event("ClaimFinalized").args == {
+        "dealId": deal_id,
+        "batchId": batch,
+        "amount": total,
+    }
     deal = world.escrow.get_deal(deal_id)
     assert (deal.pending, deal.committed) == (0, total)
     assert world.escrow.balance_of(address_of(world.providers[0])) == total
@@ -53,161 +54,165 @@ def test_claim_then_finalize_after_window_pays_provider(world: World) -> None:
         world.escrow.finalize_claim(world.stranger, deal_id, batch)
 
 
-def test_claim_when_not_provider_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    sigs = [r.sign(world.escrow.domain, world.providers[0]) for r in receipts]
-    with pytest.raises(reverts.EscrowUnauthorized):
-        world.escrow.claim_receipts(world.clients[0], deal_id, DEFAULT_PLAN, receipts, sigs)
-
-
-def test_claim_when_claim_period_over_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world, duration=50)
-    world.anvil.increase_time(50 + 60)
-    with pytest.raises(reverts.EscrowClaimPeriodOver):
-        _claim(world, deal_id, receipts)
+def test_claim_event_carries_the_claimed_task_indexes_in_claim_order(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    tasks = [signed_task(world, deal_id, i, client, provider) for i in (300, 2, 7, 256)]
+    result = claim(world, provider, deal_id, tasks)
+    event = result.event("ReceiptsClaimed").args
+    assert list(event["taskIndexes"]) == [300, 2, 7, 256]
+    assert event["amount"] == sum(t.receipt.amount for t in tasks)
+    assert event["deadline"] == world.now() + WINDOW
+    assert [world.escrow.task_status(deal_id, i) for i in (2, 7, 256, 300)] == [TASK_CLAIMED] * 4
 
 
 def test_claim_when_plan_differs_from_deal_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
+    deal_id, tasks = _deal(world)
     other = replace(DEFAULT_PLAN, inference_price=10**6)
     with pytest.raises(reverts.EscrowPlanMismatch):
-        _claim(world, deal_id, [replace(r, amount=r.amount) for r in receipts], plan=other)
+        _claim(world, deal_id, tasks, plan=other)
 
 
-def test_claim_when_batch_empty_or_signatures_missing_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
+def test_claim_when_batch_empty_then_rejects(world: World) -> None:
+    deal_id, _ = _deal(world)
     with pytest.raises(reverts.EscrowBadBatch):
-        world.escrow.claim_receipts(world.providers[0], deal_id, DEFAULT_PLAN, [], [])
-    with pytest.raises(reverts.EscrowBadBatch):
-        world.escrow.claim_receipts(world.providers[0], deal_id, DEFAULT_PLAN, receipts, [])
+        world.escrow.claim_receipts(world.providers[0], deal_id, DEFAULT_PLAN, [])
 
 
 def test_claim_when_receipt_from_other_deal_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
+    client, provider = world.clients[0], world.providers[0]
+    deal_a, _ = _deal(world)
+    deal_b, _ = open_deal(world, client, provider)
+    of_b = signed_task(world, deal_b, 0, client, provider)
     with pytest.raises(reverts.EscrowReceiptForOtherDeal):
-        _claim(world, deal_id, [replace(receipts[0], deal_id=deal_id + 1)])
+        claim(world, provider, deal_a, [of_b])
 
 
 def test_claim_when_receipt_finished_after_deadline_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    late = replace(receipts[0], finished_at=receipts[0].deadline + 1)
+    deal_id, tasks = _deal(world)
+    late = replace(tasks[0].receipt, finished_at=tasks[0].request.deadline + 1)
     with pytest.raises(reverts.EscrowReceiptLate):
-        _claim(world, deal_id, [late])
+        world.escrow.claim_receipts(
+            world.providers[0], deal_id, DEFAULT_PLAN, [tasks[0].claim(late)]
+        )
 
 
 def test_claim_when_amount_differs_from_plan_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
+    deal_id, tasks = _deal(world)
+    wrong = replace(tasks[0].receipt, amount=tasks[0].receipt.amount + 1)
     with pytest.raises(reverts.EscrowAmountMismatch) as info:
-        _claim(world, deal_id, [replace(receipts[0], amount=receipts[0].amount + 1)])
-    assert info.value.error_args["priced"] == receipts[0].amount
-
-
-def test_claim_when_receipt_signed_by_someone_else_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    with pytest.raises(reverts.EscrowInvalidSignature):
-        _claim(world, deal_id, receipts, signer=world.stranger)
+        world.escrow.claim_receipts(
+            world.providers[0], deal_id, DEFAULT_PLAN, [tasks[0].claim(wrong)]
+        )
+    assert info.value.error_args["priced"] == tasks[0].receipt.amount
 
 
 def test_claim_when_task_repeated_or_already_claimed_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
+    deal_id, tasks = _deal(world)
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
-        _claim(world, deal_id, [receipts[0], receipts[0]])
-    _claim(world, deal_id, receipts[:1])
-    with pytest.raises(reverts.EscrowTaskAlreadySettled):
-        _claim(world, deal_id, receipts[:2])
+        _claim(world, deal_id, [tasks[0], tasks[0]])
+    _claim(world, deal_id, tasks[:1])
+    with pytest.raises(reverts.EscrowTaskAlreadySettled) as info:
+        _claim(world, deal_id, tasks[1:] + tasks[:1])
+    assert info.value.error_args["taskIndex"] == 0
 
 
 def test_claim_when_task_was_refunded_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
-    deal_id, receipts = _deal(world)
-    a = ack(deal_id, 0, deadline=world.now() + 1)
-    world.anvil.increase_time(1 + 60 + 1)
-    world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
+    deal_id, _ = open_deal(world, client, provider)
+    breached = signed_task(world, deal_id, 0, client, provider, deadline=world.now() + 1)
+    world.anvil.increase_time(1 + WINDOW + 1)
+    refund(world, client, breached)
+    # The same task index under a later request the client also signed: still settled.
+    again = signed_task(world, deal_id, 0, client, provider)
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
-        _claim(
-            world,
-            deal_id,
-            [replace(receipts[0], deadline=world.now() + 10, finished_at=world.now())],
-        )
+        claim(world, provider, deal_id, [again])
 
 
 def test_claim_when_task_index_too_large_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    big = receipt(deal_id, 65_536, DEFAULT_PLAN, deadline=receipts[0].deadline)
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    big = signed_task(world, deal_id, 65_536, client, provider)
     with pytest.raises(reverts.EscrowTaskIndexTooLarge):
-        _claim(world, deal_id, [big])
+        claim(world, provider, deal_id, [big])
 
 
 def test_claim_when_total_passes_cap_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world, max_spend=1_000)
-    with pytest.raises(reverts.EscrowCapExceeded):
-        _claim(world, deal_id, receipts)
+    deal_id, tasks = _deal(world, max_spend=1_000)
+    with pytest.raises(reverts.EscrowCapExceeded) as info:
+        _claim(world, deal_id, tasks)
+    assert info.value.error_args["needed"] == sum(t.receipt.amount for t in tasks)
 
 
 def test_claim_prices_failed_compile_at_zero_under_outcome_plan(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
     plan = Plan(compile_price=9_000, outcome_based=True)
-    deal_id, _ = open_deal(world, world.clients[0], world.providers[0], plan=plan)
-    failed = receipt(deal_id, 0, plan, deadline=world.now() + 50, kind=KIND_COMPILE, status=6)
-    assert failed.amount == 0
+    deal_id, _ = open_deal(world, client, provider, plan=plan)
+    failed = signed_task(
+        world, deal_id, 0, client, provider, plan=plan, kind=KIND_COMPILE, status=6, max_price=1
+    )
+    assert failed.receipt.amount == 0
     batch = _claim(world, deal_id, [failed], plan=plan)
     assert world.escrow.get_batch(deal_id, batch).amount == 0
 
 
-def test_dispute_when_client_within_window_then_arbiter_rules_for_client(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    batch = _claim(world, deal_id, receipts)
-    with pytest.raises(reverts.EscrowUnauthorized):
-        world.escrow.dispute_claim(world.stranger, deal_id, batch)
+def test_claim_when_request_deadline_is_after_expiry_then_settles_by_expiry_plus_window(
+    exact_clock: World,
+) -> None:
+    world = exact_clock
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider, duration=100)
+    expiry = world.escrow.get_deal(deal_id).expiry
+    late, on_time = (
+        signed_task(world, deal_id, i, client, provider, deadline=expiry + 500) for i in (0, 1)
+    )
+    world.next_at(expiry + WINDOW)
+    claim(world, provider, deal_id, [on_time])
+    with pytest.raises(reverts.EscrowClaimPeriodOver) as info:
+        claim(world, provider, deal_id, [late])  # runs at expiry + window + 1
+    assert info.value.error_args == {"taskIndex": 0, "settleBy": expiry + WINDOW}
+
+
+def test_dispute_when_arbiter_rules_for_provider_then_pays(world: World) -> None:
+    deal_id, tasks = _deal(world)
+    batch = _claim(world, deal_id, tasks)
     world.escrow.dispute_claim(world.clients[0], deal_id, batch)
     assert world.escrow.get_batch(deal_id, batch).status == BATCH_DISPUTED
     with pytest.raises(reverts.EscrowBatchWrongStatus):
         world.escrow.finalize_claim(world.stranger, deal_id, batch)
-    with pytest.raises(reverts.EscrowUnauthorized):
-        world.escrow.resolve_dispute(world.providers[0], deal_id, batch, True)
-    result = world.escrow.resolve_dispute(world.arbiter, deal_id, batch, False)
-    assert result.event("DisputeResolved").args["providerWins"] is False
-    deal = world.escrow.get_deal(deal_id)
-    assert (deal.pending, deal.committed) == (0, 0)
-    assert world.escrow.get_batch(deal_id, batch).status == BATCH_REJECTED
-    assert world.escrow.balance_of(address_of(world.providers[0])) == 0
-
-
-def test_dispute_when_arbiter_rules_for_provider_then_pays(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    batch = _claim(world, deal_id, receipts)
-    world.escrow.dispute_claim(world.clients[0], deal_id, batch)
-    world.escrow.resolve_dispute(world.arbiter, deal_id, batch, True)
-    assert world.escrow.balance_of(address_of(world.providers[0])) == sum(
-        r.amount for r in receipts
-    )
+    result = world.escrow.resolve_dispute(world.arbiter, deal_id, batch, True)
+    total = sum(t.receipt.amount for t in tasks)
+    assert result.event("DisputeResolved").args == {
+        "dealId": deal_id,
+        "batchId": batch,
+        "providerWins": True,
+        "amount": total,
+        "refund": 0,
+        "penalty": 0,
+    }
+    assert world.escrow.balance_of(address_of(world.providers[0])) == total
+    assert world.escrow.get_batch(deal_id, batch).status == BATCH_PAID
     with pytest.raises(reverts.EscrowBatchWrongStatus):
         world.escrow.resolve_dispute(world.arbiter, deal_id, batch, True)
 
 
 def test_dispute_when_window_closed_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    batch = _claim(world, deal_id, receipts)
-    world.anvil.increase_time(61)
+    deal_id, tasks = _deal(world)
+    batch = _claim(world, deal_id, tasks)
+    world.anvil.increase_time(WINDOW + 1)
     with pytest.raises(reverts.EscrowChallengeWindowClosed):
         world.escrow.dispute_claim(world.clients[0], deal_id, batch)
 
 
-def test_lapse_dispute_when_arbiter_silent_then_client_wins_after_period(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    batch = _claim(world, deal_id, receipts)
+def test_lapse_dispute_when_arbitration_open_or_batch_not_disputed_then_rejects(
+    world: World,
+) -> None:
+    deal_id, tasks = _deal(world)
+    batch = _claim(world, deal_id, tasks)
+    with pytest.raises(reverts.EscrowBatchWrongStatus):
+        world.escrow.lapse_dispute(world.stranger, deal_id, batch)
     world.escrow.dispute_claim(world.clients[0], deal_id, batch)
     with pytest.raises(reverts.EscrowArbitrationOpen):
-        world.escrow.lapse_dispute(world.stranger, deal_id, batch)
-    world.anvil.increase_time(ARBITRATION_PERIOD + 1)
-    world.escrow.lapse_dispute(world.stranger, deal_id, batch)
-    assert world.escrow.get_batch(deal_id, batch).status == BATCH_REJECTED
-    assert world.escrow.get_deal(deal_id).pending == 0
-
-
-def test_lapse_dispute_when_batch_not_disputed_then_rejects(world: World) -> None:
-    deal_id, receipts = _deal(world)
-    batch = _claim(world, deal_id, receipts)
-    with pytest.raises(reverts.EscrowBatchWrongStatus):
         world.escrow.lapse_dispute(world.stranger, deal_id, batch)
 
 
@@ -217,3 +222,5 @@ def test_batch_when_unknown_then_rejects(world: World) -> None:
         world.escrow.get_batch(deal_id, 0)
     with pytest.raises(reverts.EscrowBatchNotFound):
         world.escrow.finalize_claim(world.stranger, deal_id, 0)
+    with pytest.raises(reverts.EscrowBatchNotFound):
+        world.escrow.dispute_claim(world.clients[0], deal_id, 0)

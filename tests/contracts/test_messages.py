@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from eth_account import Account
@@ -10,6 +11,7 @@ from eth_account.messages import encode_typed_data
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts import typed_data
 from contracts.binding import Chain
 from contracts.compiler import compile_contracts
 from contracts.errors import SignatureError
@@ -73,8 +75,9 @@ requests = st.builds(
     program_hash=hashes,
     input_hash=hashes,
     max_price=u256,
+    deadline=u64,
 )
-acks = st.builds(Ack, deal_id=u256, task_index=u32, request_hash=hashes, deadline=u64, price=u256)
+acks = st.builds(Ack, deal_id=u256, task_index=u32, request_hash=hashes, price=u256)
 receipts = st.builds(
     Receipt,
     deal_id=u256,
@@ -117,6 +120,42 @@ def test_digest_equals_contract_and_typed_data_encoder(deployed: World, message:
 
 
 @chain_settings
+@given(message=messages)
+def test_published_typed_data_schema_signs_what_the_contract_verifies(
+    deployed: World, message: object
+) -> None:
+    # A wallet that knows only the published schema (GET /v1/typed-data, contracts/typed_data.json)
+    # and the message's fields signs the digest the escrow computes. eth-account derives the
+    # primary type from `types`, so it takes the primary type and what it refers to, not all.
+    assert isinstance(message, Quote | TaskRequest | Ack | Receipt | Voucher)
+    domain = deployed.escrow.domain
+    published = typed_data.schema(domain)
+    assert published["types"] == typed_data.shipped()["types"]
+    assert published["primaryTypes"][message.TYPE_NAME]["signer"] in ("client", "provider")
+    full = {
+        "types": _reachable(published["types"], message.TYPE_NAME),
+        "primaryType": message.TYPE_NAME,
+        "domain": published["domain"],
+        "message": message.as_typed_data(),
+    }
+    key = deployed.providers[0]
+    signed = Account.sign_message(encode_typed_data(full_message=full), key)
+    assert signed.message_hash == deployed.escrow.digest(message)
+    assert recover_digest(deployed.escrow.digest(message), signed.signature) == address_of(key)
+
+
+def _reachable(types: dict[str, list[dict[str, str]]], primary: str) -> dict[str, Any]:
+    """Return `EIP712Domain`, `primary` and every struct type `primary` refers to."""
+    found = {"EIP712Domain": types["EIP712Domain"]}
+    todo = [primary]
+    while todo:
+        name = todo.pop()
+        found[name] = types[name]
+        todo += [f["type"] for f in types[name] if f["type"] in types and f["type"] not in found]
+    return found
+
+
+@chain_settings
 @given(plan=plans)
 def test_plan_hash_equals_contract(deployed: World, plan: Plan) -> None:
     assert plan.struct_hash() == deployed.escrow.plan_hash(plan)
@@ -142,7 +181,7 @@ def test_price_equals_contract_for_any_usage(
     device_ms: int,
     task_index: int,
 ) -> None:
-    usage = {
+    usage: dict[str, Any] = {
         "kind": kind,
         "status": status,
         "cache_hit": cache_hit,
@@ -196,12 +235,14 @@ def test_json_round_trip_keeps_every_message() -> None:
         Plan(1, 2),
     )
     v = Voucher(1, 2, task_bitmap([0, 9, 700]))
-    for message in (r, q, v):
+    request = r.request(max_price=99)
+    a = Ack(1, 2, request.struct_hash(), 3)
+    for message in (r, q, v, request, a):
         assert type(message).from_json(message.to_json()) == message
 
 
 def test_from_json_when_field_missing_or_out_of_range_then_rejects() -> None:
-    good = Ack(1, 2, b"\x00" * 32, 3, 4).to_json()
+    good = Ack(1, 2, b"\x00" * 32, 3).to_json()
     with pytest.raises(ValueError, match="lacks field"):
         Ack.from_json({k: v for k, v in good.items() if k != "price"})
     with pytest.raises(ValueError, match="does not fit"):
@@ -213,7 +254,7 @@ def test_sign_then_recover_and_verify() -> None:
     from contracts.messages import Domain
 
     domain = Domain(chain_id=5, verifying_contract="0x" + "11" * 20)
-    ack = Ack(1, 2, b"\x01" * 32, 3, 4)
+    ack = Ack(1, 2, b"\x01" * 32, 3)
     sig = ack.sign(domain, key)
     assert verify(ack, domain, sig, address_of(key)) is ack
     with pytest.raises(SignatureError):

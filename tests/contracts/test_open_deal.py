@@ -18,10 +18,10 @@ def test_open_deal_when_quote_is_valid_then_locks_cap_and_stake(world: World) ->
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**7)
     world.escrow.stake(provider, 3 * 10**6)
-    q = quote(world, provider, stake=10**6, penalty=7)
+    q = quote(world, provider, client, stake=10**6, penalty=7)
     result = world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 4 * 10**6)
-    event = result.event("DealOpened").args
-    deal = world.escrow.get_deal(event["dealId"])
+    deal_id = result.event("DealOpened").args["dealId"]
+    deal = world.escrow.get_deal(deal_id)
     assert deal.status == DEAL_OPEN
     assert (deal.client, deal.provider, deal.arbiter) == (
         address_of(client),
@@ -30,12 +30,13 @@ def test_open_deal_when_quote_is_valid_then_locks_cap_and_stake(world: World) ->
     )
     assert (deal.max_spend, deal.stake, deal.penalty, deal.committed) == (4 * 10**6, 10**6, 7, 0)
     assert deal.expiry == world.now() + q.duration
+    assert deal.challenge_window == q.challenge_window
     assert deal.plan_hash == q.plan.struct_hash()
-    assert event["quoteHash"] == q.struct_hash()
     assert world.escrow.balance_of(address_of(client)) == 6 * 10**6
     assert world.escrow.stake_of(address_of(provider)) == 2 * 10**6
     assert world.escrow.is_nonce_used(address_of(provider), q.nonce)
     assert world.escrow.deal_count() == 1
+    assert [e.name for e in result.events] == ["DealOpened"]  # no fee, no ReservationFeePaid
 
 
 def test_open_deal_when_plan_is_reserved_then_pays_fee_up_front(world: World) -> None:
@@ -49,7 +50,7 @@ def test_open_deal_when_plan_is_reserved_then_pays_fee_up_front(world: World) ->
 def test_open_deal_when_quote_expired_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0, valid_for=5)
+    q = quote(world, provider, client, stake=0, valid_for=5)
     world.anvil.increase_time(10)
     with pytest.raises(reverts.EscrowQuoteExpired):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
@@ -58,15 +59,25 @@ def test_open_deal_when_quote_expired_then_rejects(world: World) -> None:
 def test_open_deal_when_quote_names_other_client_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0, client=world.clients[1])
-    with pytest.raises(reverts.EscrowWrongClient):
+    q = quote(world, provider, world.clients[1], stake=0)
+    with pytest.raises(reverts.EscrowWrongClient) as info:
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
+    assert info.value.error_args == {
+        "expected": address_of(world.clients[1]),
+        "actual": address_of(client),
+    }
 
 
-def test_open_deal_when_quote_names_this_client_then_opens(world: World) -> None:
-    client, provider = world.clients[0], world.providers[0]
-    deal_id, _ = open_deal(world, client, provider, client=client, stake=0)
-    assert world.escrow.get_deal(deal_id).client == address_of(client)
+def test_open_deal_when_one_ask_fills_many_bids_then_each_client_opens_its_own_quote(
+    world: World,
+) -> None:
+    # One ask, two fills: the provider signs one quote per fill, naming that fill's client, with
+    # the same terms and its own nonce; both deals open.
+    provider = world.providers[0]
+    opened = [open_deal(world, c, provider, max_spend=10**6) for c in world.clients[:2]]
+    deals = [world.escrow.get_deal(deal_id) for deal_id, _ in opened]
+    assert [d.client for d in deals] == [address_of(c) for c in world.clients[:2]]
+    assert {d.plan_hash for d in deals} == {opened[0][1].plan.struct_hash()}
 
 
 @pytest.mark.parametrize(
@@ -78,7 +89,7 @@ def test_open_deal_when_cap_is_zero_or_above_quote_then_rejects(
 ) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 2 * 10**9)
-    q = quote(world, provider, stake=0, max_spend=10**9)
+    q = quote(world, provider, client, stake=0, max_spend=10**9)
     with pytest.raises(error):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), max_spend)
 
@@ -94,7 +105,7 @@ def test_open_deal_when_cap_is_zero_or_above_quote_then_rejects(
 def test_open_deal_when_plan_is_invalid_then_rejects(world: World, plan: Plan) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0, plan=plan)
+    q = quote(world, provider, client, stake=0, plan=plan)
     with pytest.raises(reverts.EscrowInvalidPlan):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
 
@@ -106,6 +117,8 @@ def test_open_deal_when_plan_is_invalid_then_rejects(world: World, plan: Plan) -
         {"duration": 0},
         {"duration": 2**64 - 1},
         {"challenge_window": 2**63},
+        {"stake": 2**128},
+        {"penalty": 2**128},
         {"plan": Plan(reservation_fee=10**6 + 1)},
     ],
 )
@@ -114,7 +127,7 @@ def test_open_deal_when_terms_are_unusable_then_rejects(
 ) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = replace(quote(world, provider, stake=0), **change)  # type: ignore[arg-type]
+    q = replace(quote(world, provider, client, stake=0), **change)  # type: ignore[arg-type]
     with pytest.raises(reverts.EscrowInvalidTerms):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
 
@@ -122,7 +135,7 @@ def test_open_deal_when_terms_are_unusable_then_rejects(
 def test_open_deal_when_signed_by_someone_else_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     with pytest.raises(reverts.EscrowInvalidSignature):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, world.stranger), 10**6)
 
@@ -130,7 +143,7 @@ def test_open_deal_when_signed_by_someone_else_then_rejects(world: World) -> Non
 def test_open_deal_when_signature_is_malleable_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     sig = q.sign(world.escrow.domain, provider)
     s = int.from_bytes(sig[32:64], "big")
     flipped = sig[:32] + (SECP256K1_N - s).to_bytes(32, "big") + bytes([55 - sig[64]])
@@ -152,7 +165,7 @@ def test_open_deal_when_nonce_reused_then_rejects(world: World) -> None:
 def test_cancel_quote_nonce_then_quote_cannot_open_a_deal(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     result = world.escrow.cancel_quote_nonce(provider, q.nonce)
     assert result.event("QuoteNonceCancelled").args["nonce"] == q.nonce
     with pytest.raises(reverts.EscrowNonceUsed):
@@ -164,7 +177,7 @@ def test_cancel_quote_nonce_then_quote_cannot_open_a_deal(world: World) -> None:
 def test_open_deal_when_client_balance_short_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     with pytest.raises(reverts.EscrowInsufficientBalance):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 11)
 
@@ -172,7 +185,7 @@ def test_open_deal_when_client_balance_short_then_rejects(world: World) -> None:
 def test_open_deal_when_provider_stake_short_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=10**6)
+    q = quote(world, provider, client, stake=10**6)
     with pytest.raises(reverts.EscrowInsufficientStake):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
 
@@ -180,7 +193,7 @@ def test_open_deal_when_provider_stake_short_then_rejects(world: World) -> None:
 def test_quote_when_signed_for_other_chain_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     other_chain = Domain(chain_id=1, verifying_contract=world.escrow.address)
     with pytest.raises(reverts.EscrowInvalidSignature):
         world.escrow.open_deal(client, q, q.sign(other_chain, provider), 10**6)
@@ -190,7 +203,7 @@ def test_quote_when_signed_for_other_escrow_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     other = world.chain.escrow(world.chain.deploy(world.deployer).escrow)
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, stake=0)
+    q = quote(world, provider, client, stake=0)
     with pytest.raises(reverts.EscrowInvalidSignature):
         world.escrow.open_deal(client, q, q.sign(other.domain, provider), 10**6)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from contracts import reverts
 from contracts.binding import TASK_CLAIMED, TASK_NONE, TASK_VOUCHED
 from contracts.messages import Voucher, address_of
 
-from .builders import DEFAULT_PLAN, ack, open_deal, receipt, voucher
+from .builders import WINDOW, bits, claim, open_deal, refund, signed_task, voucher
 from .conftest import World
 
 
@@ -85,10 +87,10 @@ def test_redeem_when_amount_passes_cap_then_rejects(world: World) -> None:
 
 def test_redeem_when_voucher_covers_refunded_task_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
-    deal_id, q = open_deal(world, client, provider)
-    a = ack(deal_id, 3, deadline=world.now() + 5)
-    world.anvil.increase_time(5 + q.challenge_window + 1)
-    world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
+    deal_id, _ = open_deal(world, client, provider)
+    task = signed_task(world, deal_id, 3, client, provider, deadline=world.now() + 5)
+    world.anvil.increase_time(5 + WINDOW + 1)
+    refund(world, client, task)
     with pytest.raises(reverts.EscrowTaskAlreadySettled) as info:
         _redeem(world, voucher(deal_id, 1_000, [0, 3]), client)
     assert info.value.error_args["taskIndex"] == 3
@@ -97,10 +99,7 @@ def test_redeem_when_voucher_covers_refunded_task_then_rejects(world: World) -> 
 def test_redeem_when_voucher_covers_claimed_task_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider)
-    r = receipt(deal_id, 7, DEFAULT_PLAN, deadline=world.now() + 100)
-    world.escrow.claim_receipts(
-        provider, deal_id, DEFAULT_PLAN, [r], [r.sign(world.escrow.domain, provider)]
-    )
+    claim(world, provider, deal_id, [signed_task(world, deal_id, 7, client, provider)])
     assert world.escrow.task_status(deal_id, 7) == TASK_CLAIMED
     with pytest.raises(reverts.EscrowTaskAlreadySettled):
         _redeem(world, voucher(deal_id, 1_000, [7]), client)
@@ -119,9 +118,35 @@ def test_redeem_when_deal_unknown_then_rejects(world: World) -> None:
         _redeem(world, voucher(42, 1, [0]), world.clients[0])
 
 
-def test_redeem_by_anyone_still_pays_the_provider(world: World) -> None:
+@pytest.mark.parametrize("who", ["client", "arbiter", "stranger"])
+def test_redeem_when_sender_is_not_the_provider_then_rejects(world: World, who: str) -> None:
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider)
-    _redeem(world, voucher(deal_id, 700, [0]), client, sender=world.stranger)
-    assert world.escrow.balance_of(address_of(provider)) == 700
-    assert world.escrow.balance_of(address_of(world.stranger)) == 0
+    sender = {"client": client, "arbiter": world.arbiter, "stranger": world.stranger}[who]
+    with pytest.raises(reverts.EscrowUnauthorized) as info:
+        _redeem(world, voucher(deal_id, 700, [0]), client, sender=sender)
+    assert info.value.error_args == {"account": address_of(sender)}
+    assert world.escrow.task_status(deal_id, 0) == TASK_NONE
+    assert world.escrow.get_deal(deal_id).committed == 0
+
+
+def test_redeem_event_lists_exactly_the_newly_paid_tasks(world: World) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    first = redeem_event(world, client, provider, voucher(deal_id, 1_000, [0, 1, 300]))
+    assert bits(first["newTasks"]) == [0, 1, 300]
+    assert (first["cumulativeAmount"], first["paid"]) == (1_000, 1_000)
+    # A later voucher repeats tasks 0, 1 and 300 (cumulative) and adds 2 and 511.
+    later = redeem_event(world, client, provider, voucher(deal_id, 1_900, [0, 1, 2, 300, 511]))
+    assert bits(later["newTasks"]) == [2, 511]
+    assert len(later["newTasks"]) == 2  # one word per word of the voucher's bitmap
+    assert (later["cumulativeAmount"], later["paid"]) == (1_900, 900)
+    # A voucher that raises the amount but covers no new task pays nothing per task.
+    same = redeem_event(world, client, provider, voucher(deal_id, 2_000, [0, 1]))
+    assert bits(same["newTasks"]) == [] and same["paid"] == 100
+
+
+def redeem_event(world: World, client: str, provider: str, v: Voucher) -> dict[str, Any]:
+    """Redeem `v` and return its VoucherRedeemed event's arguments."""
+    sig = v.sign(world.escrow.domain, client)
+    return dict(world.escrow.redeem_voucher(provider, v, sig).event("VoucherRedeemed").args)
