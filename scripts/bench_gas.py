@@ -15,9 +15,9 @@ from contracts.chain import Anvil
 from contracts.messages import (
     KIND_INFERENCE,
     STATUS_SUCCESS,
-    ZERO_ADDRESS,
     ZERO_HASH,
     Ack,
+    Claim,
     Plan,
     Quote,
     Receipt,
@@ -48,7 +48,7 @@ def main() -> None:
             now = int(chain.w3.eth.get_block("latest")["timestamp"])
             quote = Quote(
                 provider=address_of(provider),
-                client=ZERO_ADDRESS,
+                client=address_of(client),
                 arbiter=address_of(arbiter),
                 max_spend=10**10,
                 stake=10**6,
@@ -73,12 +73,13 @@ def main() -> None:
         gas["redeem_voucher"] = _redeem(escrow, client, provider, deal, 1_000, range(2))
         for n in (1, 100):
             deal_n, _ = open_deal()
-            gas[f"claim_gas_per_task_{n}"] = _claim(escrow, chain, provider, deal_n, n) // n
+            gas[f"claim_gas_per_task_{n}"] = _claim(escrow, chain, client, provider, deal_n, n) // n
         now = int(chain.w3.eth.get_block("latest")["timestamp"])
-        ack = Ack(deal, 50, os.urandom(32), now + 5, 500)
+        request = _receipt(deal, 50, now + 5, ZERO_HASH).request(max_price=1_000)
+        ack = Ack(deal, 50, request.struct_hash(), 500)
         anvil.increase_time(5 + 60 + 1)
         gas["refund_breach"] = escrow.refund_breach(
-            client, ack, ack.sign(escrow.domain, provider)
+            client, request, ack, ack.sign(escrow.domain, provider)
         ).gas_used
         escrow.close_deal(client, deal)
         gas["close_deal"] = escrow.close_deal(provider, deal).gas_used
@@ -99,20 +100,25 @@ def _redeem(
     return escrow.redeem_voucher(provider, voucher, voucher.sign(escrow.domain, client)).gas_used
 
 
-def _claim(escrow: Escrow, chain: Chain, provider: str, deal: int, n: int) -> int:
+def _receipt(deal: int, index: int, deadline: int, prev: bytes) -> Receipt:
+    draft = Receipt(
+        deal, index, KIND_INFERENCE, STATUS_SUCCESS, False, 40, 0,
+        os.urandom(32), os.urandom(32), os.urandom(32),
+        deadline - 99, deadline - 98, deadline, 0, prev,
+    )  # fmt: skip
+    return replace(draft, amount=price_receipt(PLAN, draft))
+
+
+def _claim(escrow: Escrow, chain: Chain, client: str, provider: str, deal: int, n: int) -> int:
+    """Claim `n` receipts in one batch, each with the client's signature over its request."""
     now = int(chain.w3.eth.get_block("latest")["timestamp"])
-    receipts, sigs, prev = [], [], ZERO_HASH
+    claims, prev = [], ZERO_HASH
     for i in range(n):
-        draft = Receipt(
-            deal, i, KIND_INFERENCE, STATUS_SUCCESS, False, 40, 0,
-            os.urandom(32), os.urandom(32), os.urandom(32),
-            now, now + 1, now + 100, 0, prev,
-        )  # fmt: skip
-        receipt = replace(draft, amount=price_receipt(PLAN, draft))
-        receipts.append(receipt)
-        sigs.append(receipt.sign(escrow.domain, provider))
+        receipt = _receipt(deal, i, now + 100, prev)
+        request = receipt.request(max_price=1_000)
+        claims.append(Claim(receipt, request.max_price, request.sign(escrow.domain, client)))
         prev = receipt.struct_hash()
-    return escrow.claim_receipts(provider, deal, PLAN, receipts, sigs).gas_used
+    return escrow.claim_receipts(provider, deal, PLAN, claims).gas_used
 
 
 if __name__ == "__main__":
