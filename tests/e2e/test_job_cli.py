@@ -18,14 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client.accounts import ClientAccount
+from client.accounts import ClientAccount, open_market_deal
+from client.market_http import MarketHttp
 from client.provider_http import ProviderHttp
 from contracts.binding import DEAL_CLOSED, TASK_NONE, TASK_REFUNDED, TASK_VOUCHED
 from contracts.errors import ContractRevert
-from contracts.messages import Quote, address_of
+from contracts.messages import ZERO_ADDRESS, Claim, address_of
 from contracts.pricing import outcome_based
 from contracts.program import encode_arrays, encode_envelope
 from tests.e2e.stack import (
+    MIN_WINDOW,
     PROVIDER_STAKE,
     ROOT,
     SLOW_STEPS,
@@ -44,6 +46,8 @@ DEPOSIT = 2 * UNIT
 FAST_PLAN = outcome_based(compile_price=20_000, inference_price=4_000)
 SLOW_PLAN = outcome_based(compile_price=10_000, inference_price=2_000)
 PENALTY = 50_000
+# ~6 s of device time: past the slow provider's deadline (its 1 s SLO + 2 s of slack).
+LATE_STEPS = 2 * SLOW_STEPS
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +67,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model = spin_model()
     out = {"program": folder / "spin.tpmp"}
     out["program"].write_bytes(encode_envelope(model.example_envelope()))
-    for name, steps, seed in (("a", 1_000, 1), ("c", 1_000, 3), ("slow1", SLOW_STEPS, 4)):
+    for name, steps, seed in (("a", 1_000, 1), ("c", 1_000, 3), ("slow1", LATE_STEPS, 4)):
         out[name] = folder / f"{name}.safetensors"
         out[name].write_bytes(encode_arrays(spin_inputs(model, steps, seed)))
     out["b"] = folder / "b.npz"
     np.savez(out["b"], **spin_inputs(model, 1_000, 2))
     out["slow2"] = folder / "slow2.safetensors"
-    out["slow2"].write_bytes(encode_arrays(spin_inputs(model, SLOW_STEPS, 5)))
+    out["slow2"].write_bytes(encode_arrays(spin_inputs(model, LATE_STEPS, 5)))
     return out
 
 
@@ -98,15 +102,28 @@ def test_job_run_pays_verified_tasks_across_runs_within_the_cap_then_the_deal_cl
     world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
 ) -> None:
     st, fast, _ = world
-    quote = st.quote(fast, max_spend=80_000)
-    post_ask(st, fast, quote, price=10_000, quantity=8)
+    terms = st.quote(fast, max_spend=80_000, client=ZERO_ADDRESS)
+    post_ask(st, fast, terms, price=10_000, quantity=8)
     _, deals = bid(st, price=10_000, quantity=8, plan="outcome", slo_ms=120_000)
     assert [(d["provider"].lower(), int(d["max_spend"])) for d in deals] == [
         (fast.address.lower(), 80_000)
     ]
-    account = ClientAccount(st.escrow, st.token, st.client)
-    signature = bytes.fromhex(str(deals[0]["quote_signature"]).removeprefix("0x"))
-    deal_id = account.open_deal(Quote.from_json(deals[0]["quote"]), signature, 80_000)
+    # The ask's quote names nobody; the provider's daemon signs this fill's quote naming the
+    # client, with the ask's terms and a fresh nonce, and the client opens the deal with it.
+    account = ClientAccount(st.escrow, st.token, st.client, min_challenge_window=MIN_WINDOW)
+    assert st.market_url is not None
+    market = MarketHttp(st.market_url)
+    try:
+        opened = open_market_deal(market, account, str(deals[0]["deal_id"]))
+    finally:
+        market.close()
+    assert opened.quote.client == address_of(st.client)
+    assert opened.quote.nonce != terms.nonce
+    assert (opened.quote.plan, opened.quote.challenge_window) == (
+        terms.plan,
+        terms.challenge_window,
+    )
+    deal_id = opened.chain_deal_id
     common = ["--deal", str(deal_id), "--provider-url", fast.url, "--program"]
     common.append(str(files["program"]))
 
@@ -153,7 +170,7 @@ def test_job_run_refunds_a_slow_providers_late_tasks_with_the_penalty_and_it_can
     st, _, slow = world
     client = address_of(st.client)
     free_before = st.escrow.balance_of(client)
-    quote = st.quote(slow, max_spend=20_000, penalty=PENALTY, window=3)
+    quote = st.quote(slow, max_spend=20_000, penalty=PENALTY)
     deal_id = st.open_deal(quote, slow)
 
     result, _ = job(
@@ -176,14 +193,18 @@ def test_job_run_refunds_a_slow_providers_late_tasks_with_the_penalty_and_it_can
     assert [st.escrow.task_status(deal_id, i) for i in (0, 1)] == [TASK_REFUNDED] * 2
     assert st.escrow.balance_of(client) == free_before - 20_000 + 2 * 2_000 + 2 * PENALTY
 
+    # Its late receipts cannot be claimed, even with the client's signed requests.
     provider = ProviderHttp(slow.url, client_key=st.client)
-    views = [provider.fetch(deal_id, i) for i in (0, 1)]
+    views = [provider.fetch(deal_id, i, wait_s=30) for i in (0, 1)]
     receipts = [v.receipt for v in views if v.receipt is not None]
     assert len(receipts) == 2
+    max_price = SLOW_PLAN.inference_price
+    claims = [
+        Claim(r, max_price, r.request(max_price).sign(st.escrow.domain, st.client))
+        for r in receipts
+    ]
     with pytest.raises(ContractRevert):
-        st.escrow.claim_receipts(
-            slow.key, deal_id, SLOW_PLAN, receipts, [v.receipt_signature for v in views]
-        )
+        st.escrow.claim_receipts(slow.key, deal_id, SLOW_PLAN, claims)
     st.escrow.tx.reset_nonces()
     assert st.escrow.balance_of(slow.address) == 0
     assert st.escrow_solvent()
