@@ -1,5 +1,9 @@
 """`tpumarket client offers|cancel|open`: browse the asks, withdraw an order, open a deal.
 
+`open` waits (bounded, with progress) for the provider's quote for this fill, checks it against
+the ask the client bid on (`ClientAccount.open_market_deal`) and records the deal's open block
+in its ledger, so later commands read its claims from there.
+
 Registered by `client.cli.register` under `tpumarket client`, with the same options, output
 (tables, or one JSON object on the last line with `--json`) and exit codes.
 """
@@ -7,10 +11,11 @@ Registered by `client.cli.register` under `tpumarket client`, with the same opti
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
-from client.accounts import open_market_deal
+from client.accounts import DEFAULT_MIN_CHALLENGE_WINDOW, open_market_deal
 from client.cli import (
     account_from,
     emit_json,
@@ -142,12 +147,44 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> int:
+    from client.job_cli import state_dir_of
+    from client.ledger import DealLedger
+
     account = account_from(args)
+    account.min_challenge_window = args.min_window
     market = market_from(args)
+    waited = {"last": -10.0}
+
+    def waiting(seconds: float) -> None:
+        if seconds - waited["last"] >= 5:
+            waited["last"] = seconds
+            print(
+                f"waiting for the provider's quote for deal {args.deal_id} ({seconds:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
     try:
-        opened = open_market_deal(market, account, args.deal_id, max_spend=args.max_spend)
+        opened = open_market_deal(
+            market,
+            account,
+            args.deal_id,
+            max_spend=args.max_spend,
+            wait_s=args.quote_wait_s,
+            on_wait=waiting,
+        )
     finally:
         market.close()
+    # The deal's ledger learns the block it opened in: its claims are read from there.
+    escrow = account.escrow
+    ledger = DealLedger.open(
+        state_dir_of(args), escrow.domain.chain_id, escrow.address, opened.chain_deal_id
+    )
+    try:
+        ledger.open_block = opened.open_block
+        ledger.save()
+    finally:
+        ledger.close()
     summary = {
         "deal_id": opened.market_id,
         "chain_deal_id": opened.chain_deal_id,
@@ -193,4 +230,17 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
         default=None,
         help="tokens to lock, up to the quote's (default: price x quantity)",
     )
+    open_.add_argument(
+        "--quote-wait-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for the provider's quote for this fill",
+    )
+    open_.add_argument(
+        "--min-window",
+        type=positive_int,
+        default=DEFAULT_MIN_CHALLENGE_WINDOW,
+        help="the shortest challenge window accepted, seconds (time to dispute a claim)",
+    )
+    open_.add_argument("--state-dir", default=None, help="deal ledgers (as for `tpumarket job`)")
     open_.set_defaults(handler=guarded(_open))

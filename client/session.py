@@ -1,15 +1,24 @@
 """One open deal from the client's side: submit tasks, verify deliveries, pay, refund breaches.
 
-Every delivery is verified (`client.verify`) before it enters the voucher book; optionally a
-fraction of inference tasks is re-executed locally and compared. Only verified deliveries are
-paid, by a cumulative voucher handed to the provider. A task whose ack deadline (plus the
-deal's challenge window) passed with no delivery is refunded on chain with the penalty.
+Every request carries the deadline the client signs (``now + ceil(sloMs / 1000) + 2`` s: the
+deal's SLO plus two seconds for transit and clock skew); the provider's ack commits to it by
+hashing the request, and is checked (it answers this request, at most its ``maxPrice``,
+signed by the deal's provider) before anything else happens. Every delivery is verified
+(`client.verify`) before it enters the voucher book; optionally a fraction of inference tasks
+is re-executed locally and compared. Only verified deliveries are paid, by a cumulative voucher
+handed to the provider; before signing one the book is reconciled with the chain's per-task
+state, so a voucher never covers a task the provider claimed. A task acked but not verified
+is refunded on chain with the penalty once its settlement instant has passed
+(``settleBy = min(deadline, expiry) + challengeWindow``), after asking the provider once more
+for its result.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,16 +26,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from client.accounts import ClientAccount
-from client.errors import DeliveryRejected
+from client.errors import ClientError, DeliveryRejected, ProviderRejected, ProviderUnavailable
+from client.ledger import ChainState
 from client.provider_http import ProviderHttp, TaskView
 from client.verify import Delivery, verify_delivery
 from client.vouchers import VoucherBook
-from contracts.errors import SignatureError
+from contracts.binding import TASK_CLAIMED, TASK_REFUNDED, TASK_VOUCHED, Escrow
+from contracts.errors import ChainError, ContractRevert, SignatureError
 from contracts.messages import (
     KIND_INFERENCE,
     Ack,
     Domain,
     Plan,
+    Receipt,
     TaskRequest,
     Voucher,
     verify,
@@ -38,9 +50,45 @@ from contracts.program import (
     encode_envelope,
     request_input_hash,
 )
-from contracts.reverts import EscrowTaskAlreadySettled
+from contracts.reverts import EscrowDeadlineNotPassed, EscrowTaskAlreadySettled
 
 Progress = Callable[["TaskOutcome"], None]
+
+DEADLINE_SLACK_S = 2
+"""Seconds a request's deadline adds to the SLO, for transit and clock skew (agreed protocol)."""
+LATE_GRACE_S = 5.0
+"""How long past its deadline a delivery is still awaited (a provider restart fits in it)."""
+POLL_BACKOFF_S = (0.2, 1.0)
+"""First and longest pause between polls of an unreachable provider."""
+CHAIN_STATES = {
+    TASK_VOUCHED: ChainState.VOUCHED,
+    TASK_CLAIMED: ChainState.CLAIMED,
+    TASK_REFUNDED: ChainState.REFUNDED,
+}
+
+
+def request_deadline(now: float, slo_ms: int, slack_s: int = DEADLINE_SLACK_S) -> int:
+    """Return the deadline a request sent at ``now`` carries: ``now + ceil(slo) + slack``."""
+    return int(now) + math.ceil(slo_ms / 1000) + slack_s
+
+
+def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
+    """Return a task's settlement instant: claimable until it, refundable only after it."""
+    return min(deadline, expiry) + challenge_window
+
+
+def chain_states(
+    escrow: Escrow, deal_id: int, indices: Sequence[int], *, batch: int = 500
+) -> dict[int, ChainState | None]:
+    """Return the escrow's settlement state of each task (one JSON-RPC batch per ``batch``)."""
+    out: dict[int, ChainState | None] = {}
+    ordered = list(indices)
+    for start in range(0, len(ordered), batch):
+        chunk = ordered[start : start + batch]
+        values = escrow.read_many([("taskStatus", (deal_id, i)) for i in chunk])
+        for index, value in zip(chunk, values, strict=True):
+            out[index] = CHAIN_STATES.get(int(value))
+    return out
 
 
 @dataclass(frozen=True)
@@ -52,6 +100,10 @@ class TaskSpec:
     max_price: int
     target: str | None = None
 
+    def input_hash(self) -> bytes:
+        """Return the request's inputHash for this task (the target is bound for a compile)."""
+        return request_input_hash(self.kind, self.envelope, self.target)
+
 
 @dataclass
 class TaskOutcome:
@@ -60,6 +112,7 @@ class TaskOutcome:
     index: int
     spec: TaskSpec
     request: TaskRequest
+    request_signature: bytes = b""
     ack: Ack | None = None
     ack_signature: bytes = b""
     view: TaskView | None = None
@@ -67,6 +120,8 @@ class TaskOutcome:
     rejected: str | None = None
     refunded: tuple[int, int] | None = None  # (refund, penalty)
     spot_checked: bool = False
+    claimed: bool = False  # settled on chain by the provider's claim instead
+    abandoned: bool = False  # the client stopped waiting before the deadline (2nd Ctrl-C)
 
     @property
     def succeeded(self) -> bool:
@@ -74,9 +129,31 @@ class TaskOutcome:
         return bool(self.verified and self.view and self.view.state == "succeeded")
 
 
+@dataclass(frozen=True)
+class BreachResult:
+    """What asking for a breached task's refund came to.
+
+    ``kind``: ``delivered`` (the provider had the result after all, verified: pay it),
+    ``refunded`` (with ``refund``), ``settled`` (already settled on chain: ``chain``),
+    ``not_due`` (its settlement instant has not passed on chain) or ``failed`` (``detail``).
+    """
+
+    kind: str
+    refund: tuple[int, int] | None = None
+    chain: ChainState | None = None
+    view: TaskView | None = None
+    receipt: Receipt | None = None
+    detail: str = ""
+
+
 @dataclass
 class DealSession:
-    """Drive one deal's tasks with bounded concurrency and pay only for verified work."""
+    """Drive one deal's tasks with bounded concurrency and pay only for verified work.
+
+    ``slo_ms`` and ``expiry`` default to the provider's advertised SLO and the deal's expiry
+    on chain (read once). ``on_update`` is called whenever a task's state changes (signed,
+    acked, delivered), so a ledger can record it before the session goes on.
+    """
 
     provider: ProviderHttp
     account: ClientAccount
@@ -90,94 +167,209 @@ class DealSession:
     spot_check_tolerance: float = 1e-4
     next_index: int = 0
     outcomes: dict[int, TaskOutcome] = field(default_factory=dict)
+    slo_ms: int | None = None
+    expiry: int | None = None
+    grace_s: float = LATE_GRACE_S
+    on_update: Progress | None = None
+    confirmed_vouched: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    # ---- terms ------------------------------------------------------------------------------
+
+    def terms(self) -> tuple[int, int]:
+        """Return the deal's SLO (ms) and expiry, reading what is not known yet."""
+        if self.slo_ms is None:
+            self.slo_ms = int(self.provider.info()["slo_ms"])
+        if self.expiry is None:
+            self.expiry = self.account.escrow.get_deal(self.deal_id).expiry
+        return self.slo_ms, self.expiry
+
+    def sign_request(self, index: int, spec: TaskSpec, now: float | None = None) -> TaskOutcome:
+        """Sign a request for ``spec`` at ``index`` with a deadline from now; return its outcome.
+
+        Raise ``ClientError`` if the deadline would fall after the deal's expiry (the provider
+        refuses such a request).
+        """
+        slo_ms, expiry = self.terms()
+        deadline = request_deadline(time.time() if now is None else now, slo_ms)
+        if deadline > expiry:
+            raise ClientError(
+                f"deal {self.deal_id} expires at {expiry}, before this task's deadline {deadline}"
+            )
+        request = TaskRequest(
+            deal_id=self.deal_id,
+            task_index=index,
+            kind=spec.kind,
+            program_hash=spec.envelope.program_sha256,
+            input_hash=spec.input_hash(),
+            max_price=spec.max_price,
+            deadline=deadline,
+        )
+        outcome = TaskOutcome(
+            index=index,
+            spec=spec,
+            request=request,
+            request_signature=request.sign(self.domain, self.account.key),
+        )
+        with self._lock:
+            self.outcomes[index] = outcome
+        return outcome
+
+    # ---- submitting -------------------------------------------------------------------------
 
     def submit(self, spec: TaskSpec) -> TaskOutcome:
         """Sign and submit one task; return its outcome with the verified ack."""
         with self._lock:
             index = self.next_index
             self.next_index += 1
-        envelope = spec.envelope
-        request = TaskRequest(
-            deal_id=self.deal_id,
-            task_index=index,
-            kind=spec.kind,
-            program_hash=envelope.program_sha256,
-            input_hash=request_input_hash(spec.kind, envelope, spec.target),
-            max_price=spec.max_price,
-        )
-        outcome = TaskOutcome(index=index, spec=spec, request=request)
-        with self._lock:
-            self.outcomes[index] = outcome
-        signature = request.sign(self.domain, self.account.key)
-        view = self.provider.submit(
-            request, signature, encode_envelope(envelope), target=spec.target
-        )
-        self._accept_ack(outcome, view)
+        outcome = self.sign_request(index, spec)
+        self._updated(outcome)
+        self.send(outcome)
         return outcome
 
-    def _accept_ack(self, outcome: TaskOutcome, view: TaskView) -> None:
-        ack = view.ack
+    def send(self, outcome: TaskOutcome) -> TaskOutcome:
+        """Send a signed request to the provider (again, idempotently) and accept its ack."""
+        view = self.provider.submit(
+            outcome.request,
+            outcome.request_signature,
+            encode_envelope(outcome.spec.envelope),
+            target=outcome.spec.target,
+        )
+        self.accept_ack(outcome, view)
+        return outcome
+
+    def check_ack(self, request: TaskRequest, ack: Ack, signature: bytes) -> None:
+        """Raise ``DeliveryRejected`` unless ``ack`` answers ``request``, signed by the provider.
+
+        The ack must hash this very request (so it commits to the request's deadline), name
+        its deal and index, price it at most its ``maxPrice``, and recover to the deal's
+        provider under the escrow's domain.
+        """
+        index = request.task_index
         try:
-            verify(ack, self.domain, view.ack_signature, self.provider_address)
+            verify(ack, self.domain, signature, self.provider_address)
         except SignatureError as exc:
-            raise DeliveryRejected(outcome.index, f"ack signature: {exc}") from exc
-        if ack.request_hash != outcome.request.struct_hash() or ack.task_index != outcome.index:
-            raise DeliveryRejected(outcome.index, "ack is for another request")
-        if ack.price > outcome.request.max_price:
-            raise DeliveryRejected(outcome.index, "ack price above the request's maximum")
-        outcome.ack, outcome.ack_signature = ack, view.ack_signature
+            raise DeliveryRejected(index, f"ack signature: {exc}") from exc
+        if (ack.deal_id, ack.task_index) != (request.deal_id, index):
+            raise DeliveryRejected(index, "ack names another deal or task")
+        if ack.request_hash != request.struct_hash():
+            raise DeliveryRejected(index, "ack is for another request")
+        if ack.price > request.max_price:
+            raise DeliveryRejected(index, "ack price above the request's maximum")
+
+    def accept_ack(self, outcome: TaskOutcome, view: TaskView) -> None:
+        """Check the provider's ack of ``outcome``'s request and record it."""
+        self.check_ack(outcome.request, view.ack, view.ack_signature)
+        outcome.ack, outcome.ack_signature = view.ack, view.ack_signature
+        self._updated(outcome)
+
+    def _updated(self, outcome: TaskOutcome) -> None:
+        if self.on_update is not None:
+            self.on_update(outcome)
+
+    # ---- collecting -------------------------------------------------------------------------
 
     def collect(self, outcome: TaskOutcome, *, wait_s: float = 30.0) -> TaskOutcome:
-        """Fetch the task's delivery (long-poll) and verify it; payable ones enter the book."""
+        """Fetch the task's delivery once (long-poll) and verify it; payable ones enter the book."""
         view = self.provider.fetch(self.deal_id, outcome.index, wait_s=wait_s)
+        self._take_view(outcome, view)
+        return outcome
+
+    def await_delivery(
+        self,
+        outcome: TaskOutcome,
+        *,
+        wait_s: float = 30.0,
+        abandon: threading.Event | None = None,
+    ) -> TaskOutcome:
+        """Poll until the task is delivered or its deadline plus the grace has passed.
+
+        Connection errors and 5xx answers (a provider restarting) do not end the wait: the
+        provider is asked again, with backoff, until the deadline plus ``grace_s``. The wait
+        ends early only when ``abandon`` is set (the caller gave up: a second Ctrl-C).
+        """
+        assert outcome.ack is not None
+        give_up_at = outcome.request.deadline + self.grace_s
+        pause = POLL_BACKOFF_S[0]
+        while True:
+            if abandon is not None and abandon.is_set():
+                outcome.abandoned = True
+                return outcome
+            left = give_up_at - time.time()
+            try:
+                self.collect(outcome, wait_s=max(0.0, min(wait_s, left)))
+                pause = POLL_BACKOFF_S[0]
+            except (ProviderUnavailable, ProviderRejected) as exc:
+                if isinstance(exc, ProviderRejected) and not _transient(exc):
+                    outcome.rejected = f"not paid: {exc}"
+                    self._updated(outcome)
+                    return outcome
+                if time.time() > give_up_at:
+                    return outcome
+                # The provider is unreachable (restarting?): ask again after a pause.
+                (abandon or threading.Event()).wait(min(pause, max(0.05, left)))
+                pause = min(pause * 2, POLL_BACKOFF_S[1])
+                continue
+            except ClientError as exc:  # paying it would pass the cap
+                outcome.rejected = f"not paid: {exc}"
+                self._updated(outcome)
+                return outcome
+            if outcome.view is not None and outcome.view.receipt is not None:
+                return outcome
+            if time.time() > give_up_at:
+                return outcome
+
+    def _take_view(self, outcome: TaskOutcome, view: TaskView) -> None:
         outcome.view = view
-        if view.receipt is None or outcome.ack is None:
-            return outcome
-        delivery = Delivery(
-            outcome.request, outcome.ack, view.receipt, view.receipt_signature, view.outputs or b""
-        )
+        if view.receipt is None or outcome.ack is None or outcome.verified:
+            return
         try:
-            receipt = verify_delivery(
-                delivery, domain=self.domain, provider=self.provider_address, plan=self.plan
-            )
-            self._spot_check(outcome)
+            receipt = self.verify_view(outcome.request, outcome.ack, view, outcome.spec)
+            if outcome.spec is not None:
+                outcome.spot_checked = self._spot_check(outcome.index, outcome.spec, view)
         except DeliveryRejected as exc:
             outcome.rejected = exc.reason
-            return outcome
+            self._updated(outcome)
+            return
         with self._lock:
             self.book.add(receipt)
         outcome.verified = True
-        return outcome
+        outcome.rejected = None
+        self._updated(outcome)
 
-    def _spot_check(self, outcome: TaskOutcome) -> None:
-        view = outcome.view
+    def verify_view(
+        self, request: TaskRequest, ack: Ack, view: TaskView, spec: TaskSpec | None = None
+    ) -> Receipt:
+        """Return the delivered receipt if it may be paid; raise ``DeliveryRejected``."""
+        if view.receipt is None:
+            raise DeliveryRejected(request.task_index, "not delivered")
+        delivery = Delivery(request, ack, view.receipt, view.receipt_signature, view.outputs or b"")
+        return verify_delivery(
+            delivery, domain=self.domain, provider=self.provider_address, plan=self.plan
+        )
+
+    def _spot_check(self, index: int, spec: TaskSpec, view: TaskView) -> bool:
         if (
-            outcome.spec.kind != KIND_INFERENCE
-            or view is None
+            spec.kind != KIND_INFERENCE
             or view.state != "succeeded"
             or self._rng.random() >= self.spot_check_fraction
         ):
-            return
+            return False
         from client.models.jax_export import run_local
 
-        expected = run_local(outcome.spec.envelope)
+        expected = run_local(spec.envelope)
         delivered = decode_arrays(view.outputs or b"", ArrayFormat.SAFETENSORS)
         for i, want in enumerate(expected):
             got = delivered.get(str(i))
             if got is None or got.shape != want.shape:
-                raise DeliveryRejected(
-                    outcome.index, f"spot check: output {i} missing or misshapen"
-                )
+                raise DeliveryRejected(index, f"spot check: output {i} missing or misshapen")
             if not np.allclose(
                 got, want, atol=self.spot_check_tolerance, rtol=self.spot_check_tolerance
             ):
                 worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
-                raise DeliveryRejected(
-                    outcome.index, f"spot check: output {i} differs by {worst:.3g}"
-                )
-        outcome.spot_checked = True
+                raise DeliveryRejected(index, f"spot check: output {i} differs by {worst:.3g}")
+        return True
 
     def run(
         self,
@@ -191,7 +383,7 @@ class DealSession:
 
         def one(spec: TaskSpec) -> TaskOutcome:
             outcome = self.submit(spec)
-            self.collect(outcome, wait_s=wait_s)
+            self.await_delivery(outcome, wait_s=wait_s)
             if on_done:
                 on_done(outcome)
             return outcome
@@ -199,41 +391,150 @@ class DealSession:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
             return list(pool.map(one, specs))
 
-    def pay(self) -> Voucher | None:
-        """Sign the cumulative voucher for every verified delivery and hand it over."""
+    # ---- paying -----------------------------------------------------------------------------
+
+    def chain_states(self, indices: Sequence[int]) -> dict[int, ChainState | None]:
+        """Return the escrow's settlement state of each task of the deal."""
+        return chain_states(self.account.escrow, self.deal_id, indices)
+
+    def reconcile(self) -> dict[int, ChainState]:
+        """Align the voucher book with the chain: tasks claimed or refunded leave it.
+
+        Reads the state of every task the book pays that is not yet known to be vouched on
+        chain; return the states found (vouched ones are remembered and not read again).
+        """
         with self._lock:
-            if self.book.total <= self.book.last_signed:
+            unknown = sorted(set(self.book.paid) - self.confirmed_vouched)
+        if not unknown:
+            return {}
+        found: dict[int, ChainState] = {}
+        for index, state in self.chain_states(unknown).items():
+            if state is None:
+                continue
+            found[index] = state
+            with self._lock:
+                if state == ChainState.VOUCHED:
+                    self.confirmed_vouched.add(index)
+                else:
+                    self.book.mark_claimed(index)
+        return found
+
+    def prepare_voucher(self) -> tuple[Voucher, bytes] | None:
+        """Reconcile with the chain and sign the next voucher; None if nothing new is owed."""
+        self.reconcile()
+        floor = self.account.escrow.get_deal(self.deal_id).vouched
+        with self._lock:
+            if not self.book.has_news(floor):
                 return None
-            voucher, signature = self.book.sign_next(self.domain, self.account.key)
-        self.provider.send_voucher(voucher, signature)
-        return voucher
+            return self.book.sign_next(self.domain, self.account.key, floor)
+
+    def pay(self) -> Voucher | None:
+        """Sign the cumulative voucher for every verified delivery and hand it over.
+
+        A provider that refuses the voucher (say it covers a task the provider claimed in the
+        meantime) gets one more, signed after reconciling with the chain again.
+        """
+        signed = self.prepare_voucher()
+        if signed is None:
+            return None
+        try:
+            self.provider.send_voucher(*signed)
+        except ProviderRejected as exc:
+            if exc.status >= 500:
+                raise
+            signed = self.prepare_voucher()
+            if signed is None:
+                return None
+            self.provider.send_voucher(*signed)
+        return signed[0]
+
+    # ---- breaches ---------------------------------------------------------------------------
+
+    def settle_breach(
+        self,
+        request: TaskRequest,
+        ack: Ack,
+        ack_signature: bytes,
+        chain_now: int,
+        *,
+        spec: TaskSpec | None = None,
+        ask_provider: bool = True,
+    ) -> BreachResult:
+        """Refund an acked, unverified task once its settlement instant has passed on chain.
+
+        First the provider is asked once more for the result: a delivery that verifies (by
+        its deadline) is returned for payment instead. A task already settled on chain comes
+        back as ``settled`` with its state.
+        """
+        _, expiry = self.terms()
+        index = request.task_index
+        if chain_now <= settle_by(request.deadline, expiry, self.challenge_window):
+            return BreachResult("not_due")
+        detail = ""
+        if ask_provider:
+            try:
+                view = self.provider.fetch(self.deal_id, index, wait_s=0)
+            except ClientError as exc:
+                detail = f"provider: {exc}"
+            else:
+                if view.receipt is not None:
+                    try:
+                        receipt = self.verify_view(request, ack, view, spec)
+                    except DeliveryRejected as exc:
+                        detail = exc.reason
+                    else:
+                        return BreachResult("delivered", view=view, receipt=receipt)
+        try:
+            refunded = self.account.refund_breach(request, ack, ack_signature)
+        except EscrowTaskAlreadySettled:
+            state = self.chain_states([index]).get(index)
+            return BreachResult("settled", chain=state, detail=detail)
+        except EscrowDeadlineNotPassed:
+            return BreachResult("not_due")
+        except (ContractRevert, ChainError) as exc:
+            return BreachResult("failed", detail=str(exc))
+        return BreachResult("refunded", refund=refunded, detail=detail)
 
     def breached(self, chain_now: int) -> list[TaskOutcome]:
-        """Return acked tasks not verified (undelivered, late or wrong) past deadline and grace."""
+        """Return acked tasks not verified (undelivered, late or wrong) past their instant."""
+        _, expiry = self.terms()
         return [
             o
             for o in self.outcomes.values()
             if o.ack is not None
             and not o.verified
             and o.refunded is None
-            and chain_now > o.ack.deadline + self.challenge_window
+            and not o.claimed
+            and chain_now > settle_by(o.request.deadline, expiry, self.challenge_window)
         ]
 
     def refund_breaches(self, chain_now: int) -> list[TaskOutcome]:
         """Refund every breached task on chain with the penalty; return those refunded.
 
-        A task the provider already claimed on chain cannot be refunded: it is left for a
-        dispute of its claimed batch (`ClientAccount.dispute`).
+        A task the provider delivered after all (asked once more) is paid instead; one it
+        already claimed on chain is left for the dispute watcher (`client.watch`).
         """
         refunded = []
         for outcome in self.breached(chain_now):
             assert outcome.ack is not None
-            try:
-                outcome.refunded = self.account.refund_breach(outcome.ack, outcome.ack_signature)
-            except EscrowTaskAlreadySettled:
-                outcome.rejected = outcome.rejected or "claimed on chain by the provider"
-                continue
-            with self._lock:
-                self.book.mark_claimed(outcome.index)
-            refunded.append(outcome)
+            result = self.settle_breach(
+                outcome.request, outcome.ack, outcome.ack_signature, chain_now, spec=outcome.spec
+            )
+            if result.kind == "delivered" and result.view is not None:
+                self._take_view(outcome, result.view)
+            elif result.kind == "refunded":
+                outcome.refunded = result.refund
+                with self._lock:
+                    self.book.mark_claimed(outcome.index)
+                refunded.append(outcome)
+            elif result.kind == "settled":
+                outcome.claimed = True
+                outcome.rejected = outcome.rejected or f"{result.chain} on chain by the provider"
+                with self._lock:
+                    self.book.mark_claimed(outcome.index)
         return refunded
+
+
+def _transient(exc: ProviderRejected) -> bool:
+    """Return whether a provider's error answer may pass (a restart, a task not reloaded yet)."""
+    return exc.status >= 500 or exc.status == 404

@@ -3,7 +3,8 @@
 A delivery is paid only if every check passes: the receipt is signed by the deal's provider,
 it names the task the client asked for, its hashes match the program and inputs the client
 sent and the output bytes it received, its amount is the plan's price for the reported usage
-(and within the request's maximum), and it finished by the ack's deadline.
+(and within the request's maximum), and it finished by the request's deadline (the one the
+client signed and the provider's ack committed to).
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ def verify_delivery(delivery: Delivery, *, domain: Domain, provider: str, plan: 
         raise reject(f"amount {receipt.amount} differs from the plan's price {priced}")
     if receipt.amount > request.max_price:
         raise reject(f"amount {receipt.amount} exceeds the request's maximum {request.max_price}")
-    if receipt.deadline != ack.deadline or (ack.deal_id, ack.task_index) != (
+    if (ack.deal_id, ack.task_index, ack.request_hash) != (
         request.deal_id,
         request.task_index,
+        request.struct_hash(),
     ):
-        raise reject("receipt deadline or task differs from the provider's ack")
-    if receipt.finished_at > ack.deadline:
-        raise reject(f"delivered at {receipt.finished_at}, after the deadline {ack.deadline}")
+        raise reject("the provider's ack answers another request")
+    if receipt.deadline != request.deadline:
+        raise reject(f"receipt deadline {receipt.deadline} differs from the request's")
+    if receipt.amount > ack.price:
+        raise reject(f"amount {receipt.amount} exceeds the acked price {ack.price}")
+    if receipt.finished_at > request.deadline:
+        raise reject(f"delivered at {receipt.finished_at}, after the deadline {request.deadline}")
     if receipt.started_at > receipt.finished_at:
         raise reject("receipt finished before it started")
     return receipt

@@ -17,7 +17,9 @@ class VoucherBook:
 
     The book never signs past `cap` (the deal's locked funds net of what the chain already
     spent), warns once the projected bill passes `warn_at` of the cap, and leaves out tasks
-    the provider claimed on chain, so a voucher can never pay a task twice.
+    settled on chain without a voucher (claimed or refunded), so a voucher can never pay a task
+    twice. A task the provider claims after the client vouched it (a voucher it never redeemed)
+    leaves the book: the chain is the truth, and the next voucher neither covers nor counts it.
     """
 
     deal_id: int
@@ -27,6 +29,7 @@ class VoucherBook:
     _paid: dict[int, int] = field(default_factory=dict)
     _claimed: set[int] = field(default_factory=set)
     _last_signed: int = 0
+    _last_tasks: frozenset[int] = frozenset()
     _warned: bool = False
 
     @property
@@ -49,17 +52,29 @@ class VoucherBook:
         """Return the tasks settled on chain without a voucher (claimed or refunded)."""
         return frozenset(self._claimed)
 
-    def restore(self, paid: dict[int, int], claimed: set[int], last_signed: int) -> None:
+    @property
+    def last_tasks(self) -> frozenset[int]:
+        """Return the tasks the last voucher signed covers."""
+        return self._last_tasks
+
+    def restore(
+        self,
+        paid: dict[int, int],
+        claimed: set[int],
+        last_signed: int,
+        last_tasks: frozenset[int] | None = None,
+    ) -> None:
         """Load what an earlier run of this deal recorded, so vouchers stay cumulative."""
         if self._paid or self._claimed or self._last_signed:
             raise ClientError(f"voucher book of deal {self.deal_id} is not empty")
         if set(paid) & claimed:
             raise ClientError("a task cannot be both paid and claimed")
-        if sum(paid.values()) > self.cap or last_signed > sum(paid.values()):
+        if sum(paid.values()) > self.cap:
             raise ClientError(f"recorded payments of deal {self.deal_id} exceed its cap")
         self._paid = dict(paid)
         self._claimed = set(claimed)
         self._last_signed = last_signed
+        self._last_tasks = frozenset(paid) if last_tasks is None else frozenset(last_tasks)
 
     def projected(self, extra: int = 0) -> int:
         """Return the bill if `extra` more were vouched."""
@@ -87,20 +102,36 @@ class VoucherBook:
                 )
 
     def mark_claimed(self, task_index: int) -> None:
-        """Record that a task was claimed or refunded on chain: it is never vouched."""
-        if task_index in self._paid:
-            raise ClientError(f"task {task_index} is vouched and cannot also be claimed")
+        """Record that a task was claimed or refunded on chain: no voucher covers it again.
+
+        If an earlier voucher covered it (the provider claimed instead of redeeming), it leaves
+        the book: its amount is paid by the claim, so the next voucher neither covers nor
+        counts it, and the older voucher can no longer be redeemed (the chain refuses a voucher
+        that newly covers a claimed task).
+        """
+        self._paid.pop(task_index, None)
         self._claimed.add(task_index)
 
-    def next_voucher(self) -> Voucher:
+    def has_news(self, floor: int = 0) -> bool:
+        """Return whether a new voucher would pay something: tasks or an amount not yet signed.
+
+        `floor` is what the chain already redeemed for the deal: a voucher at or below it is
+        stale and pays nothing.
+        """
+        if self.total <= floor:
+            return False
+        return frozenset(self._paid) != self._last_tasks or self.total != self._last_signed
+
+    def next_voucher(self, floor: int = 0) -> Voucher:
         """Return the cumulative voucher for everything verified so far."""
-        if self.total <= self._last_signed:
+        if not self.has_news(floor):
             raise ClientError("nothing new to pay since the last voucher")
         return Voucher(self.deal_id, self.total, task_bitmap(self._paid))
 
-    def sign_next(self, domain: Domain, private_key: str) -> tuple[Voucher, bytes]:
+    def sign_next(self, domain: Domain, private_key: str, floor: int = 0) -> tuple[Voucher, bytes]:
         """Sign the next cumulative voucher and remember it as the latest."""
-        voucher = self.next_voucher()
+        voucher = self.next_voucher(floor)
         signature = voucher.sign(domain, private_key)
         self._last_signed = voucher.cumulative_amount
+        self._last_tasks = frozenset(self._paid)
         return voucher, signature

@@ -1,9 +1,12 @@
-"""Batches from files: the cap plan, the deal ledger, inputs files, resumed voucher books."""
+"""Batches from files: the cap plan, the deal ledger (log, crash, migration, lock), inputs files."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +22,17 @@ from client.jobs import (
     read_arrays,
     read_envelope,
 )
-from client.ledger import DealLedger, LedgerError, PendingAck
+from client.ledger import (
+    FORMAT,
+    DealLedger,
+    LedgerError,
+    LedgerLocked,
+    TaskRecord,
+    TaskState,
+)
 from client.session import TaskSpec
 from client.vouchers import VoucherBook
-from contracts.messages import KIND_INFERENCE, Ack
+from contracts.messages import KIND_INFERENCE, Ack, TaskRequest
 from contracts.program import (
     ArrayFormat,
     ProducerVersions,
@@ -92,25 +102,121 @@ def test_inference_tasks_when_inputs_name_a_weight_or_a_label_then_refuse(tmp_pa
         read_arrays(junk)
 
 
-def test_ledger_round_trips_and_reserved_indices_are_never_reused(tmp_path: Path) -> None:
-    ledger = DealLedger.open(tmp_path, 31337, ESCROW, 4)
-    assert ledger.reserve(3) == 0
-    ack = Ack(deal_id=4, task_index=2, request_hash=b"\x01" * 32, deadline=99, price=5)
-    ledger.pending[2] = PendingAck(ack, b"\x02" * 65, "late")
-    ledger.paid, ledger.last_signed, ledger.claimed = {0: 5, 1: 5}, 10, {7}
-    ledger.save()
-    again = DealLedger.open(tmp_path, 31337, ESCROW.upper().replace("0X", "0x"), 4)
-    assert (again.next_index, again.paid, again.last_signed, again.claimed) == (
-        3,
-        {0: 5, 1: 5},
-        10,
-        {7},
+def _record(index: int, state: TaskState = TaskState.ACKED, run: int = 1) -> TaskRecord:
+    request = TaskRequest(4, index, KIND_INFERENCE, b"\x01" * 32, b"\x02" * 32, 5, 1_000 + index)
+    ack = Ack(deal_id=4, task_index=index, request_hash=request.struct_hash(), price=5)
+    return TaskRecord(
+        index=index,
+        run=run,
+        label=f"task {index}",
+        request=request,
+        request_signature=b"\x03" * 65,
+        state=state,
+        ack=ack,
+        ack_signature=b"\x04" * 65,
     )
-    assert again.pending[2] == ledger.pending[2]
+
+
+def test_ledger_round_trips_tasks_through_its_log_and_never_reuses_an_index(
+    tmp_path: Path,
+) -> None:
+    ledger = DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    assert ledger.start_run() == 1
+    assert ledger.reserve(3) == 0
+    ledger.put(_record(2))
+    ledger.put(_record(0, TaskState.VERIFIED))  # logged, not yet in the snapshot
+    ledger.close()
+    assert ledger.path.with_suffix(".log").read_text().count("\n") == 2
+    again = DealLedger.open(tmp_path, 31337, ESCROW.upper().replace("0X", "0x"), 4)
+    assert again.tasks[2] == _record(2) and again.tasks[0].state == TaskState.VERIFIED
+    assert set(again.pending) == {2}  # acked, not verified: refundable in time
+    assert again.unfinished_runs() == [1]
     assert again.reserve(1) == 3
-    ledger.path.rename(tmp_path / "deal-31337-other-5.json")
+    again.close()
+    again.path.rename(tmp_path / "deal-31337-other-5.json")
     with pytest.raises(LedgerError, match="another deal"):
         DealLedger.open(tmp_path, 31337, "other", 5)
+
+
+def test_ledger_after_a_crash_mid_append_ignores_the_torn_line_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    ledger = DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    ledger.reserve(2)
+    ledger.put(_record(0))
+    ledger.close()
+    log = ledger.path.with_suffix(".log")
+    whole = json.dumps({"seq": 99, "task": _record(1).to_json()})
+    log.write_text(log.read_text() + whole[: len(whole) // 2])  # killed while writing
+    again = DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    assert set(again.tasks) == {0}
+    again.put(_record(1))  # the torn tail was folded away: this line stands alone
+    again.close()
+    assert set(DealLedger.open(tmp_path, 31337, ESCROW, 4, lock=False).tasks) == {0, 1}
+
+
+def test_ledger_of_format_1_migrates_on_open_and_keeps_the_old_file(tmp_path: Path) -> None:
+    path = DealLedger.file_for(tmp_path, 31337, ESCROW, 4)
+    v1_ack = {"dealId": 4, "taskIndex": 2, "requestHash": "0x" + "01" * 32}
+    old = {
+        "format": 1,
+        "chain_id": 31337,
+        "escrow": ESCROW,
+        "deal_id": 4,
+        "next_index": 5,
+        "paid": {"0": 5, "1": 5},
+        "claimed": [3],
+        "last_signed": 10,
+        "pending": {"2": {"ack": v1_ack, "signature": "0x" + "02" * 65, "reason": "late"}},
+        "refunded": {"4": [5, 50]},
+    }
+    path.write_text(json.dumps(old))
+    ledger = DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    assert (ledger.next_index, ledger.paid, ledger.last_signed) == (5, {0: 5, 1: 5}, 10)
+    assert ledger.settled_elsewhere == {3, 4} and ledger.last_tasks == {0, 1}
+    ledger.close()
+    assert json.loads(path.read_text())["format"] == FORMAT == 2
+    assert json.loads(path.with_suffix(".format1.bak").read_text()) == old
+    book = VoucherBook(deal_id=4, cap=100)
+    book.restore(ledger.paid, ledger.settled_elsewhere, ledger.last_signed, ledger.last_tasks)
+    assert not book.has_news()
+
+
+def test_second_run_on_same_deal_refused_by_lock(tmp_path: Path) -> None:
+    first = DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    with pytest.raises(LedgerLocked, match=rf"deal 4 is in use by process {os.getpid()}"):
+        DealLedger.open(tmp_path, 31337, ESCROW, 4)
+    reader = DealLedger.open(tmp_path, 31337, ESCROW, 4, lock=False)
+    with pytest.raises(LedgerError, match="read-only"):
+        reader.reserve(1)
+    first.close()
+    DealLedger.open(tmp_path, 31337, ESCROW, 4).close()  # released: the next run may start
+
+
+def test_lock_of_a_run_killed_with_sigkill_is_released_by_the_kernel(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from client.ledger import DealLedger; "
+            f"held = DealLedger.open(pathlib.Path({str(tmp_path)!r}), 31337, {ESCROW!r}, 4); "
+            "print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LedgerLocked, match=f"process {holder.pid}"):
+            DealLedger.open(tmp_path, 31337, ESCROW, 4)
+        holder.kill()
+        holder.wait()
+        DealLedger.open(tmp_path, 31337, ESCROW, 4).close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def test_voucher_book_restored_from_a_ledger_stays_cumulative_and_under_the_cap() -> None:
@@ -123,6 +229,8 @@ def test_voucher_book_restored_from_a_ledger_stays_cumulative_and_under_the_cap(
         book.restore({}, set(), 0)
     with pytest.raises(ClientError, match="exceed its cap"):
         VoucherBook(deal_id=1, cap=9).restore({0: 10}, set(), 10)
+    with pytest.raises(ClientError, match="both paid and claimed"):
+        VoucherBook(deal_id=1, cap=99).restore({0: 10}, {0}, 10)
 
 
 @pytest.mark.skipif(

@@ -30,12 +30,12 @@ PLAN = Plan(inference_price=500, price_per_device_ms=3)
 
 
 def _delivery(index: int = 0, output: bytes = b"result-bytes", **changes: object) -> Delivery:
-    request = TaskRequest(7, index, KIND_INFERENCE, os.urandom(32), os.urandom(32), 10_000)
-    ack = Ack(7, index, request.struct_hash(), 1_000, 1_000)
+    request = TaskRequest(7, index, KIND_INFERENCE, os.urandom(32), os.urandom(32), 10_000, 1_000)
+    ack = Ack(7, index, request.struct_hash(), 1_000)
     draft = Receipt(
         7, index, KIND_INFERENCE, STATUS_SUCCESS, False, 40, 0,
         request.program_hash, request.input_hash, outputs_hash(output),
-        900, 950, ack.deadline, 0, ZERO_HASH,
+        900, 950, request.deadline, 0, ZERO_HASH,
     )  # fmt: skip
     receipt = replace(replace(draft, amount=price_receipt(PLAN, draft)), **changes)  # type: ignore[arg-type]
     return Delivery(request, ack, receipt, receipt.sign(DOMAIN, PROVIDER_KEY), output)
@@ -58,7 +58,7 @@ def test_verify_when_delivery_is_honest_then_returns_receipt() -> None:
         ({"program_hash": b"\x02" * 32}, "another program"),
         ({"task_index": 5}, "another deal"),
         ({"finished_at": 1_001}, "after the deadline"),
-        ({"deadline": 2_000, "finished_at": 1_500}, "differs from the provider's ack"),
+        ({"deadline": 2_000, "finished_at": 1_500}, "differs from the request's"),
     ],
 )
 def test_verify_when_receipt_is_wrong_then_rejects_with_reason(
@@ -66,6 +66,21 @@ def test_verify_when_receipt_is_wrong_then_rejects_with_reason(
 ) -> None:
     with pytest.raises(DeliveryRejected, match=reason):
         _verify(_delivery(**changes))
+
+
+def test_verify_when_the_ack_answers_another_request_then_rejects() -> None:
+    delivery = _delivery()
+    other = replace(delivery.request, deadline=delivery.request.deadline + 60)
+    stale = replace(delivery, ack=replace(delivery.ack, request_hash=other.struct_hash()))
+    with pytest.raises(DeliveryRejected, match="ack answers another request"):
+        _verify(stale)
+
+
+def test_verify_when_amount_exceeds_the_acked_price_then_rejects() -> None:
+    delivery = _delivery()
+    cheap_ack = replace(delivery, ack=replace(delivery.ack, price=delivery.receipt.amount - 1))
+    with pytest.raises(DeliveryRejected, match="exceeds the acked price"):
+        _verify(cheap_ack)
 
 
 def test_verify_when_output_bytes_altered_then_rejects() -> None:
@@ -120,8 +135,26 @@ def test_voucher_book_never_vouches_claimed_or_repeated_tasks() -> None:
     book.add(_delivery(0).receipt)
     with pytest.raises(ClientError):
         book.add(_delivery(0).receipt)
-    with pytest.raises(ClientError, match="cannot also be claimed"):
-        book.mark_claimed(0)
     book.sign_next(DOMAIN, "0x" + "33" * 32)
     with pytest.raises(ClientError, match="nothing new"):
         book.next_voucher()
+
+
+def test_voucher_book_when_a_vouched_task_is_claimed_on_chain_then_the_next_voucher_drops_it() -> (
+    None
+):
+    book = VoucherBook(deal_id=7, cap=10_000)
+    first, second = _delivery(0).receipt, _delivery(1).receipt
+    book.add(first)
+    book.add(second)
+    signed, _ = book.sign_next(DOMAIN, "0x" + "33" * 32)
+    assert signed.covers(0) and signed.covers(1)
+    book.mark_claimed(1)  # the provider claimed it instead of redeeming the voucher
+    assert book.has_news() and book.paid == {0: first.amount}
+    again = book.next_voucher()
+    assert (again.covers(0), again.covers(1), again.cumulative_amount) == (
+        True,
+        False,
+        first.amount,
+    )
+    assert not book.has_news(floor=first.amount)  # the chain redeemed that much already
