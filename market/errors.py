@@ -111,3 +111,19 @@ class InvalidRequestError(MarketError, ValueError):
 
 class PayloadTooLargeError(MarketError):
     """Raise when a request carries more than the market accepts at once."""
+
+
+class ChainUnavailableError(MarketError):
+    """Raise when an answer needs the chain (the escrow's minimum window, a nonce) but it is
+    down."""
+
+
+class ChallengeWindowTooShortError(InvalidOrderError):
+    """Raise when a quote's challenge window is zero or below the escrow's minimum."""
+
+    def __init__(self, window: int, minimum: int) -> None:
+        self.window = window
+        self.minimum = minimum
+        super().__init__(
+            "quote.challenge_window", window, f"below the minimum challenge window of {minimum}s"
+        )

@@ -1,10 +1,17 @@
-"""Chain indexer: follows the escrow's events into deal status and provider outcomes.
+"""Chain indexer: follows the escrow's events into deal status and provider reputation.
 
-Each run reads `eth_getLogs` over block ranges from the block after the last one indexed up to
-the chain head, and stores the events of each range together with the new position in one SQL
-transaction, so a restart resumes exactly where the last committed range ended and never counts
-an event twice. When the RPC endpoint is down the run records the failure and returns; the next
-run retries. Reorgs are not handled (anvil and L2 sequencers do not reorg in practice); add a
+Events are decoded with the escrow's ABI (`Escrow.decode_events`); every figure comes from an
+event's own fields (protocol v2 events carry the deal's terms, the fee, the task bits a voucher
+newly paid, a claim's task indexes, a dispute's refund and penalty), never from calldata.
+
+The first run starts at the escrow's deployment block: the configured one, else the block of
+the escrow's creating transaction as the node reports it (`ots_getContractCreator`), else a
+binary search of `eth_getCode` over history (archive nodes). That start is stored at once, so
+no later run searches or scans from block 0 again. Each run then reads `eth_getLogs` over block
+ranges up to the head and stores the events of each range together with the new position in one
+SQL transaction: a restart resumes where the last committed range ended and never counts an
+event twice. When the RPC endpoint is down the run records the failure and returns; the next run
+retries. Reorgs are not handled (anvil and L2 sequencers do not reorg in practice); add a
 confirmation depth before a chain that does.
 """
 
@@ -15,21 +22,24 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import requests
 from eth_utils.address import to_checksum_address
 from sqlmodel import Session
-from web3.exceptions import Web3Exception
+from web3 import Web3
 
 from contracts.binding import Chain, Escrow
-from contracts.errors import ChainError
 from market import storage
-from market.models import ChainDeal
-from market.service import MarketService
+from market.errors import MarketError
+from market.models import INT64, ChainDeal
+from market.service import TRANSIENT_CHAIN, MarketService
 
 log = logging.getLogger(__name__)
 
-TRANSIENT = (ChainError, OSError, requests.RequestException, Web3Exception, TimeoutError)
+TRANSIENT = TRANSIENT_CHAIN
 """Errors that mean "the chain is unreachable now": retried on the next run."""
+
+
+class DeploymentBlockUnknownError(MarketError, LookupError):
+    """Raise when the node can tell neither who created the escrow nor its code in the past."""
 
 
 class Indexer:
@@ -42,10 +52,13 @@ class Indexer:
         rpc_url: str,
         escrow: str,
         chunk_blocks: int = 2_000,
-        from_block: int = 0,
+        from_block: int | None = None,
         chain_factory: Callable[[str], Chain] = Chain,
     ) -> None:
-        """Bind lazily: the chain may be down when the market starts."""
+        """Bind lazily: the chain may be down when the market starts.
+
+        `from_block` is the escrow's deployment block if known (None: found on the first run).
+        """
         self.service = service
         self.rpc_url = rpc_url
         self.escrow_address = to_checksum_address(escrow)
@@ -67,19 +80,27 @@ class Indexer:
         try:
             return self._run()
         except TRANSIENT as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self.service.metrics.indexer_errors.inc()
-            log.warning("indexer: chain unreachable, will retry: %s", self.last_error)
+            self._failed(f"{type(exc).__name__}: {exc}", "chain unreachable, will retry")
             self._escrow = None  # rebind (and reconnect) on the next run
             return 0
+        except DeploymentBlockUnknownError as exc:
+            self._failed(str(exc), "cannot start")
+            return 0
+
+    def _failed(self, error: str, what: str) -> None:
+        if error != self.last_error:
+            log.warning("indexer: %s: %s", what, error)
+        self.last_error = error
+        self.service.metrics.indexer_errors.inc()
 
     def _run(self) -> int:
         escrow = self._bind()
         w3 = escrow.tx.w3
         head = int(w3.eth.block_number)
-        with self.service.session() as session:
-            last = storage.indexed_block(session=session, name=self.name)
-        start = self.from_block if last is None else last + 1
+        last = self.indexed_block()
+        if last is None:
+            last = self._start(w3, head) - 1
+        start = last + 1
         total = 0
         while start <= head:
             end = min(head, start + self.chunk_blocks - 1)
@@ -96,8 +117,21 @@ class Indexer:
             self.service._changed()
         return total
 
+    def _start(self, w3: Web3, head: int) -> int:
+        """Find and store the first block to index; forget other escrows' events."""
+        first = self.from_block
+        if first is None:
+            first = deployment_block(w3, self.escrow_address, head)
+        with self.service.session() as session:
+            if any(n != self.name for n in storage.indexer_names(session=session)):
+                log.warning("indexer: the market now follows %s; forgetting others", self.name)
+                storage.reset_chain_index(session=session)
+            storage.set_indexed_block(session=session, name=self.name, block=first - 1)
+            session.commit()
+        return first
+
     def indexed_block(self) -> int | None:
-        """Return the last block indexed, or None before the first run."""
+        """Return the last block indexed (the deployment block - 1 before any), or None."""
         with self.service.session() as session:
             return storage.indexed_block(session=session, name=self.name)
 
@@ -108,93 +142,202 @@ class Indexer:
         event = events[0]
         args = {k: _plain(v) for k, v in event.args.items()}
         tx_hash = _hex(entry["transactionHash"])
-        deal_id = args.get("dealId")
+        deal_id = event.args.get("dealId")
         fresh = storage.add_chain_event(
             session=session,
             tx_hash=tx_hash,
             log_index=int(entry["logIndex"]),
             block_number=int(entry["blockNumber"]),
             name=event.name,
-            chain_deal_id=int(deal_id) if deal_id is not None else None,
+            chain_deal_id=_int64(deal_id) if deal_id is not None else None,
             args=args,
         )
-        if not fresh or deal_id is None:
+        if not fresh or deal_id is None or int(deal_id) > INT64:
             return int(fresh)
         deal_id = int(deal_id)
         if event.name == "DealOpened":
-            session.add(
-                ChainDeal(
-                    chain_deal_id=deal_id,
-                    client=to_checksum_address(args["client"]),
-                    provider=to_checksum_address(args["provider"]),
-                    quote_hash=str(args["quoteHash"]).lower(),
-                    max_spend=str(args["maxSpend"]),
-                    opened_tx=tx_hash,
-                    opened_block=int(entry["blockNumber"]),
-                    last_tx=tx_hash,
-                )
-            )
-            session.flush()
-            storage.link_chain_deal(
-                session=session,
-                quote_hash=str(args["quoteHash"]).lower(),
-                client=str(args["client"]),
-                chain_deal_id=deal_id,
-            )
+            _open(session, event.args, deal_id, tx_hash, int(entry["blockNumber"]))
             return 1
         deal = storage.get_chain_deal(session=session, chain_deal_id=deal_id)
-        if deal is None:  # opened before the indexer's first block: nothing to attach to
+        if deal is None:  # opened before the configured first block: nothing to attach to
             return 1
         deal.last_tx = tx_hash
-        extra = json.loads(deal.batches_json)
-        if event.name == "VoucherRedeemed":
-            deal.paid = str(int(deal.paid) + int(args["paid"]))
-            bits = self._voucher_bits(escrow, tx_hash)
-            held = [int(w, 16) for w in extra.get("vouched_bits", [])]
-            merged = [
-                (held[i] if i < len(held) else 0) | (bits[i] if i < len(bits) else 0)
-                for i in range(max(len(held), len(bits)))
-            ]
-            extra["vouched_bits"] = [hex(w) for w in merged]
-            extra["vouched"] = sum(bin(w).count("1") for w in merged)
-        elif event.name == "ReceiptsClaimed":
-            extra.setdefault("batches", {})[str(args["batchId"])] = int(args["tasks"])
-        elif event.name == "ClaimFinalized":
-            tasks = extra.get("batches", {}).get(str(args["batchId"]), 0)
-            extra["claimed_paid"] = extra.get("claimed_paid", 0) + tasks
-            deal.paid = str(int(deal.paid) + int(args["amount"]))
-        elif event.name == "DisputeResolved":
-            if args["providerWins"]:
-                deal.disputes_won += 1
-                tasks = extra.get("batches", {}).get(str(args["batchId"]), 0)
-                extra["claimed_paid"] = extra.get("claimed_paid", 0) + tasks
-                deal.paid = str(int(deal.paid) + int(args["amount"]))
-            else:
-                deal.disputes_lost += 1
-        elif event.name == "BreachRefunded":
-            deal.refunds += 1
-            deal.refunded = str(int(deal.refunded) + int(args["refund"]))
-        elif event.name == "DealClosed":
-            deal.status = "closed"
-            deal.closed_tx = tx_hash
-            deal.returned_to_client = str(args["returnedToClient"])
-        deal.tasks_paid = int(extra.get("vouched", 0)) + int(extra.get("claimed_paid", 0))
-        deal.batches_json = json.dumps(extra)
+        apply = _APPLY.get(event.name)
+        if apply is not None:
+            pair = storage.provider_client(
+                session=session, provider=deal.provider, client=deal.client
+            )
+            apply(deal, pair, event.args)
+            session.add(pair)
         session.add(deal)
         return 1
 
-    def _voucher_bits(self, escrow: Escrow, tx_hash: str) -> list[int]:
-        """Return the task bitmap of the voucher a `redeemVoucher` transaction carried."""
-        tx = escrow.tx.w3.eth.get_transaction(tx_hash)  # type: ignore[arg-type]
-        try:
-            _fn, params = escrow.contract.decode_function_input(tx["input"])
-        except ValueError:  # redeemed through another contract: the count is unknown
-            return []
-        voucher = params.get("voucher")
-        if voucher is None:
-            return []
-        tasks = voucher["tasks"] if isinstance(voucher, dict) else voucher[2]
-        return [int(w) for w in tasks]
+
+def deployment_block(w3: Web3, address: str, head: int) -> int:
+    """Return the block in which the contract at `address` was created.
+
+    Asks the node for the creating transaction (`creation_block`), else searches history for
+    the first block with the code (`first_block_with_code`). Raise
+    `DeploymentBlockUnknownError` if the node answers neither (configure the block instead).
+    """
+    block = creation_block(w3, address)
+    return block if block is not None else first_block_with_code(w3, address, head)
+
+
+def creation_block(w3: Web3, address: str) -> int | None:
+    """Return the block of the transaction that created `address`, if the node says (the
+    Otterscan method `ots_getContractCreator`: anvil, erigon, reth); else None."""
+    creator = _request(w3, "ots_getContractCreator", [address])
+    if not isinstance(creator, dict) or not creator.get("hash"):
+        return None
+    return int(w3.eth.get_transaction_receipt(creator["hash"])["blockNumber"])
+
+
+def first_block_with_code(w3: Web3, address: str, head: int) -> int:
+    """Binary-search `eth_getCode` for the first block at which `address` has code (needs a
+    node that keeps past state); raise `DeploymentBlockUnknownError` if it does not."""
+    if not _has_code(w3, address, head):
+        raise DeploymentBlockUnknownError(f"no contract at {address} at block {head}")
+    low, high = 0, head  # code at `high`; the answer is the first block with code
+    while low < high:
+        middle = (low + high) // 2
+        if _has_code(w3, address, middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _has_code(w3: Web3, address: str, block: int) -> bool:
+    code = _request(w3, "eth_getCode", [address, hex(block)])
+    if not isinstance(code, str):
+        raise DeploymentBlockUnknownError(
+            f"the node keeps no state of block {block}, so the escrow's deployment block is "
+            "unknown: set MARKET_FROM_BLOCK (or --from-block)"
+        )
+    return code not in ("0x", "0x0", "")
+
+
+def _request(w3: Web3, method: str, params: list[Any]) -> Any:
+    """Return a JSON-RPC method's result, or None if the node answers with an error."""
+    reply = w3.provider.make_request(method, params)  # type: ignore[arg-type]
+    if "error" in reply:
+        return None
+    return reply.get("result")
+
+
+# -- what each event does to a deal and to its (provider, client) sums ---------------------------
+
+
+def _open(session: Session, args: dict[str, Any], deal_id: int, tx_hash: str, block: int) -> None:
+    client = to_checksum_address(args["client"])
+    provider = to_checksum_address(args["provider"])
+    quote_hash = _hex(args["quoteHash"]).lower()
+    session.add(
+        ChainDeal(
+            chain_deal_id=deal_id,
+            client=client,
+            provider=provider,
+            arbiter=to_checksum_address(args["arbiter"]),
+            quote_hash=quote_hash,
+            plan_hash=_hex(args["planHash"]).lower(),
+            max_spend=str(args["maxSpend"]),
+            stake=str(args["stake"]),
+            penalty=str(args["penalty"]),
+            expiry=_int64(args["expiry"]),
+            challenge_window=_int64(args["challengeWindow"]),
+            slo_ms=_int64(args["sloMs"]),
+            opened_tx=tx_hash,
+            opened_block=block,
+            last_tx=tx_hash,
+        )
+    )
+    pair = storage.provider_client(session=session, provider=provider, client=client)
+    pair.deals += 1
+    session.add(pair)
+    session.flush()
+    storage.link_chain_deal(
+        session=session, quote_hash=quote_hash, client=client, chain_deal_id=deal_id
+    )
+
+
+def _fee(deal: ChainDeal, _pair: Any, args: dict[str, Any]) -> None:
+    deal.reservation_fee = str(int(deal.reservation_fee) + int(args["fee"]))
+
+
+def _voucher(deal: ChainDeal, pair: Any, args: dict[str, Any]) -> None:
+    paid = int(args["paid"])
+    deal.paid = _add(deal.paid, paid)
+    pair.paid = _add(pair.paid, paid)
+    deal.tasks_paid += sum(int(word).bit_count() for word in args["newTasks"])
+
+
+def _claimed(deal: ChainDeal, _pair: Any, args: dict[str, Any]) -> None:
+    batches = json.loads(deal.batches_json)
+    tasks = len(args["taskIndexes"])
+    batches[str(args["batchId"])] = {"amount": str(args["amount"]), "tasks": tasks}
+    deal.batches_json = json.dumps(batches)
+    deal.tasks_claimed += tasks
+
+
+def _batch_tasks(deal: ChainDeal, batch_id: int) -> int:
+    return int(json.loads(deal.batches_json).get(str(batch_id), {}).get("tasks", 0))
+
+
+def _finalized(deal: ChainDeal, pair: Any, args: dict[str, Any]) -> None:
+    amount = int(args["amount"])
+    deal.paid = _add(deal.paid, amount)
+    pair.paid = _add(pair.paid, amount)
+    deal.tasks_paid += _batch_tasks(deal, int(args["batchId"]))
+
+
+def _resolved(deal: ChainDeal, pair: Any, args: dict[str, Any]) -> None:
+    if args["providerWins"]:
+        _finalized(deal, pair, args)
+        deal.disputes_won += 1
+        pair.disputes_won += 1
+        return
+    refund, penalty = int(args["refund"]), int(args["penalty"])
+    deal.refunded, pair.refunded = _add(deal.refunded, refund), _add(pair.refunded, refund)
+    deal.penalties, pair.penalties = _add(deal.penalties, penalty), _add(pair.penalties, penalty)
+    deal.disputes_lost += 1
+    pair.disputes_lost += 1
+
+
+def _breach(deal: ChainDeal, pair: Any, args: dict[str, Any]) -> None:
+    refund, penalty = int(args["refund"]), int(args["penalty"])
+    deal.refunded, pair.refunded = _add(deal.refunded, refund), _add(pair.refunded, refund)
+    deal.penalties, pair.penalties = _add(deal.penalties, penalty), _add(pair.penalties, penalty)
+    deal.refunds += 1
+    pair.refunds += 1
+
+
+def _closed(deal: ChainDeal, _pair: Any, args: dict[str, Any]) -> None:
+    deal.status = "closed"
+    deal.closed_tx = deal.last_tx
+    deal.returned_to_client = str(args["returnedToClient"])
+
+
+_APPLY: dict[str, Callable[[ChainDeal, Any, dict[str, Any]], None]] = {
+    "ReservationFeePaid": _fee,
+    "VoucherRedeemed": _voucher,
+    "ReceiptsClaimed": _claimed,
+    "ClaimFinalized": _finalized,
+    "DisputeResolved": _resolved,
+    "BreachRefunded": _breach,
+    "DealClosed": _closed,
+}
+"""Events that change a deal's figures; the others (deposits, stakes, disputes opened, close
+agreements) are only stored as events."""
+
+
+def _add(total: str, amount: int) -> str:
+    return str(int(total) + amount)
+
+
+def _int64(value: Any) -> int:
+    """Return a uint64 from an event as an SQL integer (saturated: 2^63 - 1 is forever)."""
+    return min(int(value), INT64)
 
 
 def _hex(value: Any) -> str:
@@ -207,6 +350,8 @@ def _hex(value: Any) -> str:
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return "0x" + bytes(value).hex()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
         return str(value)
     return value

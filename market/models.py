@@ -227,32 +227,73 @@ class QuoteAttach(BaseModel):
 
 
 class ChainDeal(SQLModel, table=True):
-    """A deal as the escrow's events tell it (indexed from the chain; the market's truth)."""
+    """A deal as the escrow's events tell it (indexed from the chain; the market's truth).
+
+    Amounts are uint256 on chain, stored as decimal strings; uint64 times saturate at int64.
+    `paid` is what the provider earned for work (redeemed vouchers' increases, finalized claims,
+    disputes it won); the reservation fee is apart. `refunded` and `penalties` are what went back
+    to the client (breach refunds, disputes the client won) and what the stake paid it.
+    """
 
     __tablename__ = "chain_deals"
 
     chain_deal_id: int = Field(primary_key=True, sa_type=BigInteger)
     client: str = Field(max_length=42)
     provider: str = Field(max_length=42, index=True)
+    arbiter: str = Field(max_length=42)
     quote_hash: str = Field(max_length=66, index=True)
+    plan_hash: str = Field(max_length=66)
     max_spend: str = Field(max_length=80)
+    stake: str = Field(max_length=80)
+    penalty: str = Field(max_length=80)
+    expiry: int = Field(sa_type=BigInteger)
+    challenge_window: int = Field(sa_type=BigInteger)
+    slo_ms: int = Field(sa_type=BigInteger)
     status: str = Field(default="opened", max_length=16)
     opened_tx: str = Field(max_length=66)
     opened_block: int = Field(sa_type=BigInteger)
     last_tx: str = Field(max_length=66)
     closed_tx: str | None = Field(default=None, max_length=66)
+    reservation_fee: str = Field(default="0", max_length=80)
     tasks_paid: int = Field(default=0, sa_type=BigInteger)
+    tasks_claimed: int = Field(default=0, sa_type=BigInteger)
     paid: str = Field(default="0", max_length=80)
     refunds: int = Field(default=0, sa_type=BigInteger)
     refunded: str = Field(default="0", max_length=80)
+    penalties: str = Field(default="0", max_length=80)
     disputes_won: int = Field(default=0, sa_type=BigInteger)
     disputes_lost: int = Field(default=0, sa_type=BigInteger)
     returned_to_client: str | None = Field(default=None, max_length=80)
     batches_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
 
 
+class ProviderClient(SQLModel, table=True):
+    """What one client's deals with one provider settled on chain (the reputation's terms).
+
+    Kept by the indexer in the same transaction as the events it sums, so reading a provider's
+    reputation reads its clients, not every deal.
+    """
+
+    __tablename__ = "provider_clients"
+
+    provider: str = Field(primary_key=True, max_length=42)
+    client: str = Field(primary_key=True, max_length=42)
+    deals: int = Field(default=0, sa_type=BigInteger)
+    paid: str = Field(default="0", max_length=80)
+    refunded: str = Field(default="0", max_length=80)
+    penalties: str = Field(default="0", max_length=80)
+    refunds: int = Field(default=0, sa_type=BigInteger)
+    disputes_won: int = Field(default=0, sa_type=BigInteger)
+    disputes_lost: int = Field(default=0, sa_type=BigInteger)
+
+
 class DealPublic(BaseModel):
-    """A deal record with both signed orders, the quote, and its settlement status."""
+    """A deal record with both signed orders, its own quote, and its settlement status.
+
+    `quote` is the quote the provider signed for this deal, naming its client (None until the
+    provider attaches it); the ask's terms are in `ask.quote` (its quote names no client and
+    opens nothing on chain).
+    """
 
     deal_id: str
     device_class: str
@@ -266,13 +307,17 @@ class DealPublic(BaseModel):
     ask: OrderPublic
     quote: dict[str, Any] | None
     quote_signature: str | None
-    quote_hash: str
+    quote_hash: str | None
     status: str
     chain_deal_id: int | None
     tasks_paid: int
     paid: str
+    reservation_fee: str
     refunds: int
     refunded: str
+    penalties: str
+    disputes_won: int
+    disputes_lost: int
     opened_tx: str | None
     last_tx: str | None
     closed_tx: str | None
@@ -353,12 +398,21 @@ class Provider(ProviderBase, table=True):
 
 
 class ProviderPublic(ProviderBase):
-    """A provider with its reliability from verified on-chain outcomes."""
+    """A provider with its reputation from on-chain value (see docs/market.md, "Reputation").
 
-    tasks_paid: int
-    refunds: int
+    Amounts are decimal strings of token base units. Nothing here counts voucher task bits: a
+    figure shown was paid (or refunded) on chain, by the clients counted.
+    """
+
+    paid: str = PField(description="value paid for work: vouchers, finalized claims, won disputes")
+    clients: int = PField(description="distinct clients that paid it")
+    top_client_share: float = PField(description="share of `paid` from its largest client")
+    refunded: str = PField(description="value refunded to clients: breaches, lost disputes")
+    penalties: str = PField(description="penalties its stake paid to clients")
+    refunds: int = PField(description="breach refunds")
+    disputes_won: int
     disputes_lost: int
-    reliability: float
+    reliability: float = PField(description="(paid + p) / (paid + refunded + penalties + 2p)")
 
 
 # -- views --------------------------------------------------------------------------------------

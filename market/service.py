@@ -21,20 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import requests
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
+from web3.exceptions import Web3Exception
 
-from contracts.messages import ZERO_ADDRESS, Domain, Plan
+from contracts.binding import Chain, Escrow
+from contracts.errors import ChainError
+from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote
 from contracts.orders import (
     CancelOrder,
     Heartbeat,
     advert_hash,
     market_domain,
-    plan_kind,
 )
 from contracts.orders import digest as fast_digest
-from contracts.pricing import plan_is_valid
+from contracts.typed_data import schema as typed_data_schema
 from market import storage
 from market.auth import RateLimiter
 from market.books import Books
@@ -42,6 +45,7 @@ from market.checkpoint import Checkpointer
 from market.engine import MatchingEngine, Side
 from market.errors import (
     AuthError,
+    ChainUnavailableError,
     DuplicateOrderError,
     ForbiddenError,
     InvalidOrderError,
@@ -68,8 +72,10 @@ from market.models import (
     PlaceResult,
     PlaceSummary,
     Provider,
+    ProviderClient,
     ProviderPublic,
     QuoteAttach,
+    QuoteIn,
 )
 from market.verify import CheckedOrder, Verifier, checksum, recover
 from market.writer import Placed, Writer
@@ -98,12 +104,18 @@ class Settings:
     offline_every_s: float = 5.0
     index_every_s: float = 2.0
     index_chunk_blocks: int = 2_000
-    index_from_block: int = 0  # the escrow's deployment block: nothing before it to index
+    # The escrow's deployment block (nothing before it to index); None: the indexer finds it.
+    index_from_block: int | None = None
+    # The shortest challenge window an ask's quote may set, on top of the escrow's own minimum
+    # (read once from the chain when the market knows the escrow); never below 1 s.
+    min_challenge_window: int = 1
+    # The prior of the reputation score, in token base units (docs/market.md, "Reputation").
+    reputation_prior: int = 1_000_000
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """Read `MARKET_DATA_DIR`, `DATABASE_URL`, `MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`,
-        `MARKET_FROM_BLOCK`."""
+        `MARKET_FROM_BLOCK`, `MARKET_MIN_CHALLENGE_WINDOW`."""
         env = os.environ
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MARKET_DATA_DIR", "data")),
@@ -111,10 +123,20 @@ class Settings:
             "chain_id": int(env.get("MARKET_CHAIN_ID", "31337")),
             "escrow": env.get("MARKET_ESCROW", ZERO_ADDRESS),
             "rpc_url": env.get("RPC_URL") or None,
-            "index_from_block": int(env.get("MARKET_FROM_BLOCK", "0")),
+            "index_from_block": _optional_int(env.get("MARKET_FROM_BLOCK")),
         }
+        if env.get("MARKET_MIN_CHALLENGE_WINDOW"):
+            values["min_challenge_window"] = int(env["MARKET_MIN_CHALLENGE_WINDOW"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+TRANSIENT_CHAIN = (ChainError, OSError, requests.RequestException, Web3Exception, TimeoutError)
+"""Errors that mean "the chain is unreachable now": retried later."""
+
+
+def _optional_int(text: str | None) -> int | None:
+    return int(text) if text else None
 
 
 class _Metrics:
@@ -153,9 +175,10 @@ class _Metrics:
         self.expired = Counter("market_orders_expired_total", "Orders expired", registry=registry)
 
 
-def reliability(tasks_paid: int, refunds: int, disputes_lost: int) -> float:
-    """Return the share of good outcomes with a uniform prior: (good + 1) / (all + 2)."""
-    return (tasks_paid + 1) / (tasks_paid + refunds + disputes_lost + 2)
+def reliability(*, paid: int, refunded: int, penalties: int, prior: int) -> float:
+    """Return the value-weighted share of good outcomes with a prior of `prior` on each side:
+    (paid + prior) / (paid + refunded + penalties + 2 prior); 0.5 with no history."""
+    return (paid + prior) / (paid + refunded + penalties + 2 * prior)
 
 
 class MarketService:
@@ -175,7 +198,16 @@ class MarketService:
         self.metrics = _Metrics(self.registry)
         self.domain: Domain = market_domain(settings.chain_id, settings.escrow)
         self.escrow_domain = Domain(chain_id=settings.chain_id, verifying_contract=settings.escrow)
-        self.verifier = Verifier(self.domain, self.escrow_domain, settings.max_order_ttl_s)
+        self.verifier = Verifier(
+            self.domain,
+            self.escrow_domain,
+            settings.max_order_ttl_s,
+            min_challenge_window=self.min_challenge_window,
+        )
+        self._chain_lock = threading.Lock()
+        self._escrow: Escrow | None = None
+        self._min_window: int | None = None
+        self._attach_lock = threading.Lock()
         self.db = storage.make_engine(
             url=storage.database_url(data_dir=settings.data_dir, url=settings.database_url)
         )
@@ -224,6 +256,43 @@ class MarketService:
         """Return the market clock in whole unix seconds."""
         return int(self.clock())
 
+    # -- the escrow -----------------------------------------------------------------------------
+
+    def knows_escrow(self) -> bool:
+        """Return whether the market can read its escrow (an RPC URL and an escrow address)."""
+        return bool(self.settings.rpc_url) and self.settings.escrow.lower() != ZERO_ADDRESS
+
+    def _read_escrow(self, read: Callable[[Escrow], Any]) -> Any:
+        """Run `read` on the bound escrow; raise `ChainUnavailableError` if the chain is down."""
+        try:
+            with self._chain_lock:
+                if self._escrow is None:
+                    assert self.settings.rpc_url is not None
+                    self._escrow = Chain(self.settings.rpc_url).escrow(self.settings.escrow)
+                escrow = self._escrow
+            return read(escrow)
+        except TRANSIENT_CHAIN as exc:
+            with self._chain_lock:
+                self._escrow = None
+            raise ChainUnavailableError(f"the escrow cannot be read now: {exc}") from exc
+
+    def min_challenge_window(self) -> int:
+        """Return the shortest challenge window a quote may set, in seconds (at least 1).
+
+        The escrow's `minChallengeWindow()`, read once, when the market knows the escrow; the
+        setting `min_challenge_window` if higher.
+        """
+        if self._min_window is None:
+            floor = max(1, self.settings.min_challenge_window)
+            if self.knows_escrow():
+                floor = max(floor, int(self._read_escrow(lambda e: e.min_challenge_window())))
+            self._min_window = floor
+        return self._min_window
+
+    def typed_data(self) -> dict[str, Any]:
+        """Return the EIP-712 typed-data schema of every settlement message, for this escrow."""
+        return typed_data_schema(self.escrow_domain)
+
     def device_classes(self) -> list[str]:
         """Return the device classes with a book, sorted."""
         return self.books.names()
@@ -237,38 +306,51 @@ class MarketService:
     # -- orders ---------------------------------------------------------------------------------
 
     def attach_quote(self, deal_id: str, attach: QuoteAttach) -> DealPublic:
-        """Give a matched deal its own signed quote (the ask's quote opens only one deal).
+        """Give a matched deal its own quote: the one that opens it on chain.
 
-        The provider signs the quote under the escrow domain, which is the authentication;
-        the quote must keep the ask's terms (plan, SLO), cover the deal's spend, name the deal's
-        client or nobody, and the deal must not be open on chain yet.
+        An ask's quote names no client, so it only states the terms; after a match the provider
+        signs a quote for the deal. It is accepted only if signed by the deal's provider under
+        the escrow domain, naming the deal's client, with the ask's terms (plan, SLO, stake,
+        penalty, challenge window, arbiter, duration), a cap covering the deal's spend, still
+        valid, and if the deal has no quote yet or its quote expired unused. The same quote
+        attached again is answered as before. Anyone may post (the signature authenticates), so
+        a quote attached to another deal or whose nonce the escrow saw used is refused too.
         """
-        q = attach.quote
-        with self.session() as session:
+        with self._attach_lock, self.session() as session:
             deal = storage.get_deal(session=session, deal_id=deal_id)
             if deal is None:
                 raise NotFoundError(f"no deal {deal_id!r}")
             ask = storage.get_order(session=session, order_id=deal.ask_id)
-            assert ask is not None
-            if deal.chain_deal_id is not None:
-                raise ReplayError(f"deal {deal_id} is already open on chain")
+            assert ask is not None and ask.quote_json is not None
+            q = attach.quote
             if q.provider.lower() != deal.provider.lower():
                 raise ForbiddenError(f"deal {deal_id} belongs to provider {deal.provider}")
-            if q.client.lower() not in (ZERO_ADDRESS, deal.client.lower()):
-                raise InvalidOrderError("quote.client", q.client, "must be the deal's client")
-            if q.arbiter.lower() == ZERO_ADDRESS or q.duration == 0:
-                raise InvalidOrderError("quote", "...", "needs an arbiter and a duration")
-            if q.max_spend < int(deal.max_spend):
-                raise InvalidOrderError("quote.max_spend", q.max_spend, "below the deal's spend")
             plan = Plan(**q.plan.model_dump())
-            if not plan_is_valid(plan) or plan_kind(plan) != ask.plan:
-                raise InvalidOrderError("quote.plan", plan_kind(plan), f"must be {ask.plan!r}")
-            if q.slo_ms != ask.slo_ms:
-                raise InvalidOrderError("quote.slo_ms", q.slo_ms, "must equal the ask's slo_ms")
-            if q.valid_until <= self.now():
-                raise SignatureExpiredError(f"quote expired at {q.valid_until}")
             struct = self.verifier.quote(q, plan, attach.quote_signature, deal.provider)
-            deal.quote_hash = "0x" + struct.hex()
+            quote_hash = "0x" + struct.hex()
+            if deal.quote_json is not None and deal.quote_hash == quote_hash:
+                return self._deal_publics(session, [deal])[0]  # attached before: idempotent
+            if deal.chain_deal_id is not None:
+                raise ReplayError(f"deal {deal_id} is already open on chain")
+            _check_deal_quote(q, plan, deal, Quote.from_json(json.loads(ask.quote_json)))
+            now = self.now()
+            if q.valid_until <= now:
+                raise SignatureExpiredError(f"quote expired at {q.valid_until} (now {now})")
+            if deal.quote_json is not None:
+                held = QuoteIn.model_validate_json(deal.quote_json)
+                if held.valid_until > now:
+                    raise ReplayError(
+                        f"deal {deal_id} has a quote valid until {held.valid_until}: one quote "
+                        "per deal (another is accepted once it expired unused)"
+                    )
+                self._refuse_used_nonce(held.provider, held.nonce, "its expired quote")
+            other = storage.quote_attached_elsewhere(
+                session=session, quote_hash=quote_hash, deal_id=deal_id
+            )
+            if other is not None:
+                raise ReplayError(f"this quote belongs to deal {other}")
+            self._refuse_used_nonce(q.provider, q.nonce, "this quote")
+            deal.quote_hash = quote_hash
             deal.quote_json = q.model_dump_json()
             deal.quote_signature = attach.quote_signature.lower()
             session.add(deal)
@@ -276,6 +358,11 @@ class MarketService:
             public = self._deal_publics(session, [deal])[0]
         self._changed()
         return public
+
+    def _refuse_used_nonce(self, provider: str, nonce: int, what: str) -> None:
+        """Raise `ReplayError` if the escrow saw the provider's quote nonce used or cancelled."""
+        if self.knows_escrow() and self._read_escrow(lambda e: e.is_nonce_used(provider, nonce)):
+            raise ReplayError(f"{what} cannot open a deal: nonce {nonce} is used on chain")
 
     def place(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
         """Verify, match and persist orders atomically; return each order and its fills."""
@@ -499,9 +586,9 @@ class MarketService:
                     setattr(row, key, value)
             session.add(row)
             session.commit()
-            outcomes = storage.provider_outcomes(session=session)
+            sums = storage.provider_clients(session=session, providers=[provider])
         self._changed()
-        return provider_public(row, outcomes)
+        return provider_public(row, sums.get(provider, []), self.settings.reputation_prior)
 
     def mark_offline(self) -> int:
         """Mark providers silent for longer than the setting offline; return how many."""
@@ -516,11 +603,12 @@ class MarketService:
         return len(gone)
 
     def providers(self) -> list[ProviderPublic]:
-        """Return the registry with reliability from indexed on-chain outcomes."""
+        """Return the registry with each provider's reputation from indexed on-chain value."""
+        prior = self.settings.reputation_prior
         with self.session() as session:
             rows = storage.list_providers(session=session)
-            outcomes = storage.provider_outcomes(session=session)
-        return [provider_public(r, outcomes) for r in rows]
+            sums = storage.provider_clients(session=session)
+        return [provider_public(r, sums.get(r.address, []), prior) for r in rows]
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -694,15 +782,46 @@ def order_public(row: Order) -> OrderPublic:
     return _order_public_from_row(row.model_dump())
 
 
-def provider_public(row: Provider, outcomes: dict[str, tuple[int, int, int]]) -> ProviderPublic:
-    """Return the API view of a provider with its verified outcomes."""
-    paid, refunds, lost = outcomes.get(row.address.lower(), (0, 0, 0))
+def _check_deal_quote(q: QuoteIn, plan: Plan, deal: Deal, terms: Quote) -> None:
+    """Raise `InvalidOrderError` unless a deal's quote names its client and keeps the terms of
+    the ask it matched (`terms`, the ask's quote) with a cap covering the deal's spend."""
+    if q.client.lower() != deal.client.lower():
+        raise InvalidOrderError("quote.client", q.client, f"must be the deal's {deal.client}")
+    kept = {
+        "arbiter": (q.arbiter.lower(), terms.arbiter.lower()),
+        "stake": (q.stake, terms.stake),
+        "penalty": (q.penalty, terms.penalty),
+        "duration": (q.duration, terms.duration),
+        "challenge_window": (q.challenge_window, terms.challenge_window),
+        "slo_ms": (q.slo_ms, terms.slo_ms),
+        "plan": (plan, terms.plan),
+    }
+    for name, (given, asked) in kept.items():
+        if given != asked:
+            raise InvalidOrderError(f"quote.{name}", given, "must keep the ask's terms")
+    if q.max_spend < int(deal.max_spend):
+        raise InvalidOrderError("quote.max_spend", q.max_spend, f"below deal's {deal.max_spend}")
+
+
+def provider_public(row: Provider, sums: Sequence[ProviderClient], prior: int) -> ProviderPublic:
+    """Return the API view of a provider with its reputation from its clients' on-chain sums."""
+    by_client = [int(s.paid) for s in sums]
+    paid = sum(by_client)
+    refunded = sum(int(s.refunded) for s in sums)
+    penalties = sum(int(s.penalties) for s in sums)
     return ProviderPublic(
         **{k: v for k, v in row.model_dump().items() if k in ProviderPublic.model_fields},
-        tasks_paid=paid,
-        refunds=refunds,
-        disputes_lost=lost,
-        reliability=round(reliability(paid, refunds, lost), 4),
+        paid=str(paid),
+        clients=sum(1 for p in by_client if p > 0),
+        top_client_share=round(max(by_client) / paid, 4) if paid else 0.0,
+        refunded=str(refunded),
+        penalties=str(penalties),
+        refunds=sum(s.refunds for s in sums),
+        disputes_won=sum(s.disputes_won for s in sums),
+        disputes_lost=sum(s.disputes_lost for s in sums),
+        reliability=round(
+            reliability(paid=paid, refunded=refunded, penalties=penalties, prior=prior), 4
+        ),
     )
 
 
@@ -714,12 +833,13 @@ def deal_public(deal: Deal, orders: dict[str, Order], chain: ChainDeal | None) -
         status = "matched"
     elif chain.status == "closed":
         status = "closed"
-    elif chain.refunds:
-        status = "refunded" if not chain.tasks_paid else "paid"
+    elif int(chain.paid) or chain.tasks_paid:
+        status = "paid"
+    elif chain.refunds or chain.disputes_lost:
+        status = "refunded"
     else:
-        status = "paid" if chain.tasks_paid else "opened"
-    quote = json.loads(deal.quote_json) if deal.quote_json else ask.quote
-    quote_signature = deal.quote_signature if deal.quote_json else ask.quote_signature
+        status = "opened"
+    attached = deal.quote_json is not None
     return DealPublic(
         deal_id=deal.deal_id,
         device_class=deal.device_class,
@@ -731,15 +851,19 @@ def deal_public(deal: Deal, orders: dict[str, Order], chain: ChainDeal | None) -
         created_at=deal.created_at,
         bid=bid,
         ask=ask,
-        quote=quote,
-        quote_signature=quote_signature,
-        quote_hash=deal.quote_hash,
+        quote=json.loads(deal.quote_json) if deal.quote_json else None,
+        quote_signature=deal.quote_signature if attached else None,
+        quote_hash=deal.quote_hash if attached else None,
         status=status,
         chain_deal_id=deal.chain_deal_id,
         tasks_paid=chain.tasks_paid if chain else 0,
         paid=chain.paid if chain else "0",
+        reservation_fee=chain.reservation_fee if chain else "0",
         refunds=chain.refunds if chain else 0,
         refunded=chain.refunded if chain else "0",
+        penalties=chain.penalties if chain else "0",
+        disputes_won=chain.disputes_won if chain else 0,
+        disputes_lost=chain.disputes_lost if chain else 0,
         opened_tx=chain.opened_tx if chain else None,
         last_tx=chain.last_tx if chain else None,
         closed_tx=chain.closed_tx if chain else None,

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, and_, event, func, or_
+from sqlalchemy import Table, and_, delete, event, func, inspect, or_, update
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, SQLModel, col, create_engine, select
 
@@ -26,6 +26,7 @@ from market.models import (
     NonceUse,
     Order,
     Provider,
+    ProviderClient,
 )
 
 SQLITE_FILE = "market.sqlite3"
@@ -79,8 +80,15 @@ _RETIRED_INDEXES = (
 )
 
 
+# Tables the chain indexer derives from the escrow's events, dependants first. They hold
+# nothing the chain does not: when their shape changes they are dropped and indexed again.
+CHAIN_TABLES = ("provider_clients", "chain_events", "chain_deals", "indexer_state")
+
+
 def init_db(*, engine: Engine) -> None:
-    """Create the tables and indexes that do not exist yet; drop retired indexes."""
+    """Create the tables and indexes that do not exist yet; drop retired indexes; rebuild the
+    chain index if an older version of the market wrote it."""
+    _drop_stale_chain_index(engine)
     SQLModel.metadata.create_all(engine)
     with engine.begin() as connection:
         # A database made before orders claimed their own nonces lacks this index (its orders'
@@ -90,6 +98,22 @@ def init_db(*, engine: Engine) -> None:
         )
         for name in _RETIRED_INDEXES:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+
+
+def _drop_stale_chain_index(engine: Engine) -> None:
+    """Drop the chain index if its deals lack a column this version indexes (it was written for
+    an older escrow protocol); the indexer rebuilds it from the escrow's deployment block."""
+    tables = set(inspect(engine).get_table_names())
+    if "chain_deals" not in tables:
+        return
+    have = {c["name"] for c in inspect(engine).get_columns("chain_deals")}
+    if set(_table(ChainDeal).c.keys()) <= have:
+        return
+    with engine.begin() as connection:
+        for name in CHAIN_TABLES:
+            connection.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        if "deals" in tables:
+            connection.exec_driver_sql("UPDATE deals SET chain_deal_id = NULL")
 
 
 # -- orders -------------------------------------------------------------------------------------
@@ -376,23 +400,35 @@ def orders_by_id(*, session: Session, ids: Iterable[str]) -> dict[str, Order]:
 def link_chain_deal(
     *, session: Session, quote_hash: str, client: str, chain_deal_id: int
 ) -> Deal | None:
-    """Attach an on-chain deal to the market deal record it came from; return that record.
+    """Attach an on-chain deal to the market deal record whose own quote opened it; return it.
 
-    Several matches of one ask share its quote until the provider attaches fresh ones; the
-    first unopened record of the same client wins, else the first unopened one.
+    A deal's quote names its client and is attached to one record only, so the quote hash finds
+    at most one record; an ask's quote (which names no client) opens nothing on chain.
     """
-    candidates = session.exec(
-        select(Deal)
-        .where(Deal.quote_hash == quote_hash, col(Deal.chain_deal_id).is_(None))
-        .order_by(col(Deal.created_at), col(Deal.deal_id))
-    ).all()
-    chosen = next((d for d in candidates if d.client.lower() == client.lower()), None)
-    if chosen is None and candidates:
-        chosen = candidates[0]
-    if chosen is not None:
-        chosen.chain_deal_id = chain_deal_id
-        session.add(chosen)
-    return chosen
+    deal = session.exec(
+        select(Deal).where(
+            Deal.quote_hash == quote_hash,
+            col(Deal.quote_json).is_not(None),
+            col(Deal.chain_deal_id).is_(None),
+        )
+    ).first()
+    if deal is None or deal.client.lower() != client.lower():
+        return None
+    deal.chain_deal_id = chain_deal_id
+    session.add(deal)
+    return deal
+
+
+def quote_attached_elsewhere(*, session: Session, quote_hash: str, deal_id: str) -> str | None:
+    """Return the id of another deal record that holds the quote `quote_hash`, or None."""
+    other: str | None = session.exec(
+        select(Deal.deal_id).where(
+            Deal.quote_hash == quote_hash,
+            col(Deal.quote_json).is_not(None),
+            Deal.deal_id != deal_id,
+        )
+    ).first()
+    return other
 
 
 # -- chain indexer ------------------------------------------------------------------------------
@@ -445,17 +481,38 @@ def get_chain_deal(*, session: Session, chain_deal_id: int) -> ChainDeal | None:
     return session.get(ChainDeal, chain_deal_id)
 
 
-def provider_outcomes(*, session: Session) -> dict[str, tuple[int, int, int]]:
-    """Return (tasks paid, refunds, disputes lost) per provider address (lowercase)."""
-    rows = session.exec(
-        select(
-            func.lower(ChainDeal.provider),
-            func.sum(ChainDeal.tasks_paid),
-            func.sum(ChainDeal.refunds),
-            func.sum(ChainDeal.disputes_lost),
-        ).group_by(func.lower(ChainDeal.provider))
-    ).all()
-    return {p: (int(a or 0), int(b or 0), int(c or 0)) for p, a, b, c in rows}
+def reset_chain_index(*, session: Session) -> None:
+    """Forget everything indexed (another escrow's events): deals, events, sums, positions."""
+    for model in (ProviderClient, ChainEvent, ChainDeal, IndexerState):
+        session.execute(delete(model))
+    session.execute(update(Deal).values(chain_deal_id=None))
+
+
+def indexer_names(*, session: Session) -> list[str]:
+    """Return the names of every indexer that recorded a position."""
+    return list(session.exec(select(IndexerState.name)).all())
+
+
+def provider_client(*, session: Session, provider: str, client: str) -> ProviderClient:
+    """Return the settlement sums of one (provider, client) pair, created empty if new."""
+    row = session.get(ProviderClient, (provider, client))
+    if row is None:
+        row = ProviderClient(provider=provider, client=client)
+        session.add(row)
+    return row
+
+
+def provider_clients(
+    *, session: Session, providers: Iterable[str] | None = None
+) -> dict[str, list[ProviderClient]]:
+    """Return the per-client settlement sums of providers (all if None), by provider address."""
+    query = select(ProviderClient)
+    if providers is not None:
+        query = query.where(col(ProviderClient.provider).in_(list(providers)))
+    out: dict[str, list[ProviderClient]] = {}
+    for row in session.exec(query).all():
+        out.setdefault(row.provider, []).append(row)
+    return out
 
 
 # -- providers ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ across signatures except the address of a recovered public key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from contracts.errors import SignatureError
@@ -19,7 +20,12 @@ from contracts.orders import struct_hash as message_struct_hash
 from contracts.pricing import plan_is_valid
 from market.engine import Order as EngineOrder
 from market.engine import Side
-from market.errors import AuthError, InvalidOrderError, SignatureExpiredError
+from market.errors import (
+    AuthError,
+    ChallengeWindowTooShortError,
+    InvalidOrderError,
+    SignatureExpiredError,
+)
 from market.models import OrderCreate, QuoteIn
 
 
@@ -38,11 +44,21 @@ class CheckedOrder(NamedTuple):
 class Verifier:
     """Check signed orders and quotes under one market's domains."""
 
-    def __init__(self, domain: Domain, escrow_domain: Domain, max_order_ttl_s: int) -> None:
-        """Verify orders under `domain` and quotes under `escrow_domain`."""
+    def __init__(
+        self,
+        domain: Domain,
+        escrow_domain: Domain,
+        max_order_ttl_s: int,
+        *,
+        min_challenge_window: Callable[[], int] = lambda: 1,
+    ) -> None:
+        """Verify orders under `domain` and quotes under `escrow_domain`; an ask's quote needs a
+        challenge window of at least `min_challenge_window()` seconds (asked per ask: the
+        market reads it from the escrow once)."""
         self.domain = domain
         self.escrow_domain = escrow_domain
         self.max_order_ttl_s = max_order_ttl_s
+        self.min_challenge_window = min_challenge_window
         self._quote_prefix = b"\x19\x01" + escrow_domain.separator()
 
     def order(self, order_in: OrderCreate, now: int, created_at: float) -> CheckedOrder:
@@ -127,6 +143,9 @@ class Verifier:
             raise InvalidOrderError(
                 "quote.valid_until", q.valid_until, "must last as long as the ask"
             )
+        minimum = max(1, self.min_challenge_window())
+        if q.challenge_window < minimum:
+            raise ChallengeWindowTooShortError(q.challenge_window, minimum)
         return self.quote(q, plan, signature, owner)
 
     def quote(self, q: QuoteIn, plan: Plan, signature: str, provider: str) -> bytes:

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from market.errors import (
     AuthError,
+    ChainUnavailableError,
     DuplicateOrderError,
     ForbiddenError,
     InvalidOrderError,
@@ -34,6 +35,7 @@ STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (InvalidOrderError, 422),
     (InvalidRequestError, 422),
     (SnapshotError, 500),
+    (ChainUnavailableError, 503),
 )
 """First match wins: subclasses before their bases."""
 

@@ -6,6 +6,8 @@ const state = { data: null, selected: null, fetching: false, again: false };
 
 const el = (id) => document.getElementById(id);
 const fmt = (n) => Number(n).toLocaleString("en-US");
+// Token amounts are uint256 decimal strings: exact with BigInt.
+const amount = (n) => BigInt(n).toLocaleString("en-US");
 const short = (addr) => (addr ? addr.slice(0, 6) + "…" + addr.slice(-4) : "");
 const ago = (t) => {
   const s = Math.max(0, Math.round(Date.now() / 1000 - t));
@@ -100,7 +102,8 @@ function renderProviders(d) {
     cell(short(p.address) + (p.online ? "" : " (offline)"), "l"), cell(p.device_class, "l"),
     cell(p.device_kind, "l"), cell(fmt(p.device_count)), cell(fmt(p.price)),
     cell(Number(p.throughput).toFixed(2)), cell((100 * p.reliability).toFixed(1) + "%"),
-    cell(`${p.tasks_paid} / ${p.refunds} / ${p.disputes_lost}`), cell(ago(p.last_seen)),
+    cell(`${amount(p.paid)} (${p.clients}) / ${amount(p.refunded)} + ${amount(p.penalties)}`),
+    cell(ago(p.last_seen)),
   ])));
 }
 
@@ -128,7 +131,7 @@ function renderDeals(d) {
     return row([
       cell(x.deal_id, "l"), cell(short(x.client), "l"), cell(short(x.provider), "l"),
       cell(`${fmt(x.price)} × ${fmt(x.quantity)}`), status, cell(x.chain_deal_id ?? "—"),
-      cell(fmt(x.tasks_paid)), cell(fmt(x.paid)), cell(fmt(x.refunds)), txCell(x),
+      cell(fmt(x.tasks_paid)), cell(amount(x.paid)), cell(fmt(x.refunds)), txCell(x),
     ]);
   }));
 }

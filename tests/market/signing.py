@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote, address_of
@@ -88,6 +88,27 @@ class Trader:
         }
         values.update(terms)
         return Quote(**values)
+
+    def fill_quote(
+        self, terms: Quote, *, client: str, max_spend: int, valid_until: int, **changes: Any
+    ) -> Quote:
+        """Return the quote this provider signs for one fill: the ask's terms (`terms`, the
+        ask's quote), naming the deal's client, with a fresh nonce; `changes` alter terms."""
+        values: dict[str, Any] = {
+            "client": client,
+            "max_spend": max_spend,
+            "valid_until": valid_until,
+            "nonce": next(self.nonces),
+        }
+        values.update(changes)
+        return replace(terms, **values)
+
+    def signed(self, quote: Quote) -> dict[str, Any]:
+        """Return the body of `POST /v1/deals/{id}/quote` for `quote` signed by this key."""
+        return {
+            "quote": quote.to_json(),
+            "quote_signature": "0x" + quote.sign(self.escrow_domain, self.key).hex(),
+        }
 
     def ask(
         self,

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from eth_account import Account
 from fastapi.testclient import TestClient
 
-from contracts.messages import Quote
-from market.service import MarketService
+from contracts.messages import ZERO_ADDRESS, Plan, Quote
+from contracts.typed_data import schema
+from market.api.app import create_app
+from market.service import MarketService, Settings
 
 from .conftest import START, Clock
-from .signing import Trader
+from .signing import ESCROW, Trader
 
 NOW = START
 
@@ -40,12 +45,13 @@ def test_place_when_bid_crosses_ask_then_fill_becomes_deal_for_both(
     assert deal["status"] == "matched" and deal["max_spend"] == "450"
     assert deal["bid"]["signature"] == bid["order"]["signature"]
     assert deal["ask"]["order_id"] == ask["order"]["order_id"]
-    quote = Quote.from_json(deal["quote"])
-    assert quote.provider == bob.address
-    assert quote.recover(bob.escrow_domain, bytes.fromhex(deal["quote_signature"][2:])) == (
+    # The ask's quote states the terms only: the deal waits for the quote of its own fill.
+    assert (deal["quote"], deal["quote_signature"], deal["quote_hash"]) == (None, None, None)
+    terms = Quote.from_json(deal["ask"]["quote"])
+    assert terms.provider == bob.address and terms.client == ZERO_ADDRESS
+    assert terms.recover(bob.escrow_domain, bytes.fromhex(deal["ask"]["quote_signature"][2:])) == (
         bob.address
     )
-    assert deal["quote_hash"] == "0x" + quote.struct_hash().hex()
     book = client.get("/v1/book/tpu-v5e").json()
     assert book["asks"] == [] and book["bids"] == [{"price": 100, "quantity": 3, "orders": 1}]
     assert client.get(f"/v1/orders/{ask['order']['order_id']}").json()["state"] == "filled"
@@ -295,51 +301,149 @@ def test_history_and_fills_when_trades_then_bars(
     assert len(client.get("/v1/fills").json()) == 2
 
 
-def _two_deals(client: TestClient, alice: Trader, bob: Trader) -> list[str]:
-    place(client, bob.ask(NOW, price=100, quantity=10))
-    first = place(client, alice.bid(NOW, price=100, quantity=4))["fills"][0]["id"]
-    second = place(client, Trader().bid(NOW, price=100, quantity=4))["fills"][0]["id"]
-    return [first, second]
+def _matched(client: TestClient, alice: Trader, bob: Trader) -> tuple[str, Quote]:
+    """Match bob's ask (10 units at 100) with alice's bid for 4; return the deal and the terms."""
+    ask = place(client, bob.ask(NOW, price=100, quantity=10))
+    deal_id = place(client, alice.bid(NOW, price=100, quantity=4))["fills"][0]["id"]
+    return deal_id, Quote.from_json(ask["order"]["quote"])
 
 
-def test_attach_quote_when_provider_signs_fresh_quote_then_deal_carries_it(
+def _attach(client: TestClient, deal_id: str, body: dict[str, Any], status: int) -> dict[str, Any]:
+    response = client.post(f"/v1/deals/{deal_id}/quote", json=body)
+    assert response.status_code == status, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_attach_quote_when_provider_signs_quote_for_the_fill_then_deal_carries_it(
     client: TestClient, alice: Trader, bob: Trader
 ) -> None:
-    first, second = _two_deals(client, alice, bob)
-    shared = client.get(f"/v1/deals/{first}").json()["quote_hash"]
-    assert client.get(f"/v1/deals/{second}").json()["quote_hash"] == shared
-    fresh = bob.quote(slo_ms=100, valid_until=NOW + 600)
-    body = {
-        "quote": fresh.to_json(),
-        "quote_signature": "0x" + fresh.sign(bob.escrow_domain, bob.key).hex(),
-    }
-    response = client.post(f"/v1/deals/{second}/quote", json=body)
-    assert response.status_code == 200, response.text
-    deal = response.json()
-    assert deal["quote_hash"] == "0x" + fresh.struct_hash().hex() != shared
-    assert Quote.from_json(deal["quote"]).struct_hash() == fresh.struct_hash()
+    deal_id, terms = _matched(client, alice, bob)
+    fill = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    deal = _attach(client, deal_id, bob.signed(fill), 200)
+    assert deal["quote_hash"] == "0x" + fill.struct_hash().hex()
+    assert Quote.from_json(deal["quote"]) == fill and fill.client == alice.address
+    assert Quote.from_json(deal["ask"]["quote"]) == terms  # the ask's terms, shown apart
+    assert client.get(f"/v1/deals/{deal_id}").json() == deal
+    assert _attach(client, deal_id, bob.signed(fill), 200) == deal  # the same again: idempotent
 
 
-def test_attach_quote_when_not_the_deals_provider_or_terms_change_then_rejected(
-    client: TestClient, alice: Trader, bob: Trader
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"client": ZERO_ADDRESS}, "client"),
+        ({"client": "0x" + "c1" * 20}, "client"),
+        ({"stake": 1}, "stake"),
+        ({"penalty": 1}, "penalty"),
+        ({"challenge_window": 61}, "challenge_window"),
+        ({"arbiter": "0x" + "a2" * 20}, "arbiter"),
+        ({"duration": 60}, "duration"),
+        ({"slo_ms": 500}, "slo_ms"),
+        ({"plan": Plan(price_per_device_ms=1, compile_price=1_000, inference_price=500)}, "plan"),
+        ({"max_spend": 399}, "max_spend"),
+    ],
+)
+def test_attach_quote_when_it_names_another_client_or_changes_a_term_then_422(
+    client: TestClient, alice: Trader, bob: Trader, change: dict[str, Any], field: str
 ) -> None:
-    _, second = _two_deals(client, alice, bob)
+    deal_id, terms = _matched(client, alice, bob)
+    fields: dict[str, Any] = {"client": alice.address, "max_spend": 400, **change}
+    fill = bob.fill_quote(terms, valid_until=NOW + 600, **fields)
+    assert f"quote.{field}" in _attach(client, deal_id, bob.signed(fill), 422)["detail"]
+    assert client.get(f"/v1/deals/{deal_id}").json()["quote"] is None
+
+
+def test_attach_quote_when_not_signed_by_the_deals_provider_or_expired_then_refused(
+    client: TestClient, alice: Trader, bob: Trader, clock: Clock
+) -> None:
+    deal_id, terms = _matched(client, alice, bob)
     mallory = Trader()
-    foreign = mallory.quote(slo_ms=100, valid_until=NOW + 600)
-    signed = {
-        "quote": foreign.to_json(),
-        "quote_signature": "0x" + foreign.sign(mallory.escrow_domain, mallory.key).hex(),
+    foreign = mallory.fill_quote(
+        terms, client=alice.address, max_spend=400, valid_until=NOW + 600, provider=mallory.address
+    )
+    assert _attach(client, deal_id, mallory.signed(foreign), 403)["error"] == "ForbiddenError"
+    forged = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    forged_body = {
+        **bob.signed(forged),
+        "quote_signature": mallory.signed(forged)["quote_signature"],
     }
-    assert client.post(f"/v1/deals/{second}/quote", json=signed).status_code == 403
-    slower = bob.quote(slo_ms=500, valid_until=NOW + 600)
-    body = {
-        "quote": slower.to_json(),
-        "quote_signature": "0x" + slower.sign(bob.escrow_domain, bob.key).hex(),
+    assert "quote signed by" in _attach(client, deal_id, forged_body, 401)["detail"]
+    stale = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW)
+    assert _attach(client, deal_id, bob.signed(stale), 401)["error"] == "SignatureExpiredError"
+
+
+def test_attach_quote_when_deal_has_a_live_quote_then_409_until_it_expires_unused(
+    client: TestClient, alice: Trader, bob: Trader, clock: Clock
+) -> None:
+    deal_id, terms = _matched(client, alice, bob)
+    first = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 60)
+    _attach(client, deal_id, bob.signed(first), 200)
+    second = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    assert "one quote per deal" in _attach(client, deal_id, bob.signed(second), 409)["detail"]
+    clock.advance(60)  # the first expired unopened: the provider may sign another
+    deal = _attach(client, deal_id, bob.signed(second), 200)
+    assert deal["quote_hash"] == "0x" + second.struct_hash().hex()
+
+
+def test_attach_quote_when_attacker_replays_an_old_or_cheaper_quote_of_the_provider_then_refused(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    """Bob signed quotes before: his ask's (no client), one for alice's other fill, and one
+    for alice at cheaper terms under an older ask. Anyone can post them; none fits this deal."""
+    old_ask = bob.quote(slo_ms=100, valid_until=NOW + 3_600, penalty=1, stake=1)
+    cheaper = bob.fill_quote(old_ask, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    deal_id, terms = _matched(client, alice, bob)
+    other_deal = place(client, alice.bid(NOW, price=100, quantity=4))["fills"][0]["id"]
+    other = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    _attach(client, other_deal, bob.signed(other), 200)
+
+    assert "quote.client" in _attach(client, deal_id, bob.signed(terms), 422)["detail"]
+    assert "quote.stake" in _attach(client, deal_id, bob.signed(cheaper), 422)["detail"]
+    taken = _attach(client, deal_id, bob.signed(other), 409)["detail"]
+    assert f"belongs to deal {other_deal}" in taken
+    assert client.get(f"/v1/deals/{deal_id}").json()["quote"] is None
+    mine = bob.fill_quote(terms, client=alice.address, max_spend=400, valid_until=NOW + 600)
+    assert _attach(client, deal_id, bob.signed(mine), 200)["quote"] == mine.to_json()
+
+
+def test_place_when_ask_quote_has_no_challenge_window_then_422(
+    client: TestClient, bob: Trader
+) -> None:
+    quote = bob.quote(slo_ms=100, valid_until=NOW + 3_600, challenge_window=0)
+    refused = place(client, bob.ask(NOW, quote=quote), 422)
+    assert refused["error"] == "ChallengeWindowTooShortError"
+    assert "minimum challenge window of 1s" in refused["detail"]
+
+
+def test_place_when_ask_window_below_the_markets_minimum_then_422(
+    settings: Settings, clock: Clock, bob: Trader
+) -> None:
+    strict = replace(settings, min_challenge_window=30)
+    service = MarketService(strict, clock=clock)
+    try:
+        with TestClient(create_app(service=service)) as api:
+            short = bob.quote(slo_ms=100, valid_until=NOW + 3_600, challenge_window=29)
+            refused = place(api, bob.ask(NOW, quote=short), 422)
+            assert "minimum challenge window of 30s" in refused["detail"]
+            enough = bob.quote(slo_ms=100, valid_until=NOW + 3_600, challenge_window=30)
+            place(api, bob.ask(NOW, quote=enough))
+    finally:
+        service.close()
+
+
+def test_typed_data_when_a_wallet_signs_the_served_schema_then_signature_equals_ours(
+    client: TestClient, service: MarketService, bob: Trader
+) -> None:
+    served = client.get("/v1/typed-data").json()
+    assert served == json.loads(json.dumps(schema(service.escrow_domain)))
+    assert served["domain"]["version"] == "2"
+    assert served["domain"]["verifyingContract"].lower() == ESCROW
+    quote = bob.quote(slo_ms=100, valid_until=NOW + 600, client=bob.address)
+    message = {
+        "types": {name: served["types"][name] for name in ("EIP712Domain", "Quote", "Plan")},
+        "primaryType": "Quote",
+        "domain": served["domain"],
+        "message": quote.as_typed_data(),
     }
-    assert client.post(f"/v1/deals/{second}/quote", json=body).status_code == 422
-    forged = bob.quote(slo_ms=100, valid_until=NOW + 600)
-    body = {
-        "quote": forged.to_json(),
-        "quote_signature": "0x" + forged.sign(mallory.escrow_domain, mallory.key).hex(),
-    }
-    assert client.post(f"/v1/deals/{second}/quote", json=body).status_code == 401
+    wallet = Account.sign_typed_data(bob.key, full_message=message)
+    assert bytes(wallet.signature) == quote.sign(bob.escrow_domain, bob.key)

@@ -1,106 +1,93 @@
-"""The chain indexer against a real anvil with real escrow events."""
+"""The chain indexer against a real anvil with a real v2 escrow and its events."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+from sqlmodel import Session
 
-from contracts.chain import free_port
-from contracts.messages import Quote, address_of
-from market.indexer import Indexer
-from market.models import OrderCreate, QuoteAttach
+from contracts.binding import Chain
+from contracts.chain import ANVIL_BINARY, DEV_MNEMONIC, Anvil, dev_keys, free_port, rpc
+from contracts.errors import ChainError
+from contracts.messages import Plan, Voucher, task_bitmap
+from market import storage
+from market.indexer import (
+    DeploymentBlockUnknownError,
+    Indexer,
+    creation_block,
+    deployment_block,
+    first_block_with_code,
+)
+from market.models import ChainDeal, Deal
 from market.service import MarketService, Settings
-from tests.contracts import conftest as contracts_fixtures
-from tests.contracts.builders import ack, voucher
-from tests.contracts.conftest import World
 
+from . import chain as fixtures
+from .chain import (
+    MIN_WINDOW,
+    ChainWorld,
+    ack_of,
+    attach,
+    deal_quote,
+    deploy_world,
+    match,
+    open_on_chain,
+    task_request,
+)
 from .conftest import Clock
-from .signing import Trader
 
-# The contracts tests' fixtures: one anvil and deployment per session, reverted per test.
-anvil = contracts_fixtures.anvil
-deployed = contracts_fixtures.deployed
-world = contracts_fixtures.world
-
-
-@pytest.fixture
-def chain_world(world: World) -> World:
-    """The contracts tests' deployed world, reverted after each test."""
-    return world
+# The chain fixtures: one anvil and v2 deployment per session, reverted per test.
+chain_session = fixtures.chain_session
+world = fixtures.world
+market = fixtures.market
 
 
-@pytest.fixture
-def market(chain_world: World, tmp_path: Path) -> Iterator[tuple[MarketService, Settings, Clock]]:
-    world = chain_world
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        chain_id=world.anvil.chain_id,
-        escrow=world.escrow.address,
-        run_jobs=False,
-    )
-    clock = Clock(world.now())
-    service = MarketService(settings, clock=clock)
-    yield service, settings, clock
-    service.close()
+def _indexer(world: ChainWorld, service: MarketService, **kwargs: object) -> Indexer:
+    return Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address, **kwargs)  # type: ignore[arg-type]
 
 
-def _trader(w: World, key: str) -> Trader:
-    return Trader(
-        key=key, chain_id=w.anvil.chain_id, escrow=w.escrow.address, arbiter=address_of(w.arbiter)
-    )
+def _market_deal(world: ChainWorld, service: MarketService) -> tuple[str, int]:
+    """Match an ask and a bid, attach the provider's quote for the fill, open it on chain."""
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    deal_id, terms = match(service, provider, client)
+    fill = deal_quote(provider, terms, client.address, 10_000, service.now() + 600)
+    attach(service, deal_id, fill, provider.key)
+    return deal_id, open_on_chain(world, service, deal_id, client.key, provider.key)
 
 
-def _match(w: World, service: MarketService, now: int) -> tuple[str, Quote, bytes]:
-    client, provider = _trader(w, w.clients[0]), _trader(w, w.providers[0])
-    service.place([OrderCreate.model_validate(provider.ask(now, price=1_000, quantity=10))])
-    [result] = service.place([OrderCreate.model_validate(client.bid(now, price=1_000))])
-    deal = service.deal(result.fills[0].id)
-    assert deal.quote is not None and deal.quote_signature is not None
-    return deal.deal_id, Quote.from_json(deal.quote), bytes.fromhex(deal.quote_signature[2:])
-
-
-def test_indexer_follows_deal_from_open_to_close_and_scores_provider(
-    chain_world: World,
-    market: tuple[MarketService, Settings, Clock],
-) -> None:
-    world = chain_world
-    service, settings, clock = market
+def test_indexer_follows_deal_from_open_to_close(world: ChainWorld, market: MarketService) -> None:
     client, provider = world.clients[0], world.providers[0]
-    deal_id, quote, quote_signature = _match(world, service, int(clock.now))
-    indexer = Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address)
+    indexer = _indexer(world, market)
     assert indexer.run_once() == 0
-
-    world.escrow.deposit(client, 10_000)
-    world.escrow.stake(provider, quote.stake)
-    opened = world.escrow.open_deal(client, quote, quote_signature, 10_000)
-    chain_deal = int(opened.event("DealOpened").args["dealId"])
+    assert indexer.indexed_block() == world.head()
+    deal_id, chain_deal = _market_deal(world, market)
     assert indexer.run_once() == 3  # Deposited, Staked, DealOpened
-    record = service.deal(deal_id)
-    assert (record.status, record.chain_deal_id, record.opened_tx) == (
-        "opened",
-        chain_deal,
-        opened.tx_hash,
-    )
+    record = market.deal(deal_id)
+    assert (record.status, record.chain_deal_id) == ("opened", chain_deal)
+    assert record.opened_tx is not None
 
-    v = voucher(chain_deal, 1_500, [0, 1, 2])
-    paid = world.escrow.redeem_voucher(provider, v, v.sign(world.escrow.domain, client))
-    a = ack(chain_deal, 3, deadline=world.now() + 10, price=500)
-    world.anvil.increase_time(10 + quote.challenge_window + 1)
-    refund = world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider))
+    domain = world.escrow.domain
+    v = Voucher(deal_id=chain_deal, cumulative_amount=1_500, tasks=task_bitmap([0, 1, 2]))
+    paid = world.escrow.redeem_voucher(provider, v, v.sign(domain, client))
+    request = task_request(chain_deal, 3, deadline=world.now() + 10, max_price=600)
+    ack = ack_of(request, 500)
+    world.anvil.increase_time(10 + MIN_WINDOW + 1)  # past the task's settleBy
+    refund = world.escrow.refund_breach(client, request, ack, ack.sign(domain, provider))
     assert indexer.run_once() == 2
-    record = service.deal(deal_id)
-    assert (record.status, record.tasks_paid, record.paid, record.refunds) == ("paid", 3, "1500", 1)
-    assert record.last_tx == refund.tx_hash and paid.tx_hash != refund.tx_hash
-    outcomes = service.deals(party=address_of(provider), limit=5)
-    assert outcomes[0].refunded == "500"
+    record = market.deal(deal_id)
+    assert (record.status, record.tasks_paid, record.paid) == ("paid", 3, "1500")
+    assert (record.refunds, record.refunded, record.penalties) == (1, "500", "50000")
+    assert record.last_tx == refund.tx_hash != paid.tx_hash
 
     # Restart: a new service and indexer on the same database resume after the last block.
-    service.close()
-    restarted = MarketService(settings, clock=clock)
-    again = Indexer(restarted, rpc_url=world.anvil.url, escrow=world.escrow.address)
-    assert again.indexed_block() == indexer.indexed_block()
+    market.close()
+    restarted = MarketService(market.settings, clock=Clock(world.now()))
+    again = _indexer(world, restarted)
+    assert again.indexed_block() == indexer.indexed_block() == world.head()
     assert again.run_once() == 0
     world.escrow.close_deal(client, chain_deal)
     closed = world.escrow.close_deal(provider, chain_deal)
@@ -110,20 +97,40 @@ def test_indexer_follows_deal_from_open_to_close_and_scores_provider(
     restarted.close()
 
 
-def test_indexer_when_rpc_down_then_retries_and_catches_up(
-    chain_world: World,
-    market: tuple[MarketService, Settings, Clock],
+def test_indexer_stores_every_term_and_credit_the_v2_events_carry(
+    world: ChainWorld, market: MarketService
 ) -> None:
-    world = chain_world
-    service, _, clock = market
-    client, provider = world.clients[0], world.providers[0]
-    _deal_id, quote, quote_signature = _match(world, service, int(clock.now))
-    world.escrow.deposit(client, 10_000)
-    world.escrow.stake(provider, quote.stake)
-    world.escrow.open_deal(client, quote, quote_signature, 10_000)
+    provider, client = world.trader(world.providers[1]), world.trader(world.clients[1])
+    reserved = Plan(inference_price=400, reservation_fee=300, reserved_discount_bps=500)
+    deal_id, terms = match(market, provider, client, plan=reserved, penalty=7_000, stake=90_000)
+    fill = deal_quote(provider, terms, client.address, 10_000, market.now() + 600)
+    attach(market, deal_id, fill, provider.key)
+    chain_deal = open_on_chain(world, market, deal_id, client.key, provider.key)
+    _indexer(world, market).run_once()
+    with market.session() as session:
+        row = storage.get_chain_deal(session=session, chain_deal_id=chain_deal)
+        assert row is not None
+        state = world.escrow.get_deal(chain_deal)
+        assert (row.client, row.provider, row.arbiter) == (
+            state.client,
+            state.provider,
+            state.arbiter,
+        )
+        assert (row.stake, row.penalty, row.max_spend) == ("90000", "7000", "10000")
+        assert (row.expiry, row.challenge_window, row.slo_ms) == (state.expiry, MIN_WINDOW, 100)
+        assert row.plan_hash == "0x" + state.plan_hash.hex()
+        assert row.quote_hash == "0x" + fill.struct_hash().hex()
+        assert row.reservation_fee == "300"
+    record = market.deal(deal_id)
+    assert (record.reservation_fee, record.paid) == ("300", "0")  # a fee is not pay for work
 
+
+def test_indexer_when_rpc_down_then_retries_and_catches_up(
+    world: ChainWorld, market: MarketService
+) -> None:
+    _market_deal(world, market)
     indexer = Indexer(
-        service, rpc_url=f"http://127.0.0.1:{free_port()}", escrow=world.escrow.address
+        market, rpc_url=f"http://127.0.0.1:{free_port()}", escrow=world.escrow.address
     )
     assert indexer.run_once() == 0  # nobody answers: recorded, not raised
     assert indexer.last_error is not None and indexer.indexed_block() is None
@@ -132,87 +139,111 @@ def test_indexer_when_rpc_down_then_retries_and_catches_up(
     assert indexer.last_error is None
 
 
-def test_reliability_counts_verified_outcomes_only(
-    chain_world: World,
-    market: tuple[MarketService, Settings, Clock],
-) -> None:
-    world = chain_world
-    service, _, clock = market
-    client, provider_key = world.clients[0], world.providers[0]
-    _deal_id, quote, quote_signature = _match(world, service, int(clock.now))
-    provider = _trader(world, provider_key)
-    from market.models import HeartbeatCreate
-
-    body = provider.heartbeat(int(clock.now), throughput=1e9)  # claims are not scored
-    service.heartbeat(HeartbeatCreate.model_validate(body), body["advert"])
-    world.escrow.deposit(client, 10_000)
-    world.escrow.stake(provider_key, quote.stake)
-    opened = world.escrow.open_deal(client, quote, quote_signature, 10_000)
-    chain_deal = int(opened.event("DealOpened").args["dealId"])
-    v = voucher(chain_deal, 1_000, [0, 1])
-    world.escrow.redeem_voucher(provider_key, v, v.sign(world.escrow.domain, client))
-    a = ack(chain_deal, 2, deadline=world.now() + 10, price=500)
-    world.anvil.increase_time(10 + quote.challenge_window + 1)
-    world.escrow.refund_breach(client, a, a.sign(world.escrow.domain, provider_key))
-    Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address).run_once()
-    [entry] = service.providers()
-    assert (entry.tasks_paid, entry.refunds, entry.disputes_lost) == (2, 1, 0)
-    assert entry.reliability == round(3 / 5, 4)
-
-
-def test_indexer_when_one_ask_fills_two_clients_then_each_opens_its_own_deal(
-    chain_world: World,
-    market: tuple[MarketService, Settings, Clock],
-) -> None:
-    world = chain_world
-    service, _, clock = market
-    now = int(clock.now)
-    provider = _trader(world, world.providers[0])
-    first, second = (_trader(world, key) for key in world.clients[:2])
-    service.place([OrderCreate.model_validate(provider.ask(now, price=1_000, quantity=10))])
-    deals = []
-    for client in (first, second):
-        body = client.bid(now, price=1_000, quantity=4)
-        [placed] = service.place([OrderCreate.model_validate(body)])
-        deals.append(placed.fills[0].id)
-    fresh = provider.quote(slo_ms=100, valid_until=now + 600, arbiter=address_of(world.arbiter))
-    service.attach_quote(
-        deals[1],
-        QuoteAttach.model_validate(
-            {
-                "quote": fresh.to_json(),
-                "quote_signature": "0x" + fresh.sign(world.escrow.domain, provider.key).hex(),
-            }
-        ),
-    )
-    world.escrow.stake(provider.key, 2 * fresh.stake)
-    opened = []
-    for client, deal_id in zip((first, second), deals, strict=True):
-        record = service.deal(deal_id)
-        assert record.quote is not None and record.quote_signature is not None
-        quote = Quote.from_json(record.quote)
-        world.escrow.deposit(client.key, 10_000)
-        tx = world.escrow.open_deal(
-            client.key, quote, bytes.fromhex(record.quote_signature[2:]), 10_000
-        )
-        opened.append(int(tx.event("DealOpened").args["dealId"]))
-    Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address).run_once()
-    assert [service.deal(d).chain_deal_id for d in deals] == opened
-    assert [service.deal(d).status for d in deals] == ["opened", "opened"]
-
-
 def test_indexer_when_from_block_given_then_skips_earlier_history(
-    chain_world: World,
-    market: tuple[MarketService, Settings, Clock],
+    world: ChainWorld, market: MarketService
 ) -> None:
-    world = chain_world
-    service, _, _ = market
     world.escrow.deposit(world.clients[0], 10_000)
-    head = int(world.chain.w3.eth.block_number)
-    indexer = Indexer(
-        service, rpc_url=world.anvil.url, escrow=world.escrow.address, from_block=head + 1
-    )
+    head = world.head()
+    indexer = _indexer(world, market, from_block=head + 1)
     assert indexer.run_once() == 0
     world.escrow.deposit(world.clients[0], 5_000)
     assert indexer.run_once() == 1
     assert indexer.indexed_block() == head + 1
+
+
+def test_indexer_starts_at_the_escrows_deployment_block_and_stores_it_at_once(
+    world: ChainWorld, market: MarketService
+) -> None:
+    w3 = world.chain.w3
+    assert creation_block(w3, world.escrow.address) == world.deploy_block
+    assert deployment_block(w3, world.escrow.address, world.head()) == world.deploy_block
+    indexer = _indexer(world, market)
+    world.escrow.deposit(world.clients[0], 10_000)
+    assert indexer.run_once() == 1
+    # A restart finds its position stored: it neither searches nor scans from block 0 again.
+    assert indexer.indexed_block() == world.head()
+
+
+def test_deployment_block_when_node_keeps_no_history_then_refuses_to_guess(
+    world: ChainWorld, market: MarketService
+) -> None:
+    with pytest.raises(DeploymentBlockUnknownError, match="MARKET_FROM_BLOCK"):
+        first_block_with_code(world.chain.w3, world.escrow.address, world.head())
+    stranger = "0x" + "77" * 20  # no code, no creator
+    with pytest.raises(DeploymentBlockUnknownError):
+        deployment_block(world.chain.w3, stranger, world.head())
+    indexer = Indexer(market, rpc_url=world.anvil.url, escrow=stranger)
+    assert indexer.run_once() == 0
+    assert indexer.last_error is not None and indexer.indexed_block() is None
+
+
+@pytest.fixture
+def archive_anvil() -> Iterator[Anvil]:
+    """An anvil that keeps every past state (no `--prune-history`), as an archive node does."""
+    port = free_port()
+    args = [
+        str(ANVIL_BINARY), "--host", "127.0.0.1", "--port", str(port),
+        "--accounts", "10", "--mnemonic", DEV_MNEMONIC, "--silent",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    anvil = Anvil(port=port, chain_id=31337, process=process, keys=dev_keys(10))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                rpc(anvil.url, "eth_chainId", timeout=1.0)
+                break
+            except ChainError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.05)  # readiness poll of an external process
+        yield anvil
+    finally:
+        anvil.stop()
+
+
+def test_deployment_block_when_node_keeps_history_then_binary_search_finds_it(
+    archive_anvil: Anvil,
+) -> None:
+    archive = deploy_world(archive_anvil)
+    w3 = Chain(archive_anvil.url).w3
+    head = int(w3.eth.block_number)
+    assert head > archive.deploy_block > 0
+    assert first_block_with_code(w3, archive.escrow.address, head) == archive.deploy_block
+    assert first_block_with_code(w3, archive.token.address, head) == archive.deploy_block - 1
+
+
+def test_indexer_when_the_market_moves_to_another_escrow_then_forgets_the_old_ones_deals(
+    world: ChainWorld, market: MarketService
+) -> None:
+    deal_id, _ = _market_deal(world, market)
+    _indexer(world, market).run_once()
+    assert market.deal(deal_id).chain_deal_id is not None
+    other = world.chain.deploy(world.deployer, min_challenge_window=MIN_WINDOW)
+    Indexer(market, rpc_url=world.anvil.url, escrow=other.escrow).run_once()
+    assert market.deal(deal_id).chain_deal_id is None
+    with market.session() as session:
+        assert storage.chain_deals(session=session, ids=[0, 1, 2]) == {}
+
+
+def test_init_db_when_chain_index_is_from_an_older_protocol_then_rebuilt(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", run_jobs=False)
+    engine = storage.make_engine(url=storage.database_url(data_dir=settings.data_dir, url=None))
+    with engine.begin() as connection:  # the v1 shape: no terms, no penalties
+        connection.exec_driver_sql(
+            "CREATE TABLE chain_deals (chain_deal_id BIGINT PRIMARY KEY, client VARCHAR(42), "
+            "provider VARCHAR(42), tasks_paid BIGINT)"
+        )
+        connection.exec_driver_sql("INSERT INTO chain_deals VALUES (1, '0x1', '0x2', 65536)")
+        connection.exec_driver_sql("CREATE TABLE indexer_state (name VARCHAR(64), block BIGINT)")
+        connection.exec_driver_sql("INSERT INTO indexer_state VALUES ('escrow:old', 99)")
+    storage.init_db(engine=engine)
+    with Session(engine) as session:
+        assert session.get(ChainDeal, 1) is None
+        assert storage.indexer_names(session=session) == []
+        columns = session.execute(text("SELECT * FROM chain_deals")).keys()
+        assert "penalties" in columns and "challenge_window" in columns
+        assert session.get(Deal, "x") is None  # the deals table exists and is usable
+    engine.dispose()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlmodel import Session
 
-from market.models import ChainDeal, Deal
+from market.models import ChainDeal, Deal, ProviderClient
 from market.storage import database_url, make_engine
 
 from .server import ROOT, market_server
@@ -137,6 +137,7 @@ def test_page_when_deal_settles_on_chain_then_shows_status_and_tx_hashes(
     now = int(time.time())
     _post(server, "/v1/orders", provider.ask(now, device_class="cpu", price=10, quantity=1))
     fill = _post(server, "/v1/orders", client.bid(now, device_class="cpu", price=10, quantity=1))
+    _post(server, "/v1/providers/heartbeat", provider.heartbeat(now, device_class="cpu"))
     deal_id = fill["fills"][0]["id"]
     opened, paid = "0x" + "ab" * 32, "0x" + "cd" * 32
     # What the indexer writes when the deal opens and a voucher pays two tasks.
@@ -149,8 +150,16 @@ def test_page_when_deal_settles_on_chain_then_shows_status_and_tx_hashes(
         session.add(
             ChainDeal(
                 chain_deal_id=4_242, client=client.address, provider=provider.address,
-                quote_hash=deal.quote_hash, max_spend="10", opened_tx=opened, opened_block=7,
-                last_tx=paid, tasks_paid=2, paid="8",
+                arbiter=provider.arbiter, quote_hash=deal.quote_hash, plan_hash="0x" + "00" * 32,
+                max_spend="10", stake="0", penalty="0", expiry=now + 3_600, challenge_window=60,
+                slo_ms=100, opened_tx=opened, opened_block=7, last_tx=paid, tasks_paid=2,
+                paid="8",
+            )
+        )  # fmt: skip
+        session.add(
+            ProviderClient(
+                provider=provider.address, client=client.address, deals=1, paid="12345678",
+                refunded="500", penalties="50000", refunds=1,
             )
         )  # fmt: skip
         session.commit()
@@ -165,5 +174,8 @@ def test_page_when_deal_settles_on_chain_then_shows_status_and_tx_hashes(
     assert "paid" in text and "4242" in text
     assert row.locator(f"code[title='{opened}']").count() == 1
     assert row.locator(f"code[title='{paid}']").count() == 1
+    # The provider's reputation: value paid (paying clients) / refunded + penalties.
+    seller = page.locator("[data-testid=providers] tbody tr", has_text=provider.address[-4:])
+    assert "12,345,678 (1) / 500 + 50,000" in seller.inner_text()
     assert errors == []
     page.close()

@@ -40,6 +40,16 @@ def domain(service: ServiceDep) -> dict[str, Any]:
     }
 
 
+@router.get("/typed-data")
+def typed_data(service: ServiceDep) -> dict[str, Any]:
+    """Return the EIP-712 typed data of every settlement message, domain filled for the escrow.
+
+    A wallet picks a type from `primaryTypes`, fills `message`, and signs
+    `{"types", "primaryType", "domain", "message"}` with `eth_signTypedData_v4`.
+    """
+    return service.typed_data()
+
+
 @router.get("/classes")
 def classes(service: ServiceDep) -> list[str]:
     """Return the device classes that have a book."""
