@@ -35,7 +35,15 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--from-block",
         type=int,
         default=None,
-        help="first block to index, e.g. the escrow's deployment block (env MARKET_FROM_BLOCK)",
+        help="the escrow's deployment block, where indexing starts (env MARKET_FROM_BLOCK; "
+        "default: asked of the node)",
+    )
+    serve.add_argument(
+        "--min-challenge-window",
+        type=int,
+        default=None,
+        help="shortest challenge window an ask may quote, in s, on top of the escrow's own "
+        "minimum (env MARKET_MIN_CHALLENGE_WINDOW)",
     )
     serve.add_argument("--no-jobs", action="store_true", help="do not run the scheduled jobs")
     serve.add_argument(
@@ -57,6 +65,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "escrow": args.escrow,
         "chain_id": args.chain_id,
         "index_from_block": args.from_block,
+        "min_challenge_window": args.min_challenge_window,
         "rate_per_address": args.rate_per_address,
         "rate_per_ip": args.rate_per_ip,
     }

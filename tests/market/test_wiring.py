@@ -30,6 +30,11 @@ def test_cli_serve_when_flags_given_then_settings_follow(tmp_path: Path) -> None
     assert (settings.data_dir, settings.escrow, settings.chain_id) == (tmp_path, ESCROW, 7)
     assert settings.rpc_url == "http://127.0.0.1:1" and not settings.run_jobs
     assert settings.rate_per_ip == 0
+    assert (settings.index_from_block, settings.min_challenge_window) == (None, 1)
+    pinned = settings_from_args(
+        _parse(["market", "serve", "--from-block", "42", "--min-challenge-window", "90"])
+    )
+    assert (pinned.index_from_block, pinned.min_challenge_window) == (42, 90)
 
 
 def test_app_when_jobs_enabled_then_expire_offline_and_index_are_scheduled(
