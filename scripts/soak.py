@@ -49,7 +49,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from contracts.messages import ZERO_ADDRESS, address_of  # noqa: E402
+from contracts.messages import ZERO_ADDRESS  # noqa: E402
 from contracts.pricing import flat  # noqa: E402
 from contracts.program import encode_arrays, encode_envelope  # noqa: E402
 from tests.e2e.audit import audit, read_journal  # noqa: E402
@@ -190,7 +190,7 @@ def open_deals(soak: Soak, quantity: int) -> None:
     each provider's daemon attaches a quote for that fill naming the client, which the client
     checks against the ask and opens on chain.
     """
-    from client.accounts import ClientAccount
+    from client.accounts import ClientAccount, open_market_deal
     from client.market_http import MarketHttp
     from tests.e2e.stack import DEVICE_CLASS, bid, post_ask
 
@@ -214,35 +214,21 @@ def open_deals(soak: Soak, quantity: int) -> None:
     )
     assert st.market_url is not None
     market = MarketHttp(st.market_url)
-    account = ClientAccount(st.escrow, st.token, st.client)
+    account = ClientAccount(st.escrow, st.token, st.client, min_challenge_window=soak.args.window)
     by_address = {p.address.lower(): p for p in st.providers}
     try:
         for record in records:
-            record = _wait_for_fill_quote(market, str(record["deal_id"]), address_of(st.client))
-            opened = account.open_market_deal(record)
+            opened = open_market_deal(market, account, str(record["deal_id"]))
             provider = by_address[str(record["provider"]).lower()]
             state = soak.work / "client" / provider.name
             soak.deals.append(Deal(opened.chain_deal_id, provider, state))
             say(
-                f"deal {opened.chain_deal_id} opened with {provider.name} "
-                f"(market deal {record['deal_id']}, cap {opened.max_spend}, {DEVICE_CLASS})"
+                f"deal {opened.chain_deal_id} opened with {provider.name} with its quote for "
+                f"market deal {record['deal_id']} (cap {opened.max_spend}, {DEVICE_CLASS})"
             )
     finally:
         market.close()
     soak.deals.sort(key=lambda d: d.provider.name)
-
-
-def _wait_for_fill_quote(market: Any, deal_id: str, client: str) -> dict[str, Any]:
-    """Wait until the market's deal record carries the provider's quote naming ``client``."""
-    deadline = time.monotonic() + 60
-    while True:
-        record: dict[str, Any] = market.deal(deal_id)
-        quote = record.get("quote")
-        if isinstance(quote, dict) and str(quote.get("client", "")).lower() == client.lower():
-            return record
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no quote naming the client was attached to deal {deal_id}")
-        time.sleep(0.2)  # the provider's daemon attaches it on its own schedule
 
 
 def write_inputs(soak: Soak) -> list[Path]:
@@ -426,17 +412,19 @@ def settle_all(soak: Soak) -> dict[str, Any]:
 
 
 def client_acks(soak: Soak) -> set[tuple[int, int]]:
-    """Return the tasks the client's ledgers hold an ack for (the ledger's own format)."""
+    """Return the tasks the client's ledgers hold an ack for (read-only, log replayed)."""
+    from client.ledger import DealLedger
+
     found: set[tuple[int, int]] = set()
+    chain_id = soak.st.escrow.domain.chain_id
     for deal in soak.deals:
-        for path in deal.state.glob("*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                data = json.loads(path.read_text())
-                for section in ("tasks", "pending", "acks"):
-                    items = data.get(section) or {}
-                    for index, item in items.items() if isinstance(items, dict) else ():
-                        if isinstance(item, dict) and item.get("ack"):
-                            found.add((deal.chain_id, int(index)))
+        ledger = DealLedger.open(
+            deal.state, chain_id, soak.st.escrow.address, deal.chain_id, lock=False
+        )
+        try:
+            found |= {(deal.chain_id, i) for i, t in ledger.tasks.items() if t.ack is not None}
+        finally:
+            ledger.close()
     return found
 
 
