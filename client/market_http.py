@@ -192,6 +192,18 @@ class MarketHttp:
             raise MarketHttpError(f"deal {deal_id}: unexpected reply")
         return reply
 
+    def attach_quote(self, deal_id: str, quote: Quote, signature: bytes) -> dict[str, Any]:
+        """Attach a provider-signed quote to a matched deal (``POST /v1/deals/{id}/quote``).
+
+        The provider daemon signs one quote per fill, naming the deal's client; return the
+        deal record the market answers.
+        """
+        body = {"quote": quote.to_json(), "quote_signature": "0x" + signature.hex()}
+        reply = self._call("POST", f"/v1/deals/{deal_id}/quote", json=body)
+        if not isinstance(reply, dict):
+            raise MarketHttpError(f"deal {deal_id}: unexpected reply to a quote")
+        return reply
+
     def providers(self) -> list[dict[str, Any]]:
         """Return the providers the market heard from, with their adverts' endpoints."""
         reply = self._call("GET", "/v1/providers")

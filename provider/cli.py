@@ -53,7 +53,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
-        daemon.start(schedule=not args.no_jobs)
+        try:
+            daemon.start(schedule=not args.no_jobs)
+        except ProviderError as exc:  # e.g. a settlement config too slow for a deal's window
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         uvicorn.run(
             create_app(daemon),
             host=config.host,

@@ -18,10 +18,20 @@ Example ``provider.toml``::
     inference_price = 500
 
     [settlement]
-    redeem_threshold = 100000    # redeem once this much is vouched but unredeemed ...
-    redeem_max_age_s = 3600      # ... or once the oldest unredeemed voucher is this old
-    silent_after_s = 600         # claim delivered receipts no voucher covered for this long
-    interval_s = 30
+    interval_s = 5               # the settlement jobs run this often
+    margin_fraction = 0.5        # act by settleBy - this share of the deal's challenge window
+    tx_allowance_s = 10          # the time one settlement transaction needs to be mined
+    redeem_threshold = 100000    # redeem early once this much is vouched but unredeemed
+    quote_valid_s = 600          # per-fill quotes are valid this long
+
+Settlement follows each deal's windows: every delivered task is put on chain (its latest
+acceptable voucher redeemed, else the task claimed) by ``settleBy - margin``, with
+``settleBy = min(request.deadline, expiry) + challengeWindow`` and ``margin =
+margin_fraction * challengeWindow``. The margin must cover a job interval plus a
+transaction, so the shortest window this daemon serves is
+``(interval_s + tx_allowance_s) / margin_fraction`` (:meth:`SettlementConfig.min_window_s`);
+deals and quotes with a shorter window are refused. The retired keys ``redeem_max_age_s``,
+``silent_after_s`` and ``expiry_margin_s`` are ignored with a warning.
 
 Every top-level key can be set by ``TPUMARKET_PROVIDER_<KEY>`` (upper case); settlement keys
 by ``TPUMARKET_PROVIDER_SETTLEMENT_<KEY>``; the plan by ``TPUMARKET_PROVIDER_PLAN`` (JSON).
@@ -31,6 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -43,18 +55,71 @@ from contracts.pricing import plan_is_valid
 from provider.errors import ConfigError
 
 ENV_PREFIX = "TPUMARKET_PROVIDER_"
+log = logging.getLogger("provider.config")
+
+
+RETIRED_SETTLEMENT_KEYS: dict[str, str] = {
+    "redeem_max_age_s": "vouchers are redeemed by each task's settleBy minus the margin",
+    "silent_after_s": "tasks are claimed by each task's settleBy minus the margin",
+    "expiry_margin_s": "settleBy counts the deadline at most up to the deal's expiry",
+}
+"""Settlement keys of protocol v1, ignored with a warning (what replaced each)."""
 
 
 @dataclass(frozen=True, slots=True)
 class SettlementConfig:
-    """When the settlement jobs redeem, claim and finalize."""
+    """When the settlement jobs act: each deal's windows, with a margin (see the module doc)."""
 
+    interval_s: float = 5.0
+    margin_fraction: float = 0.5
+    tx_allowance_s: float = 10.0
     redeem_threshold: int = 100_000
-    redeem_max_age_s: float = 3_600.0
-    silent_after_s: float = 600.0
-    interval_s: float = 30.0
-    expiry_margin_s: float = 300.0
     claim_batch_max: int = 200
+    quote_valid_s: float = 600.0
+    start_block: int = 0
+
+    def __post_init__(self) -> None:
+        """Reject settings that cannot work."""
+        if not self.interval_s > 0:
+            raise ConfigError("settlement.interval_s must be positive")
+        if not 0 < self.margin_fraction <= 1:
+            raise ConfigError("settlement.margin_fraction must be in (0, 1]")
+        if self.tx_allowance_s < 0:
+            raise ConfigError("settlement.tx_allowance_s must not be negative")
+        if self.claim_batch_max < 1:
+            raise ConfigError("settlement.claim_batch_max must be at least 1")
+        if self.redeem_threshold < 1:
+            raise ConfigError("settlement.redeem_threshold must be at least 1")
+        if not self.quote_valid_s > 0:
+            raise ConfigError("settlement.quote_valid_s must be positive")
+        if self.start_block < 0:
+            raise ConfigError("settlement.start_block must not be negative")
+
+    def margin_s(self, challenge_window: int) -> float:
+        """Return how long before a task's settleBy the daemon puts it on chain at the latest."""
+        return challenge_window * self.margin_fraction
+
+    def min_window_s(self) -> int:
+        """Return the shortest challenge window whose margin covers an interval and a tx."""
+        return math.ceil((self.interval_s + self.tx_allowance_s) / self.margin_fraction)
+
+    def window_problem(self, challenge_window: int) -> str | None:
+        """Return why this config cannot settle a deal with ``challenge_window``, or None."""
+        needed = self.min_window_s()
+        if challenge_window >= needed:
+            return None
+        longest = challenge_window * self.margin_fraction - self.tx_allowance_s
+        fix = (
+            f"lower settlement.interval_s to at most {longest:g} s"
+            if longest > 0
+            else "raise settlement.margin_fraction or lower settlement.tx_allowance_s"
+        )
+        return (
+            f"a challenge window of {challenge_window} s is below the {needed} s this daemon "
+            f"needs: its margin ({self.margin_fraction:g} x window) must cover one job interval "
+            f"({self.interval_s:g} s) plus one transaction ({self.tx_allowance_s:g} s); "
+            f"quote a longer window, or {fix}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +140,7 @@ class ProviderConfig:
     deal_cache_ttl_s: float = 2.0
     max_envelope_bytes: int = 256 * 1024 * 1024
     heartbeat_interval_s: float = 30.0
+    quote_poll_s: float = 2.0
     benchmark_on_start: bool = True
     jax_platforms: str | None = None
     log_level: str = "INFO"
@@ -171,6 +237,12 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         if required not in raw:
             raise ConfigError(f"config lacks {required} (or {ENV_PREFIX}{required.upper()})")
     kwargs = {n: _coerce(fields[n].type, v, n) for n, v in raw.items()}
+    for retired in sorted(set(settlement_raw) & set(RETIRED_SETTLEMENT_KEYS)):
+        settlement_raw.pop(retired)
+        log.warning(
+            f"settlement.{retired} is ignored: {RETIRED_SETTLEMENT_KEYS[retired]}",
+            extra={"key": retired},
+        )
     s_fields = {f.name: f for f in dataclasses.fields(SettlementConfig)}
     s_unknown = sorted(set(settlement_raw) - set(s_fields))
     if s_unknown:

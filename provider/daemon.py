@@ -11,15 +11,18 @@ from pathlib import Path
 
 from client.market_http import MarketHttp
 from contracts.binding import Chain, Escrow
+from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Plan
 from provider.access import ResultAccess
 from provider.capacity import Capacity
+from provider.clock import ChainClock
 from provider.config import ProviderConfig
 from provider.deals import DealCache
-from provider.errors import RejectedError
+from provider.errors import ConfigError, RejectedError
 from provider.heartbeat import Heartbeat, build_advert
 from provider.journal import Journal
 from provider.metrics import ProviderMetrics
+from provider.quotes import QuoteJob
 from provider.sandbox import Sandbox, SandboxLimits
 from provider.service import TaskService
 from provider.settlement import SettlementJobs
@@ -51,8 +54,18 @@ class Daemon:
         self.metrics = ProviderMetrics()
         self.plans: dict[bytes, Plan] = {config.plan.struct_hash(): config.plan}
         self.deals = DealCache(self.escrow, self.plans, ttl_s=config.deal_cache_ttl_s)
+        self.clock = ChainClock(self._latest_block_time)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(config.data_dir / JOURNAL_FILE, self.address, self.domain)
+        self.jobs = SettlementJobs(
+            private_key=config.private_key,
+            escrow=self.escrow,
+            journal=self.journal,
+            deals=self.deals,
+            config=config.settlement,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
         self._owns_sandbox = sandbox is None
         self.sandbox = sandbox or Sandbox(
             config.pool_size,
@@ -70,18 +83,37 @@ class Daemon:
             slo_s=config.slo_s,
             workers=config.pool_size,
             metrics=self.metrics,
+            settlement=config.settlement,
             max_envelope_bytes=config.max_envelope_bytes,
-        )
-        self.jobs = SettlementJobs(
-            private_key=config.private_key,
-            escrow=self.escrow,
-            journal=self.journal,
-            deals=self.deals,
-            config=config.settlement,
-            metrics=self.metrics,
+            clock=self.clock.now,
+            refresh_settled=self._refresh_settled,
         )
         self.capacity: Capacity | None = None
         self.heartbeat: Heartbeat | None = None
+        self.market: MarketHttp | None = None
+        self.quotes: QuoteJob | None = None
+        if config.market_url:
+            self.market = MarketHttp(config.market_url)
+            self.quotes = QuoteJob(
+                market=self.market,
+                private_key=config.private_key,
+                escrow=self.escrow,
+                journal=self.journal,
+                plans=self.plans,
+                slo_ms=config.slo_ms,
+                settlement=config.settlement,
+                metrics=self.metrics,
+                clock=self.clock,
+            )
+
+    def _latest_block_time(self) -> int:
+        return int(self.chain.w3.eth.get_block("latest")["timestamp"])
+
+    def _refresh_settled(self, deal_id: int) -> None:
+        try:
+            self.jobs.sync_overdue(deal_id)
+        except (ChainError, ContractRevert) as exc:
+            raise RejectedError("chain_unavailable", f"cannot read deal {deal_id}: {exc}") from exc
 
     def plan_for_deal(self, deal_id: int) -> Plan | None:
         """Return the plan of one of our deals (reads the chain once per TTL)."""
@@ -91,16 +123,31 @@ class Daemon:
             return None
 
     def start(self, *, schedule: bool = True) -> None:
-        """Re-run unfinished tasks; start the settlement jobs and heartbeat unless ``schedule``
-        is false (tests trigger jobs directly)."""
+        """Check the settlement timing against our deals, re-run unfinished tasks, and start
+        the settlement jobs (first pass at once), quotes and heartbeat unless ``schedule`` is
+        false (tests trigger jobs directly).
+
+        Raise :class:`ConfigError` when the settlement config cannot meet the challenge window
+        of a deal it still has to settle.
+        """
+        self.clock.chain_now()
+        try:
+            self.jobs.discover_deals()
+        except (ChainError, ValueError) as exc:
+            log.error("cannot scan the chain for our deals", extra={"error": str(exc)})
+        problems = self.jobs.window_problems()
+        if problems:
+            raise ConfigError(
+                "the settlement config cannot settle every deal in time: " + "; ".join(problems)
+            )
         self.service.recover(self.plan_for_deal)
         self.jobs.reconcile_claims()  # claims mined but not journaled before a crash
         extra: list[tuple[Callable[[], object], float]] = []
-        if self.config.market_url:
+        if self.market is not None and self.quotes is not None:
             self.capacity = self.sandbox.capacity(benchmark=self.config.benchmark_on_start)
             endpoint = self.config.public_url or f"http://{self.config.host}:{self.config.port}"
             self.heartbeat = Heartbeat(
-                MarketHttp(self.config.market_url),
+                self.market,
                 private_key=self.config.private_key,
                 provider=self.address,
                 advert=build_advert(
@@ -115,6 +162,7 @@ class Daemon:
             )
             self.heartbeat.beat()
             extra.append((self.heartbeat.beat, self.config.heartbeat_interval_s))
+            extra.append((self.quotes.run, self.config.quote_poll_s))
         if schedule:
             self.jobs.start(extra)
         log.info(
@@ -123,7 +171,9 @@ class Daemon:
                 "provider": self.address,
                 "chain_id": self.domain.chain_id,
                 "escrow": self.domain.verifying_contract,
+                "protocol": self.domain.version,
                 "receipts_verified": sum(len(b.receipts) for _, b in self.journal.iter_books()),
+                "min_challenge_window_s": self.config.settlement.min_window_s(),
             },
         )
 
@@ -133,6 +183,6 @@ class Daemon:
         self.service.close()
         if self._owns_sandbox:
             self.sandbox.close()
-        if self.heartbeat is not None:
-            self.heartbeat.market.close()
+        if self.market is not None:
+            self.market.close()
         self.journal.close()

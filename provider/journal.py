@@ -6,7 +6,7 @@ commit with its receipt, but never leaves the process uncommitted: see
 :meth:`Journal.record_ack`) (power loss may lose the last
 transactions; set ``synchronous=FULL`` through ``durable=True`` for that). Tables are
 append-only, enforced by triggers: state changes are new rows (a redeemed voucher, a claimed
-batch, a finalized batch), never updates.
+batch, a finalized batch), never updates; only ``meta`` (cursors of chain scans) is updated.
 
 An ack keeps the envelope it answers, so an acked task can be re-run after a crash; program
 and weights sections are stored once per content hash (table ``blobs``), the rest of the
@@ -16,6 +16,11 @@ per task.
 Receipts chain per deal: each receipt's ``prevReceiptHash`` is the EIP-712 struct hash of the
 deal's previous receipt (zero for the first). :meth:`Journal.verify` walks every chain, checks
 each link, hash and signature, and runs on every open.
+
+The schema is versioned (``PRAGMA user_version``, :data:`SCHEMA_VERSION`); an older journal is
+migrated in one transaction when opened. Rows acked under settlement protocol v1 stay
+readable (their receipts verify under the escrow domain of version ``1``), but they cannot be
+claimed under v2: their request signatures carry no deadline (a warning names such deals).
 """
 
 from __future__ import annotations
@@ -23,22 +28,43 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from contracts.errors import SignatureError
-from contracts.messages import ZERO_HASH, Ack, Domain, Receipt, TaskRequest, Voucher, recover_digest
+from contracts.messages import (
+    ZERO_HASH,
+    Ack,
+    Domain,
+    Quote,
+    Receipt,
+    TaskRequest,
+    Voucher,
+    recover_digest,
+)
 from contracts.program import ProgramFormatError, join_envelope, split_envelope
 from provider.errors import JournalCorruptError, JournalError
 
 Key = tuple[int, int]
+log = logging.getLogger("provider.journal")
 
-_TABLES = ("acks", "receipts", "vouchers", "settlements", "blobs")
+SCHEMA_VERSION = 2
+"""The journal's schema version (``PRAGMA user_version``); older journals migrate on open.
+
+1. (unversioned) acks, receipts, vouchers, settlements, blobs: settlement protocol v1.
+2. protocol v2: ``acks.protocol`` (1 for rows written before), ``quotes`` (per-fill quotes
+   signed for the market's deals), ``meta`` (cursors of the chain scans).
+"""
+PROTOCOL = 2
+"""The settlement protocol of the acks this daemon writes (the escrow's domain version)."""
+
+_TABLES = ("acks", "receipts", "vouchers", "settlements", "blobs", "quotes")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
     sha256 BLOB PRIMARY KEY,
@@ -57,6 +83,7 @@ CREATE TABLE IF NOT EXISTS acks (
     acked_at REAL NOT NULL,
     program_sha256 BLOB,
     weights_sha256 BLOB,
+    protocol INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (deal_id, task_index)
 );
 CREATE TABLE IF NOT EXISTS receipts (
@@ -86,6 +113,17 @@ CREATE TABLE IF NOT EXISTS settlements (
     tx_hash TEXT,
     recorded_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quotes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    market_deal_id TEXT NOT NULL,
+    quote_json TEXT NOT NULL,
+    signature BLOB NOT NULL,
+    signed_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 
@@ -100,7 +138,13 @@ def _append_only_triggers() -> str:
 
 @dataclass(frozen=True, slots=True)
 class AckRecord:
-    """A task the daemon accepted: the client's signed request and our signed ack."""
+    """A task the daemon accepted: the client's signed request and our signed ack.
+
+    ``protocol`` is the settlement protocol it was acked under. A protocol-1 ack (a journal
+    written before v2) signed an ack with its own deadline, and its request signature has no
+    deadline: ``request`` carries the ack's deadline so receipts check, ``legacy_ack`` the ack
+    as signed, and the task cannot be claimed under v2 (:attr:`claimable`).
+    """
 
     request: TaskRequest
     request_sig: bytes
@@ -109,11 +153,22 @@ class AckRecord:
     ack: Ack
     ack_sig: bytes
     acked_at: float
+    protocol: int = PROTOCOL
+    legacy_ack: dict[str, Any] | None = None
 
     @property
     def key(self) -> Key:
         """Return (deal id, task index)."""
         return (self.ack.deal_id, self.ack.task_index)
+
+    @property
+    def claimable(self) -> bool:
+        """Return whether the client's request signature can carry a claim on this escrow."""
+        return self.protocol >= 2
+
+    def ack_json(self) -> dict[str, Any]:
+        """Return the ack as it was signed (its legacy form for a protocol-1 ack)."""
+        return self.legacy_ack if self.legacy_ack is not None else self.ack.to_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +186,11 @@ class ReceiptRecord:
         """Return (deal id, task index)."""
         return (self.receipt.deal_id, self.receipt.task_index)
 
+    @property
+    def on_time(self) -> bool:
+        """Return whether the task finished by its deadline (only then can it be claimed)."""
+        return self.receipt.finished_at <= self.receipt.deadline
+
 
 @dataclass(frozen=True, slots=True)
 class VoucherRecord:
@@ -144,7 +204,14 @@ class VoucherRecord:
 
 @dataclass(frozen=True, slots=True)
 class SettlementRecord:
-    """An on-chain settlement step: ``redeem``, ``claim``, ``finalize`` or ``closed``."""
+    """A settlement step of a deal.
+
+    Actions: ``opened`` (the deal seen on chain, with its terms), ``redeem``, ``claim``,
+    ``finalize``, ``rejected`` (a claim the arbiter or a lapse gave to the client),
+    ``refunded`` (tasks the client refunded), ``missed`` (tasks whose settlement instant
+    passed off chain), ``voucher_unusable`` (a voucher the escrow refused to redeem),
+    ``closed``.
+    """
 
     deal_id: int
     action: str
@@ -154,9 +221,24 @@ class SettlementRecord:
     seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class QuoteRecord:
+    """A per-fill quote this daemon signed for a market deal."""
+
+    market_deal_id: str
+    quote: Quote
+    signature: bytes
+    signed_at: float
+    seq: int
+
+
 @dataclass
 class DealBook:
-    """What the journal knows of one deal, kept in memory for the hot path."""
+    """What the journal knows of one deal, kept in memory for the hot path.
+
+    ``claiming`` holds the tasks of a claim transaction in flight (not journaled yet): a
+    voucher covering one of them is refused like one covering a claimed task.
+    """
 
     acks: dict[int, AckRecord]
     receipts: dict[int, ReceiptRecord]
@@ -165,11 +247,36 @@ class DealBook:
     last_receipt_hash: bytes = ZERO_HASH
     ack_total: int = 0
     settled_ack_total: int | None = None
+    claiming: set[int] = field(default_factory=set)
+    _derived: dict[str, Any] = field(default_factory=dict)
+
+    def _tasks_of(self, action: str) -> frozenset[int]:
+        cached = self._derived.get(action)
+        if cached is None:
+            cached = self._derived[action] = frozenset(
+                int(i) for s in self.settlements if s.action == action for i in s.data["tasks"]
+            )
+        return cast(frozenset[int], cached)
+
+    def unusable_vouchers(self) -> frozenset[int]:
+        """Return the seqs of vouchers the escrow refused to redeem."""
+        cached = self._derived.get("unusable")
+        if cached is None:
+            cached = self._derived["unusable"] = frozenset(
+                int(s.data["voucher_seq"])
+                for s in self.settlements
+                if s.action == "voucher_unusable"
+            )
+        return cast(frozenset[int], cached)
 
     @property
     def latest_voucher(self) -> VoucherRecord | None:
-        """Return the voucher with the highest cumulative amount, if any."""
-        return self.vouchers[-1] if self.vouchers else None
+        """Return the latest acceptable voucher (the escrow did not refuse it), if any."""
+        unusable = self.unusable_vouchers()
+        for record in reversed(self.vouchers):
+            if record.seq not in unusable:
+                return record
+        return None
 
     def redeemed(self) -> VoucherRecord | None:
         """Return the last voucher redeemed on chain, if any."""
@@ -179,29 +286,95 @@ class DealBook:
                 return next(v for v in self.vouchers if v.seq == seq)
         return None
 
-    def claimed_tasks(self) -> set[int]:
+    def claimed_tasks(self) -> frozenset[int]:
         """Return the task indices claimed on chain."""
-        return {int(i) for s in self.settlements if s.action == "claim" for i in s.data["tasks"]}
+        return self._tasks_of("claim")
+
+    def refunded_tasks(self) -> frozenset[int]:
+        """Return the task indices the client refunded on chain."""
+        return self._tasks_of("refunded")
+
+    def missed_tasks(self) -> frozenset[int]:
+        """Return the task indices whose settlement instant passed while not on chain."""
+        return self._tasks_of("missed")
+
+    def on_chain(self, index: int) -> bool:
+        """Return whether a task is settled on chain: vouched (redeemed), claimed or refunded."""
+        if index in self.claimed_tasks() or index in self.refunded_tasks():
+            return True
+        redeemed = self.redeemed()
+        return redeemed is not None and redeemed.voucher.covers(index)
+
+    def opened(self) -> dict[str, Any] | None:
+        """Return the deal's terms as seen on chain (``opened`` row), if journaled."""
+        for settlement in self.settlements:
+            if settlement.action == "opened":
+                return settlement.data
+        return None
 
     def closed(self) -> bool:
         """Return whether a settlement job saw the deal closed on chain."""
         return any(s.action == "closed" for s in self.settlements)
 
     def unpaid_ack_total(self) -> int:
-        """Return the ack prices of accepted tasks not yet paid on chain (redeemed or claimed)."""
+        """Return the ack prices of accepted tasks the chain has not settled yet.
+
+        A task paid by a redeemed voucher or a claim is in the deal's ``committed`` or
+        ``pending``; a refunded one is in ``committed`` too: none of them counts here again.
+        """
         if self.settled_ack_total is None:
-            redeemed = self.redeemed()
-            claimed = self.claimed_tasks()
             self.settled_ack_total = sum(
-                record.ack.price
-                for index, record in self.acks.items()
-                if index in claimed or (redeemed is not None and redeemed.voucher.covers(index))
+                record.ack.price for index, record in self.acks.items() if self.on_chain(index)
             )
         return self.ack_total - self.settled_ack_total
+
+    def changed(self) -> None:
+        """Forget what was derived from the settlements (a row was appended)."""
+        self._derived.clear()
+        self.settled_ack_total = None
 
 
 def _now() -> float:
     return time.time()
+
+
+def _ack_record(
+    request: dict[str, Any],
+    request_sig: bytes,
+    request_hash: bytes,
+    target: str | None,
+    ack: dict[str, Any],
+    ack_sig: bytes,
+    acked_at: float,
+    protocol: int,
+) -> AckRecord:
+    """Return an ack row as a record; a protocol-1 row takes its deadline from its ack."""
+    if protocol >= PROTOCOL:
+        return AckRecord(
+            request=TaskRequest.from_json(request),
+            request_sig=request_sig,
+            request_hash=request_hash,
+            target=target,
+            ack=Ack.from_json(ack),
+            ack_sig=ack_sig,
+            acked_at=acked_at,
+        )
+    return AckRecord(
+        request=TaskRequest.from_json({**request, "deadline": ack["deadline"]}),
+        request_sig=request_sig,
+        request_hash=request_hash,
+        target=target,
+        ack=Ack(
+            deal_id=int(ack["deal_id"]),
+            task_index=int(ack["task_index"]),
+            request_hash=request_hash,
+            price=int(ack["price"]),
+        ),
+        ack_sig=ack_sig,
+        acked_at=acked_at,
+        protocol=protocol,
+        legacy_ack=ack,
+    )
 
 
 class Journal:
@@ -225,17 +398,14 @@ class Journal:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._db.executescript(_SCHEMA + _append_only_triggers())
-            columns = {row[1] for row in self._db.execute("PRAGMA table_info(acks)")}
-            for column in ("program_sha256", "weights_sha256"):
-                if column not in columns:  # a journal written before blobs were shared
-                    self._db.execute(f"ALTER TABLE acks ADD COLUMN {column} BLOB")
+            self.migrated_from = self._migrate()
             self._blobs = {bytes(row[0]) for row in self._db.execute("SELECT sha256 FROM blobs")}
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open the journal at {path}: {exc}") from exc
         self._deals: dict[int, DealBook] = {}
         self._new_blobs: list[tuple[bytes, bytes]] = []  # blobs of the ack being inserted
         self._deferred: dict[Key, tuple[AckRecord, bytes]] = {}  # acks not yet committed
+        self._quotes: dict[str, list[QuoteRecord]] = {}
         self._load()
         self.verify()
 
@@ -243,6 +413,52 @@ class Journal:
         """Close the database."""
         with self._lock:
             self._db.close()
+
+    def _migrate(self) -> int | None:
+        """Create or migrate the schema to :data:`SCHEMA_VERSION`; return the version migrated
+        from (None when the journal was current or new). One transaction: all or nothing."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise JournalError(
+                f"the journal at {self.path} has schema version {version}; this daemon knows "
+                f"up to {SCHEMA_VERSION} (a newer daemon wrote it)"
+            )
+        existed = (
+            self._db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'acks'"
+            ).fetchone()
+            is not None
+        )
+        if existed and version == SCHEMA_VERSION:
+            return None
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(acks)")}
+        steps = []
+        if existed:
+            for column in ("program_sha256", "weights_sha256"):
+                if column not in columns:  # written before blobs were shared
+                    steps.append(f"ALTER TABLE acks ADD COLUMN {column} BLOB;")
+            if "protocol" not in columns:  # written under settlement protocol v1
+                steps.append("ALTER TABLE acks ADD COLUMN protocol INTEGER NOT NULL DEFAULT 1;")
+        script = (
+            "BEGIN IMMEDIATE;\n"
+            + "\n".join(steps)
+            + _SCHEMA
+            + _append_only_triggers()
+            + f"PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"
+        )
+        try:
+            self._db.executescript(script)
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+        if not existed:
+            return None
+        log.warning(
+            "journal migrated",
+            extra={"path": str(self.path), "from_version": version or 1, "to": SCHEMA_VERSION},
+        )
+        return version or 1
 
     # ---- loading and verification --------------------------------------------------------
 
@@ -254,22 +470,32 @@ class Journal:
 
     def _load(self) -> None:
         rows = self._db.execute(
-            "SELECT request_json, request_sig, request_hash, target, ack_json, ack_sig, acked_at "
-            "FROM acks ORDER BY acked_at"
+            "SELECT request_json, request_sig, request_hash, target, ack_json, ack_sig, acked_at, "
+            "protocol FROM acks ORDER BY acked_at"
         )
-        for req, req_sig, req_hash, target, ack, ack_sig, acked_at in rows:
-            record = AckRecord(
-                request=TaskRequest.from_json(json.loads(req)),
-                request_sig=bytes(req_sig),
-                request_hash=bytes(req_hash),
-                target=target,
-                ack=Ack.from_json(json.loads(ack)),
-                ack_sig=bytes(ack_sig),
-                acked_at=float(acked_at),
+        legacy: dict[int, int] = {}
+        for req, req_sig, req_hash, target, ack, ack_sig, acked_at, protocol in rows:
+            record = _ack_record(
+                json.loads(req),
+                bytes(req_sig),
+                bytes(req_hash),
+                target,
+                json.loads(ack),
+                bytes(ack_sig),
+                float(acked_at),
+                int(protocol),
             )
             book = self._book(record.ack.deal_id)
             book.acks[record.ack.task_index] = record
             book.ack_total += record.ack.price
+            if not record.claimable:
+                legacy[record.ack.deal_id] = legacy.get(record.ack.deal_id, 0) + 1
+        for deal_id, count in sorted(legacy.items()):
+            log.warning(
+                "tasks acked under settlement protocol v1 cannot be claimed under v2 (their "
+                "request signatures carry no deadline): only a voucher pays them",
+                extra={"deal": deal_id, "tasks": count},
+            )
         rows = self._db.execute(
             "SELECT seq, receipt_json, receipt_sig, receipt_hash, detail_json FROM receipts "
             "ORDER BY seq"
@@ -303,6 +529,18 @@ class Journal:
             self._book(int(deal)).settlements.append(
                 SettlementRecord(int(deal), action, json.loads(data), tx_hash, float(at), int(seq))
             )
+        for seq, deal_key, quote_json, sig, signed_at in self._db.execute(
+            "SELECT seq, market_deal_id, quote_json, signature, signed_at FROM quotes ORDER BY seq"
+        ):
+            self._quotes.setdefault(str(deal_key), []).append(
+                QuoteRecord(
+                    str(deal_key),
+                    Quote.from_json(json.loads(quote_json)),
+                    bytes(sig),
+                    float(signed_at),
+                    int(seq),
+                )
+            )
 
     def verify(self) -> int:
         """Check every deal's receipt chain, hashes and signatures; return receipts checked.
@@ -324,10 +562,12 @@ class Journal:
                     ack = book.acks.get(receipt.task_index)
                     if ack is None:
                         raise JournalCorruptError(f"{where}: receipt without an ack")
-                    if receipt.deadline != ack.ack.deadline:
-                        raise JournalCorruptError(f"{where}: receipt deadline differs from ack")
+                    if receipt.deadline != ack.request.deadline:
+                        raise JournalCorruptError(f"{where}: receipt deadline differs from request")
                     try:
-                        signer = recover_digest(self._digest(receipt), record.signature)
+                        signer = recover_digest(
+                            self._digest(receipt, ack.protocol), record.signature
+                        )
                     except SignatureError as exc:
                         raise JournalCorruptError(f"{where}: bad receipt signature") from exc
                     if signer.lower() != self.provider.lower():
@@ -338,8 +578,11 @@ class Journal:
                     raise JournalCorruptError(f"deal {deal_id}: chain head mismatch")
         return checked
 
-    def _digest(self, receipt: Receipt) -> bytes:
-        return receipt.digest(self.domain)
+    def _digest(self, receipt: Receipt, protocol: int = PROTOCOL) -> bytes:
+        """Return a receipt's digest under the domain version of the protocol it was signed in."""
+        if protocol == PROTOCOL:
+            return receipt.digest(self.domain)
+        return receipt.digest(replace(self.domain, version=str(protocol)))
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -456,8 +699,8 @@ class Journal:
                 self._db.execute("INSERT INTO blobs (sha256, data) VALUES (?, ?)", (sha, data))
             self._db.execute(
                 "INSERT INTO acks (deal_id, task_index, request_json, request_sig, request_hash, "
-                "target, envelope, ack_json, ack_sig, acked_at, program_sha256, weights_sha256) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "target, envelope, ack_json, ack_sig, acked_at, program_sha256, weights_sha256, "
+                "protocol) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     str(deal_id),
                     index,
@@ -466,11 +709,12 @@ class Journal:
                     record.request_hash,
                     record.target,
                     frame,
-                    json.dumps(record.ack.to_json()),
+                    json.dumps(record.ack_json()),
                     record.ack_sig,
                     record.acked_at,
                     program_sha,
                     weights_sha,
+                    record.protocol,
                 ),
             )
             if own:
@@ -594,5 +838,45 @@ class Journal:
             )
             book = self._book(deal_id)
             book.settlements.append(record)
-            book.settled_ack_total = None
+            book.changed()
         return record
+
+    def record_quote(self, market_deal_id: str, quote: Quote, signature: bytes) -> QuoteRecord:
+        """Append a per-fill quote signed for a market deal."""
+        at = _now()
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT INTO quotes (market_deal_id, quote_json, signature, signed_at) "
+                "VALUES (?,?,?,?)",
+                (market_deal_id, json.dumps(quote.to_json()), signature, at),
+            )
+            record = QuoteRecord(market_deal_id, quote, signature, at, int(cursor.lastrowid or 0))
+            self._quotes.setdefault(market_deal_id, []).append(record)
+        return record
+
+    def quotes(self, market_deal_id: str | None = None) -> list[QuoteRecord]:
+        """Return the quotes signed for one market deal (or for all), oldest first."""
+        with self._lock:
+            if market_deal_id is not None:
+                return list(self._quotes.get(market_deal_id, ()))
+            return sorted((q for qs in self._quotes.values() for q in qs), key=lambda q: q.seq)
+
+    def meta(self, key: str) -> str | None:
+        """Return a stored cursor or setting, if any."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a cursor or setting (the one table that is not append-only)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def schema_version(self) -> int:
+        """Return the schema version of the open journal."""
+        with self._lock:
+            return int(self._db.execute("PRAGMA user_version").fetchone()[0])

@@ -59,6 +59,12 @@ class ProviderMetrics:
         self.inflight = Gauge(
             "tpumarket_provider_tasks_inflight", "Acked tasks not yet delivered", registry=r
         )
+        self.quotes = Counter(
+            "tpumarket_provider_quotes",
+            "Per-fill quotes for the market's deals, by outcome",
+            ["result"],
+            registry=r,
+        )
         self.heartbeats = Counter(
             "tpumarket_provider_heartbeats", "Adverts sent to the market", ["result"], registry=r
         )

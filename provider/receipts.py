@@ -1,4 +1,4 @@
-"""Pure core of task accounting: ack prices, receipts from sandbox results, voucher coverage.
+"""Pure core of task accounting: ack prices, receipts, voucher coverage, settlement instants.
 
 No I/O: the service feeds it plans, requests and sandbox results and signs what it returns.
 """
@@ -174,3 +174,12 @@ def voucher_tasks(voucher: Voucher) -> list[int]:
             word >>= 1
             bit += 1
     return out
+
+
+def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
+    """Return a task's settlement instant, as the escrow computes it.
+
+    Until it (inclusive) the provider may claim the task; after it the client may refund it.
+    The deadline counts at most up to the deal's expiry.
+    """
+    return min(deadline, expiry) + challenge_window

@@ -42,9 +42,10 @@ from contracts.program import (
     decode_envelope,
     request_input_hash,
 )
+from provider.config import SettlementConfig
 from provider.deals import DealCache
 from provider.errors import NotFoundError, ProviderError, RejectedError, SandboxClosedError
-from provider.journal import AckRecord, Journal, Key, ReceiptRecord, VoucherRecord
+from provider.journal import AckRecord, DealBook, Journal, Key, ReceiptRecord, VoucherRecord
 from provider.metrics import ProviderMetrics
 from provider.receipts import ack_price, build_receipt, delivery, voucher_tasks
 from provider.sandbox import Sandbox
@@ -111,10 +112,17 @@ class TaskService:
         slo_s: int,
         workers: int,
         metrics: ProviderMetrics,
+        settlement: SettlementConfig | None = None,
         max_envelope_bytes: int = 256 * 1024 * 1024,
         clock: Callable[[], float] = time.time,
+        refresh_settled: Callable[[int], None] | None = None,
     ) -> None:
-        """Wire the service; :meth:`recover` re-runs what a previous process left unfinished."""
+        """Wire the service; :meth:`recover` re-runs what a previous process left unfinished.
+
+        ``clock`` is the daemon's time (:class:`provider.clock.ChainClock`); ``settlement``
+        says which challenge windows the settlement jobs can meet; ``refresh_settled(deal)``
+        reads the chain's settlement of a deal's overdue tasks before a budget refusal.
+        """
         self._signer = coincurve.PrivateKey(bytes.fromhex(private_key.removeprefix("0x")))
         self.address = address
         self.domain = domain
@@ -123,6 +131,8 @@ class TaskService:
         self.sandbox = sandbox
         self.slo_s = slo_s
         self.metrics = metrics
+        self.settlement = settlement or SettlementConfig()
+        self._refresh_settled = refresh_settled
         self.max_envelope_bytes = max_envelope_bytes
         self._clock = clock
         self._separator = domain.separator()
@@ -183,6 +193,10 @@ class TaskService:
         now = self._clock()
         if now >= deal.expiry:
             raise self._reject("deal_expired", f"deal {request.deal_id} expired at {deal.expiry}")
+        problem = self.settlement.window_problem(deal.challenge_window)
+        if problem is not None:
+            raise self._reject("window_too_short", f"deal {request.deal_id}: {problem}")
+        self._check_deadline(request, deal.expiry, now)
         plan = self.deals.plan_of(deal)
         if plan is None:
             raise self._reject(
@@ -201,6 +215,10 @@ class TaskService:
             book = self.journal.deal(request.deal_id)
             unpaid = 0 if book is None else book.unpaid_ack_total()
             available = deal.max_spend - deal.committed - deal.pending
+            if book is not None and available >= request.max_price and available - unpaid < price:
+                # Refunds the journal has not seen are in `committed` already: read the
+                # chain's settlement of the overdue tasks before refusing.
+                unpaid = self._refreshed_unpaid(request.deal_id, unpaid)
             if available < request.max_price or available - unpaid < price:
                 raise self._reject(
                     "insufficient_budget",
@@ -211,7 +229,6 @@ class TaskService:
                 deal_id=request.deal_id,
                 task_index=request.task_index,
                 request_hash=request_hash,
-                deadline=int(now) + self.slo_s,
                 price=price,
             )
             record = AckRecord(
@@ -227,6 +244,33 @@ class TaskService:
             self._start(record, plan, envelope, decoded)
         self._acked[request.kind].inc()
         return Submission(record, created=True)
+
+    def _check_deadline(self, request: TaskRequest, expiry: int, now: float) -> None:
+        """Refuse a deadline this provider cannot meet, or one past the deal's expiry."""
+        if request.deadline < now + self.slo_s:
+            raise self._reject(
+                "deadline_too_soon",
+                f"deadline {request.deadline} is {request.deadline - now:.1f} s away; this "
+                f"provider needs at least its SLO of {self.slo_s} s (set deadline = now + "
+                f"{self.slo_s} + a few seconds of slack)",
+            )
+        if request.deadline > expiry:
+            raise self._reject(
+                "deadline_after_expiry",
+                f"deadline {request.deadline} is after deal {request.deal_id}'s expiry {expiry}",
+            )
+
+    def _refreshed_unpaid(self, deal_id: int, unpaid: int) -> int:
+        """Return the deal's unpaid ack total after reading its overdue tasks' chain state."""
+        if self._refresh_settled is None:
+            return unpaid
+        try:
+            self._refresh_settled(deal_id)
+        except ProviderError as exc:
+            log.warning("cannot refresh settled tasks", extra={"deal": deal_id, "error": str(exc)})
+            return unpaid
+        book = self.journal.deal(deal_id)
+        return unpaid if book is None else book.unpaid_ack_total()
 
     def _digest(self, struct_hash: bytes) -> bytes:
         """Return the EIP-712 digest of a struct hash under our domain (separator cached)."""
@@ -347,7 +391,7 @@ class TaskService:
             receipt = build_receipt(
                 plan,
                 request,
-                deadline=record.ack.deadline,
+                deadline=request.deadline,
                 outputs=outputs,
                 status=status,
                 device_ms=device_ms,
@@ -423,9 +467,11 @@ class TaskService:
     def accept_voucher(self, voucher_json: str, signature: str) -> tuple[VoucherRecord, bool]:
         """Verify and store a client's cumulative voucher; return it and whether it is new.
 
-        It must be signed by the deal's client, cover only delivered tasks that were not
-        claimed on chain, state exactly the sum of their receipts' amounts, and include every
-        task of the previous voucher.
+        Accepted only if it is signed by the deal's client, covers every task the previously
+        accepted voucher covered, newly covers only delivered tasks that are not claimed (or
+        being claimed) or refunded on chain, and adds at least the receipt amounts of the tasks
+        it newly covers over the previous voucher (so its task bits are paid for). A refusal
+        changes nothing: the next voucher is judged against the same accepted one.
         """
         try:
             voucher = Voucher.from_json(json.loads(voucher_json))
@@ -444,54 +490,83 @@ class TaskService:
                 "signature_invalid",
                 f"Voucher signed by {signer}, but deal {voucher.deal_id}'s client is {deal.client}",
             )
-        book = self.journal.deal(voucher.deal_id)
-        if book is None:
-            raise self._voucher_reject("voucher_covers_undelivered", "no task was delivered")
+        if voucher.cumulative_amount > deal.max_spend:
+            raise self._voucher_reject(
+                "voucher_over_cap",
+                f"cumulative {voucher.cumulative_amount} is above the deal's cap {deal.max_spend}",
+            )
         tasks = voucher_tasks(voucher)
-        claimed = book.claimed_tasks()
-        total = 0
-        for index in tasks:
+        with self.journal.lock:  # the claim job marks the tasks it claims under this lock
+            book = self.journal.deal(voucher.deal_id)
+            if book is None:
+                raise self._voucher_reject("voucher_covers_undelivered", "no task was delivered")
+            latest = book.latest_voucher
+            if latest is not None and latest.voucher == voucher:
+                self.metrics.vouchers.labels("duplicate").inc()
+                return latest, False
+            previous = set() if latest is None else set(voucher_tasks(latest.voucher))
+            base = 0 if latest is None else latest.voucher.cumulative_amount
+            missing = sorted(previous.difference(tasks))
+            if missing:
+                raise self._voucher_reject(
+                    "voucher_not_cumulative",
+                    f"drops tasks {_brief(missing)} of the previous voucher (cumulative {base})",
+                )
+            fresh = [i for i in tasks if i not in previous]
+            owed = self._owed(book, fresh, base)
+            increase = voucher.cumulative_amount - base
+            if increase <= 0:
+                raise self._voucher_reject(
+                    "voucher_stale",
+                    f"cumulative {voucher.cumulative_amount} is not above the previous "
+                    f"voucher's {base}",
+                )
+            if increase < owed:
+                raise self._voucher_reject(
+                    "voucher_underpays",
+                    f"newly covers tasks {_brief(fresh)} whose receipts sum to {owed}, but adds "
+                    f"only {increase} over the previous voucher's {base}: every task bit must "
+                    "be paid for",
+                )
+            stored = self.journal.record_voucher(voucher, sig)
+        self.metrics.vouchers.labels("accepted").inc()
+        return stored, True
+
+    def _owed(self, book: DealBook, fresh: list[int], base: int) -> int:
+        """Return the receipt amounts of the tasks a voucher newly covers; refuse one that
+        covers an undelivered task or a task settled on chain otherwise (hold the journal's
+        lock)."""
+        claimed, refunded = book.claimed_tasks(), book.refunded_tasks()
+        owed = 0
+        for index in fresh:
+            if index in claimed or index in book.claiming:
+                raise self._voucher_reject(
+                    "voucher_covers_claimed",
+                    f"task {index} was claimed on chain: a voucher may not pay it again; send "
+                    f"one without it that still covers the previous voucher's tasks and adds "
+                    f"the amounts of the tasks it newly covers to {base}",
+                )
+            if index in refunded:
+                raise self._voucher_reject(
+                    "voucher_covers_refunded", f"task {index} was refunded on chain"
+                )
             record = book.receipts.get(index)
             if record is None:
                 raise self._voucher_reject(
                     "voucher_covers_undelivered", f"task {index} has no receipt"
                 )
-            if index in claimed:
-                raise self._voucher_reject(
-                    "voucher_covers_claimed", f"task {index} was claimed on chain"
-                )
-            total += record.receipt.amount
-        if total != voucher.cumulative_amount:
-            raise self._voucher_reject(
-                "voucher_amount_mismatch",
-                f"the covered receipts sum to {total}, the voucher says "
-                f"{voucher.cumulative_amount}",
-            )
-        with self._lock:
-            latest = book.latest_voucher
-            if latest is not None:
-                previous = set(voucher_tasks(latest.voucher))
-                if voucher.cumulative_amount < latest.voucher.cumulative_amount:
-                    raise self._voucher_reject(
-                        "voucher_stale",
-                        f"cumulative {voucher.cumulative_amount} is below the previous "
-                        f"{latest.voucher.cumulative_amount}",
-                    )
-                missing = sorted(previous - set(tasks))
-                if missing:
-                    raise self._voucher_reject(
-                        "voucher_not_cumulative", f"drops tasks {missing} of the previous voucher"
-                    )
-                if latest.voucher == voucher:
-                    self.metrics.vouchers.labels("duplicate").inc()
-                    return latest, False
-            stored = self.journal.record_voucher(voucher, sig)
-        self.metrics.vouchers.labels("accepted").inc()
-        return stored, True
+            owed += record.receipt.amount
+        return owed
 
     def _voucher_reject(self, code: str, reason: str) -> RejectedError:
         self.metrics.vouchers.labels(code).inc()
         return RejectedError(code, reason)
+
+
+def _brief(indexes: list[int], most: int = 20) -> str:
+    """Return a list of task indexes for a message, cut after ``most``."""
+    shown = ", ".join(str(i) for i in indexes[:most])
+    return f"[{shown}{', ...' if len(indexes) > most else ''}] ({len(indexes)})"
 
 
 __all__ = ["ProviderError", "Submission", "TaskService", "TaskView", "parse_signature"]

@@ -1,33 +1,42 @@
-"""Settlement jobs: redeem vouchers, claim from silent clients, finalize claims, watch expiry.
+"""Settlement jobs: every delivered task on chain before its settlement instant, with a margin.
 
-Each job is a plain method taking ``now`` (wall-clock seconds) so tests trigger it directly;
-:meth:`SettlementJobs.start` runs :meth:`SettlementJobs.run_all` on an apscheduler
-``BackgroundScheduler``. Every step journals what it did; a revert is logged and counted, and
-the job moves on to the next deal.
+Each task of a deal settles at ``settleBy = min(request.deadline, expiry) + challengeWindow``
+(the escrow's one settlement instant): until then the provider may claim it, after it the
+client may refund it. So every delivered task must be on chain (vouched by a redeemed
+voucher, or claimed with the client's signed request) by ``settleBy``. The jobs act at the
+latest at ``settleBy - margin``, ``margin = margin_fraction x challengeWindow``, which covers
+one job interval plus one transaction (:class:`provider.config.SettlementConfig`; shorter
+windows are refused when a task or a quote arrives). Until then the client has time to vouch,
+and the jobs wait, so one voucher pays many tasks and one claim carries many.
 
-Rules (thresholds from :class:`provider.config.SettlementConfig`):
+Each job is a method callable directly (tests trigger them after moving the chain's clock);
+:meth:`SettlementJobs.start` runs :meth:`SettlementJobs.run_all` every ``interval_s`` on an
+apscheduler ``BackgroundScheduler``, the first pass at once (after a restart, whatever came due
+while the daemon was down is settled then). Every step is journaled; a revert is logged and
+counted, and the job moves on to the next deal.
 
-- **redeem** the latest voucher when what it adds over the last redeemed one reaches
-  ``redeem_threshold`` (one transaction pays every task it covers, so waiting makes gas per
-  task fall), or when the oldest unredeemed voucher is ``redeem_max_age_s`` old, or when the
-  deal nears expiry;
-- **claim** delivered, unvouched, on-time receipts whose task finished ``silent_after_s`` ago
-  with no voucher covering it (or at once when the deal nears expiry), in one batch per deal;
-- **finalize** claimed batches once the chain's clock passes their challenge deadline;
+- **discover** the deals opened with this provider (``DealOpened`` logs by provider topic,
+  from a cursor kept in the journal), so deals without tasks are closed too;
 - **watch** deals: journal claim batches the chain holds but the journal lost (a claim mined
-  just before the daemon died), record deals closed on chain, and bring settlement forward
-  when ``expiry - expiry_margin_s`` is reached (claims are refused after expiry + window);
-- **close** deals the client agreed to close (``CloseAgreed``, seen as the deal's
-  ``clientAgreedClose``) once every acked task is delivered, and deals past expiry plus the
-  challenge window: first redeem the latest voucher, claim (early close only) and finalize
-  what no voucher pays, then ``closeDeal``, so nothing owed is left behind.
+  just before the daemon died), refunds of overdue tasks, and deals closed on chain;
+- **redeem** the latest acceptable voucher once a task it newly pays reaches its
+  ``settleBy - margin``, or once its increase reaches ``redeem_threshold``. A voucher the
+  escrow refuses is journaled ``voucher_unusable``: the tasks it covered are claimed instead;
+- **claim** delivered, on-time tasks that no acceptable voucher covers once they reach
+  ``settleBy - margin``, up to ``claim_batch_max`` per transaction, each with the client's
+  signed request; a task the chain refuses is dropped from the batch, which is sent again;
+- **finalize** claimed batches once their challenge window has passed; a dispute the arbiter
+  left past its period is lapsed (the client wins it), so the deal can close;
+- **close** deals the client agreed to close (every task on chain or past its settlement
+  instant, no claim pending) and deals past ``expiry + 2 x challengeWindow``: first redeem
+  the latest voucher and, on an early close, claim what no voucher pays.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
-import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,26 +44,36 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from contracts.binding import (
+    BATCH_DISPUTED,
     BATCH_PAID,
     BATCH_REJECTED,
     DEAL_CLOSED,
     DEAL_OPEN,
+    TASK_CLAIMED,
     TASK_NONE,
     TASK_REFUNDED,
+    TASK_VOUCHED,
     DealState,
     Escrow,
 )
 from contracts.errors import ChainError, ContractRevert
-from contracts.hashing import keccak_text
-from contracts.messages import Plan, Receipt
-from contracts.reverts import EscrowStaleVoucher
+from contracts.messages import Claim, Plan, address_of
+from contracts.reverts import EscrowDealNotOpen, EscrowStaleVoucher
+from provider.clock import ChainClock
 from provider.config import SettlementConfig
 from provider.deals import DealCache
 from provider.errors import RejectedError
-from provider.journal import DealBook, Journal, SettlementRecord
+from provider.journal import DealBook, Journal, ReceiptRecord, SettlementRecord, VoucherRecord
 from provider.metrics import ProviderMetrics
+from provider.receipts import settle_by, voucher_tasks
 
 log = logging.getLogger("provider.settlement")
+
+DEAL_SCAN_CURSOR = "deal_scan_block"
+"""Journal meta key: the last block whose ``DealOpened`` logs were scanned."""
+_SCAN_CHUNK = 10_000  # blocks per eth_getLogs call
+_READ_CHUNK = 500  # view calls per JSON-RPC batch
+_CLAIM_ATTEMPTS = 4  # a batch is sent again without each task the chain refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +84,11 @@ class JobReport:
     claimed: tuple[SettlementRecord, ...] = ()
     finalized: tuple[SettlementRecord, ...] = ()
     closed: tuple[int, ...] = ()
-
-
-_CLAIMED_TOPIC = keccak_text("ReceiptsClaimed(uint256,uint32,uint256,uint256,uint64)")
-_TASK_INDEX_FIELD = [name for name, _ in Receipt.TYPES].index("taskIndex")
+    discovered: tuple[int, ...] = ()
 
 
 class SettlementJobs:
-    """The provider's on-chain settlement, driven by the journal."""
+    """The provider's on-chain settlement, driven by the journal and each deal's windows."""
 
     def __init__(
         self,
@@ -83,262 +99,241 @@ class SettlementJobs:
         deals: DealCache,
         config: SettlementConfig,
         metrics: ProviderMetrics,
-        chain_time: Callable[[], int] | None = None,
+        clock: ChainClock | None = None,
     ) -> None:
-        """Wire the jobs; ``chain_time`` returns the latest block's timestamp."""
+        """Wire the jobs; ``clock`` is the daemon's (by default, one reading this chain)."""
         self._key = private_key
+        self.address = address_of(private_key)
         self.escrow = escrow
         self.journal = journal
         self.deals = deals
         self.config = config
         self.metrics = metrics
-        self._chain_time = chain_time or self._latest_block_time
-        self._lock = threading.Lock()
+        self.clock = clock or ChainClock(self._latest_block_time)
+        self._lock = threading.RLock()
         self._scheduler: BackgroundScheduler | None = None
+        self._warned: set[tuple[str, int, int]] = set()
 
     def _latest_block_time(self) -> int:
         return int(self.escrow.tx.w3.eth.get_block("latest")["timestamp"])
 
     # ---- helpers -----------------------------------------------------------------------
 
-    def _unclosed(self) -> Iterator[tuple[int, DealBook, DealState]]:
-        """Yield each deal the journal does not hold closed, with its state read afresh."""
+    def _books(self, only: Collection[int] | None = None) -> Iterator[tuple[int, DealBook]]:
+        """Yield the deals the journal does not hold closed (only ``only``, when given)."""
         for deal_id, book in self.journal.iter_books():
-            if book.closed():
-                continue
-            try:
-                state = self.deals.get(deal_id, fresh=True)
-            except RejectedError:
-                continue
-            yield deal_id, book, state
+            if not book.closed() and (only is None or deal_id in only):
+                yield deal_id, book
+
+    def _state(self, deal_id: int, *, fresh: bool = False) -> DealState | None:
+        try:
+            return self.deals.get(deal_id, fresh=fresh)
+        except RejectedError as exc:
+            log.warning("cannot read deal", extra={"deal": deal_id, "error": exc.reason})
+            return None
 
     def _open_deals(
         self, only: Collection[int] | None = None
     ) -> list[tuple[int, DealBook, DealState, Plan]]:
         out = []
-        for deal_id, book in self.journal.iter_books():
-            if book.closed() or not book.receipts or (only is not None and deal_id not in only):
+        for deal_id, book in self._books(only):
+            if not book.receipts and not book.vouchers:
                 continue
-            try:
-                state = self.deals.get(deal_id)
-            except RejectedError as exc:
-                log.warning("cannot read deal", extra={"deal": deal_id, "error": exc.reason})
+            state = self._state(deal_id)
+            if state is None or state.status != DEAL_OPEN:
                 continue
             plan = self.deals.plan_of(state)
             if plan is not None:
                 out.append((deal_id, book, state, plan))
         return out
 
-    def _near_expiry(self, state: DealState, chain_now: int) -> bool:
-        return chain_now >= state.expiry - self.config.expiry_margin_s
+    def settle_by_of(self, book: DealBook, index: int, state: DealState) -> int | None:
+        """Return a task's settlement instant (None for a task the journal has no ack of)."""
+        ack = book.acks.get(index)
+        if ack is None:
+            return None
+        return settle_by(ack.request.deadline, state.expiry, state.challenge_window)
+
+    def act_by(self, settle: int, state: DealState) -> float:
+        """Return when the jobs put a task settling at ``settle`` on chain at the latest."""
+        return settle - self.config.margin_s(state.challenge_window)
 
     def _failed(self, action: str, deal_id: int, exc: Exception) -> None:
         self.metrics.settlement_failures.labels(action).inc()
         log.error(f"{action} failed", extra={"deal": deal_id, "error": str(exc)})
 
-    # ---- jobs --------------------------------------------------------------------------
+    def _warn_once(self, what: str, deal_id: int, index: int, message: str) -> None:
+        if (what, deal_id, index) not in self._warned:
+            self._warned.add((what, deal_id, index))
+            log.error(message, extra={"deal": deal_id, "task": index})
 
-    def redeem_due(
-        self,
-        now: float | None = None,
-        *,
-        force: bool = False,
-        deals: Collection[int] | None = None,
-    ) -> list[SettlementRecord]:
-        """Redeem each deal's latest voucher where the threshold or the age limit is reached.
+    def _record(
+        self, deal_id: int, action: str, data: dict[str, Any], tx_hash: str | None
+    ) -> SettlementRecord:
+        record = self.journal.record_settlement(deal_id, action, data, tx_hash)
+        self.deals.invalidate(deal_id)
+        self.metrics.settlements.labels(action).inc()
+        return record
 
-        ``force`` redeems any increase; ``deals`` limits the pass to those deals.
+    def _statuses(self, deal_id: int, indexes: list[int]) -> list[int]:
+        """Return the chain's settlement state of tasks (TASK_*), in batched reads."""
+        out: list[int] = []
+        for start in range(0, len(indexes), _READ_CHUNK):
+            chunk = indexes[start : start + _READ_CHUNK]
+            out += [
+                int(s) for s in self.escrow.read_many([("taskStatus", (deal_id, i)) for i in chunk])
+            ]
+        return out
+
+    # ---- discover ----------------------------------------------------------------------
+
+    def discover_deals(self) -> list[int]:
+        """Journal every deal opened with this provider since the last scan; return them.
+
+        Reads ``DealOpened`` logs filtered by the provider topic, from the journal's cursor
+        (``settlement.start_block`` at first) to the latest block.
         """
-        now = time.time() if now is None else now
-        done = []
         with self._lock:
-            chain_now = self._chain_time()
-            for deal_id, book, state, _ in self._open_deals(deals):
-                latest = book.latest_voucher
-                if latest is None:
-                    continue
-                redeemed = book.redeemed()
-                base = 0 if redeemed is None else redeemed.voucher.cumulative_amount
-                increase = latest.voucher.cumulative_amount - base
-                if increase <= 0:
-                    continue
-                oldest = next(
-                    v.received_at for v in book.vouchers if redeemed is None or v.seq > redeemed.seq
-                )
-                due = (
-                    force
-                    or increase >= self.config.redeem_threshold
-                    or now - oldest >= self.config.redeem_max_age_s
-                    or self._near_expiry(state, chain_now)
-                )
-                if not due:
-                    continue
-                try:
-                    tx = self.escrow.redeem_voucher(self._key, latest.voucher, latest.signature)
-                    paid = int(tx.event("VoucherRedeemed").args["paid"])
-                    tx_hash: str | None = tx.tx_hash
-                except EscrowStaleVoucher:
-                    # Already redeemed (e.g. the daemon died after sending): the chain says so.
-                    fresh = self.deals.get(deal_id, fresh=True)
-                    if fresh.vouched < latest.voucher.cumulative_amount:
-                        continue
-                    paid, tx_hash = increase, None
-                except (ContractRevert, ChainError) as exc:
-                    self._failed("redeem", deal_id, exc)
-                    continue
-                record = self.journal.record_settlement(
-                    deal_id,
-                    "redeem",
+            w3 = self.escrow.tx.w3
+            stored = self.journal.meta(DEAL_SCAN_CURSOR)
+            start = self.config.start_block if stored is None else int(stored) + 1
+            latest = int(w3.eth.block_number)
+            topic = self.escrow.contract.events.DealOpened.topic
+            provider_topic = "0x" + bytes.fromhex(self.address[2:]).rjust(32, b"\0").hex()
+            found = []
+            while start <= latest:
+                end = min(latest, start + _SCAN_CHUNK - 1)
+                logs = w3.eth.get_logs(
                     {
-                        "voucher_seq": latest.seq,
-                        "cumulative": str(latest.voucher.cumulative_amount),
-                        "paid": str(paid),
-                    },
-                    tx_hash,
+                        "address": self.escrow.address,
+                        "fromBlock": start,
+                        "toBlock": end,
+                        "topics": [topic, None, None, provider_topic],
+                    }
                 )
-                self.deals.invalidate(deal_id)
-                self.metrics.settlements.labels("redeem").inc()
-                self.metrics.paid.inc(paid)
-                log.info("voucher redeemed", extra={"deal": deal_id, "paid": paid})
-                done.append(record)
-        return done
+                for log_entry, event in zip(logs, self.escrow.decode_events(logs), strict=True):
+                    deal_id = int(event.args["dealId"])
+                    book = self.journal.deal(deal_id)
+                    if book is not None and book.opened() is not None:
+                        continue
+                    self._record(
+                        deal_id,
+                        "opened",
+                        {
+                            "client": str(event.args["client"]),
+                            "expiry": int(event.args["expiry"]),
+                            "challenge_window": int(event.args["challengeWindow"]),
+                            "max_spend": str(int(event.args["maxSpend"])),
+                            "stake": str(int(event.args["stake"])),
+                            "block": int(log_entry["blockNumber"]),
+                        },
+                        "0x" + bytes(log_entry["transactionHash"]).hex(),
+                    )
+                    found.append(deal_id)
+                self.journal.set_meta(DEAL_SCAN_CURSOR, str(end))
+                start = end + 1
+        if found:
+            log.info("deals discovered on chain", extra={"deals": found})
+        return found
 
-    def claim_silent(
-        self,
-        now: float | None = None,
-        *,
-        force: bool = False,
-        deals: Collection[int] | None = None,
-    ) -> list[SettlementRecord]:
-        """Claim delivered receipts that no voucher covered within ``silent_after_s``.
+    def window_problems(self) -> list[str]:
+        """Return why this config cannot settle some deal it still has to settle (empty: none).
 
-        ``force`` claims them at once; ``deals`` limits the pass to those deals.
+        A deal whose last settlement instant (``expiry + challengeWindow``) has passed needs
+        nothing more from the jobs' timing and is not checked.
         """
-        now = time.time() if now is None else now
-        done = []
-        with self._lock:
-            chain_now = self._chain_time()
-            for deal_id, book, state, plan in self._open_deals(deals):
-                if chain_now >= state.expiry + state.challenge_window:
-                    continue  # the claim period is over
-                urgent = force or self._near_expiry(state, chain_now)
-                latest = book.latest_voucher
-                claimed = book.claimed_tasks()
-                candidates = [
-                    r
-                    for i, r in sorted(book.receipts.items())
-                    if i not in claimed
-                    and not (latest is not None and latest.voucher.covers(i))
-                    and r.receipt.finished_at <= r.receipt.deadline
-                    and r.receipt.amount > 0
-                    and (urgent or now - r.receipt.finished_at >= self.config.silent_after_s)
-                ][: self.config.claim_batch_max]
-                if not candidates:
+        chain_now = self.clock.chain_now()
+        problems = []
+        for deal_id, book in self._books():
+            opened = book.opened()
+            if opened is not None:
+                window, expiry = int(opened["challenge_window"]), int(opened["expiry"])
+            else:
+                state = self._state(deal_id)
+                if state is None:
                     continue
-                try:
-                    statuses = self.escrow.read_many(
-                        [("taskStatus", (deal_id, r.receipt.task_index)) for r in candidates]
-                    )
-                    candidates = [
-                        r for r, s in zip(candidates, statuses, strict=True) if int(s) == TASK_NONE
-                    ]
-                    if not candidates:
-                        continue
-                    tx = self.escrow.claim_receipts(
-                        self._key,
-                        deal_id,
-                        plan,
-                        [r.receipt for r in candidates],
-                        [r.signature for r in candidates],
-                    )
-                except (ContractRevert, ChainError) as exc:
-                    self._failed("claim", deal_id, exc)
-                    continue
-                event = tx.event("ReceiptsClaimed").args
-                record = self.journal.record_settlement(
-                    deal_id,
-                    "claim",
-                    {
-                        "batch_id": int(event["batchId"]),
-                        "deadline": int(event["deadline"]),
-                        "amount": str(int(event["amount"])),
-                        "tasks": [r.receipt.task_index for r in candidates],
-                    },
-                    tx.tx_hash,
-                )
-                self.deals.invalidate(deal_id)
-                self.metrics.settlements.labels("claim").inc()
-                log.info("receipts claimed", extra={"deal": deal_id, "tasks": len(candidates)})
-                done.append(record)
-        return done
+                window, expiry = state.challenge_window, state.expiry
+            if chain_now > expiry + window:
+                continue
+            problem = self.config.window_problem(window)
+            if problem is not None:
+                problems.append(f"deal {deal_id}: {problem}")
+        return problems
 
-    def finalize_claims(self) -> list[SettlementRecord]:
-        """Finalize every claimed batch whose challenge window has passed on chain."""
-        done = []
-        with self._lock:
-            chain_now = self._chain_time()
-            for deal_id, book in self.journal.iter_books():
-                ended = {
-                    int(s.data["batch_id"])
-                    for s in book.settlements
-                    if s.action in ("finalize", "rejected")
-                }
-                for claim in [s for s in book.settlements if s.action == "claim"]:
-                    batch_id = int(claim.data["batch_id"])
-                    if batch_id in ended or chain_now < int(claim.data["deadline"]):
-                        continue
-                    try:
-                        tx = self.escrow.finalize_claim(self._key, deal_id, batch_id)
-                        action, tx_hash = "finalize", tx.tx_hash
-                    except (ContractRevert, ChainError) as exc:
-                        try:
-                            status = self.escrow.get_batch(deal_id, batch_id).status
-                        except (ContractRevert, ChainError):
-                            status = -1
-                        if status == BATCH_PAID:
-                            action, tx_hash = "finalize", None
-                        elif status == BATCH_REJECTED:
-                            action, tx_hash = "rejected", None
-                        else:  # disputed: the arbiter rules; try again later
-                            self._failed("finalize", deal_id, exc)
-                            continue
-                    record = self.journal.record_settlement(
-                        deal_id,
-                        action,
-                        {"batch_id": batch_id, "amount": claim.data["amount"]},
-                        tx_hash,
-                    )
-                    self.deals.invalidate(deal_id)
-                    self.metrics.settlements.labels(action).inc()
-                    if action == "finalize":
-                        self.metrics.paid.inc(int(claim.data["amount"]))
-                    done.append(record)
-        return done
+    # ---- watch -------------------------------------------------------------------------
 
-    def watch_deals(self) -> list[int]:
-        """Journal claims lost before journaling; record deals closed on chain; return those."""
+    def watch_deals(self, deals: Collection[int] | None = None) -> list[int]:
+        """Journal lost claims and refunds of overdue tasks; record closed deals; return those."""
         closed = []
         with self._lock:
-            for deal_id, book, state in self._unclosed():
+            chain_now = self.clock.chain_now()
+            for deal_id, book in self._books(deals):
+                state = self._state(deal_id, fresh=True)
+                if state is None:
+                    continue
                 self._reconcile(deal_id, book, state)
                 if state.status == DEAL_CLOSED:
-                    self.journal.record_settlement(deal_id, "closed", {}, None)
-                    self.metrics.settlements.labels("closed").inc()
+                    self._record(deal_id, "closed", {}, None)
                     closed.append(deal_id)
+                    continue
+                self._sync_overdue(deal_id, book, state, chain_now)
         return closed
+
+    def sync_overdue(self, deal_id: int) -> None:
+        """Read the chain's state of a deal's tasks past their settlement instant; journal
+        refunds (the task service calls this before refusing a task for budget)."""
+        with self._lock:
+            book = self.journal.deal(deal_id)
+            state = self._state(deal_id)
+            if book is not None and state is not None:
+                self._sync_overdue(deal_id, book, state, self.clock.chain_now())
+
+    def _sync_overdue(self, deal_id: int, book: DealBook, state: DealState, now: int) -> None:
+        overdue = []
+        for index in sorted(book.acks):
+            settle = self.settle_by_of(book, index, state)
+            if settle is not None and settle < now and not book.on_chain(index):
+                overdue.append(index)
+        if not overdue:
+            return
+        try:
+            statuses = self._statuses(deal_id, overdue)
+        except (ChainError, ContractRevert, ValueError) as exc:
+            self._failed("watch", deal_id, exc)
+            return
+        refunded = [i for i, s in zip(overdue, statuses, strict=True) if s == TASK_REFUNDED]
+        if refunded:
+            self._record(deal_id, "refunded", {"tasks": refunded}, None)
+            log.warning("tasks refunded on chain", extra={"deal": deal_id, "tasks": refunded})
+        for index, status in zip(overdue, statuses, strict=True):
+            record = book.receipts.get(index)
+            if status == TASK_NONE and record is not None and record.on_time:
+                self._warn_once(
+                    "missed",
+                    deal_id,
+                    index,
+                    "a delivered task passed its settlement instant off chain: the client may "
+                    "refund it (only its voucher can still pay it)",
+                )
+            elif status in (TASK_VOUCHED, TASK_CLAIMED) and not book.on_chain(index):
+                self._warn_once(
+                    "unjournaled",
+                    deal_id,
+                    index,
+                    "a task is settled on chain but not in the journal (reconciled by the "
+                    "next redeem or claim reconciliation)",
+                )
 
     def reconcile_claims(self) -> list[SettlementRecord]:
         """Journal every claim batch the chain holds and the journal lacks (run at start)."""
         done = []
         with self._lock:
-            for deal_id, book in self.journal.iter_books():
-                if book.closed() or not book.receipts:
+            for deal_id, book in self._books():
+                if not book.receipts:
                     continue
-                try:
-                    state = self.deals.get(deal_id, fresh=True)
-                except RejectedError:
-                    continue
-                done.extend(self._reconcile(deal_id, book, state))
+                state = self._state(deal_id, fresh=True)
+                if state is not None:
+                    done.extend(self._reconcile(deal_id, book, state))
         return done
 
     def _reconcile(self, deal_id: int, book: DealBook, state: DealState) -> list[SettlementRecord]:
@@ -346,7 +341,7 @@ class SettlementJobs:
 
         A claim transaction mined just before the daemon died has no journal row: its tasks
         show as claimed on chain and its batch would never be finalized. The batch's
-        ``ReceiptsClaimed`` event and its transaction's receipts say what it claimed.
+        ``ReceiptsClaimed`` event says what it claimed.
         """
         known = {int(s.data["batch_id"]) for s in book.settlements if s.action == "claim"}
         done = []
@@ -369,14 +364,13 @@ class SettlementJobs:
         return done
 
     def _claim_on_chain(self, deal_id: int, batch_id: int) -> tuple[dict[str, Any], str] | None:
-        w3 = self.escrow.tx.w3
-        logs = w3.eth.get_logs(
+        logs = self.escrow.tx.w3.eth.get_logs(
             {
                 "address": self.escrow.address,
-                "fromBlock": 0,
+                "fromBlock": self.config.start_block,
                 "toBlock": "latest",
                 "topics": [
-                    "0x" + _CLAIMED_TOPIC.hex(),
+                    self.escrow.contract.events.ReceiptsClaimed.topic,
                     "0x" + deal_id.to_bytes(32, "big").hex(),
                     "0x" + batch_id.to_bytes(32, "big").hex(),
                 ],
@@ -384,75 +378,356 @@ class SettlementJobs:
         )
         if not logs:
             return None
-        log_entry = logs[0]
-        event = self.escrow.decode_events([log_entry])[0].args
-        tx = w3.eth.get_transaction(log_entry["transactionHash"])
-        _, args = self.escrow.contract.decode_function_input(tx["input"])
-        tasks = [
-            int(r["taskIndex"] if isinstance(r, dict) else r[_TASK_INDEX_FIELD])
-            for r in args["receipts"]
-        ]
+        event = self.escrow.decode_events(logs[:1])[0].args
         data = {
             "batch_id": batch_id,
             "deadline": int(event["deadline"]),
             "amount": str(int(event["amount"])),
-            "tasks": tasks,
+            "tasks": [int(i) for i in event["taskIndexes"]],
             "reconciled": True,
         }
-        return data, "0x" + bytes(log_entry["transactionHash"]).hex()
+        return data, "0x" + bytes(logs[0]["transactionHash"]).hex()
 
-    def close_deals(self, now: float | None = None) -> list[int]:
-        """Close deals the client agreed to close, and deals past expiry plus the window.
+    # ---- redeem ------------------------------------------------------------------------
+
+    def redeem_due(
+        self, *, force: bool = False, deals: Collection[int] | None = None
+    ) -> list[SettlementRecord]:
+        """Redeem each deal's latest acceptable voucher where it is due.
+
+        Due: a task it newly pays reaches ``settleBy - margin``, or its increase over the
+        last redeemed voucher reaches ``redeem_threshold``; ``force`` redeems any increase.
+        """
+        done = []
+        with self._lock:
+            self.clock.chain_now()
+            now = self.clock.now()
+            for deal_id, book, state, _ in self._open_deals(deals):
+                latest = book.latest_voucher
+                if latest is None:
+                    continue
+                redeemed = book.redeemed()
+                base = 0 if redeemed is None else redeemed.voucher.cumulative_amount
+                increase = latest.voucher.cumulative_amount - base
+                if increase <= 0:
+                    continue
+                if not (
+                    force
+                    or increase >= self.config.redeem_threshold
+                    or self._voucher_due(book, latest, state, now)
+                ):
+                    continue
+                record = self._redeem(deal_id, latest, increase)
+                if record is not None:
+                    done.append(record)
+        return done
+
+    def _voucher_due(
+        self, book: DealBook, voucher: VoucherRecord, state: DealState, now: float
+    ) -> bool:
+        for index in voucher_tasks(voucher.voucher):
+            if book.on_chain(index):
+                continue
+            settle = self.settle_by_of(book, index, state)
+            if settle is not None and self.act_by(settle, state) <= now:
+                return True
+        return False
+
+    def _redeem(
+        self, deal_id: int, latest: VoucherRecord, increase: int
+    ) -> SettlementRecord | None:
+        voucher = latest.voucher
+        try:
+            tx = self.escrow.redeem_voucher(self._key, voucher, latest.signature)
+            paid = int(tx.event("VoucherRedeemed").args["paid"])
+            tx_hash: str | None = tx.tx_hash
+        except EscrowStaleVoucher as exc:
+            # Redeemed already (the daemon died after sending): the chain says so.
+            fresh = self._state(deal_id, fresh=True)
+            if fresh is None or fresh.vouched < voucher.cumulative_amount:
+                self._failed("redeem", deal_id, exc)
+                return None
+            paid, tx_hash = increase, None
+        except EscrowDealNotOpen:
+            return None  # closed: the watch job records it
+        except ContractRevert as exc:
+            # The escrow refuses this voucher for good (a task it covers was settled
+            # otherwise, the cap is spent...): its tasks fall back to claims.
+            self._record(
+                deal_id,
+                "voucher_unusable",
+                {"voucher_seq": latest.seq, "error": exc.error_name, "reason": str(exc)},
+                None,
+            )
+            self._failed("redeem", deal_id, exc)
+            return None
+        except ChainError as exc:
+            self._failed("redeem", deal_id, exc)
+            return None
+        record = self._record(
+            deal_id,
+            "redeem",
+            {
+                "voucher_seq": latest.seq,
+                "cumulative": str(voucher.cumulative_amount),
+                "paid": str(paid),
+            },
+            tx_hash,
+        )
+        self.metrics.paid.inc(paid)
+        log.info("voucher redeemed", extra={"deal": deal_id, "paid": paid})
+        return record
+
+    # ---- claim -------------------------------------------------------------------------
+
+    def claim_due(
+        self, *, force: bool = False, deals: Collection[int] | None = None
+    ) -> list[SettlementRecord]:
+        """Claim delivered, on-time tasks no acceptable voucher covers, once they are due.
+
+        Due: the task reaches ``settleBy - margin``; ``force`` claims every claimable task.
+        """
+        done = []
+        with self._lock:
+            chain_now = self.clock.chain_now()
+            now = self.clock.now()
+            for deal_id, book, state, plan in self._open_deals(deals):
+                candidates = self._claimable(deal_id, book, state, now, chain_now, force=force)
+                size = self.config.claim_batch_max
+                for start in range(0, len(candidates), size):
+                    record = self._claim(deal_id, book, plan, candidates[start : start + size])
+                    if record is not None:
+                        done.append(record)
+        return done
+
+    def _claimable(
+        self,
+        deal_id: int,
+        book: DealBook,
+        state: DealState,
+        now: float,
+        chain_now: int,
+        *,
+        force: bool,
+    ) -> list[ReceiptRecord]:
+        latest = book.latest_voucher
+        out = []
+        for index, record in sorted(book.receipts.items()):
+            ack = book.acks.get(index)
+            if ack is None or index in book.claiming or book.on_chain(index):
+                continue
+            if latest is not None and latest.voucher.covers(index):
+                continue  # the voucher pays it: redeem_due puts it on chain
+            if not record.on_time:
+                continue  # only a voucher can pay a late delivery
+            settle = settle_by(ack.request.deadline, state.expiry, state.challenge_window)
+            if settle < chain_now or not (force or self.act_by(settle, state) <= now):
+                continue
+            if not ack.claimable:
+                self._warn_once(
+                    "v1",
+                    deal_id,
+                    index,
+                    "a task acked under settlement protocol v1 cannot be claimed under v2: "
+                    "only a voucher pays it",
+                )
+                continue
+            if record.receipt.amount > ack.request.max_price:
+                self._warn_once(
+                    "price",
+                    deal_id,
+                    index,
+                    "a receipt's amount is above the request's maxPrice: it cannot be claimed",
+                )
+                continue
+            out.append(record)
+        return out
+
+    def _claim(
+        self, deal_id: int, book: DealBook, plan: Plan, batch: list[ReceiptRecord]
+    ) -> SettlementRecord | None:
+        """Claim one batch; the tasks stay marked ``claiming`` until the claim is journaled."""
+        with self.journal.lock:  # vouchers are accepted under this lock: none covers these
+            latest = book.latest_voucher
+            batch = [
+                r
+                for r in batch
+                if r.receipt.task_index not in book.claiming
+                and not book.on_chain(r.receipt.task_index)
+                and not (latest is not None and latest.voucher.covers(r.receipt.task_index))
+            ]
+            marked = {r.receipt.task_index for r in batch}
+            book.claiming |= marked
+        try:
+            return self._send_claim(deal_id, book, plan, batch)
+        finally:
+            with self.journal.lock:
+                book.claiming -= marked
+
+    def _send_claim(
+        self, deal_id: int, book: DealBook, plan: Plan, batch: list[ReceiptRecord]
+    ) -> SettlementRecord | None:
+        if not batch:
+            return None
+        try:
+            statuses = self._statuses(deal_id, [r.receipt.task_index for r in batch])
+        except (ChainError, ContractRevert, ValueError) as exc:
+            self._failed("claim", deal_id, exc)
+            return None
+        batch = [r for r, s in zip(batch, statuses, strict=True) if s == TASK_NONE]
+        for attempt in range(_CLAIM_ATTEMPTS):
+            if not batch:
+                return None
+            claims = []
+            for record in batch:
+                ack = book.acks[record.receipt.task_index]
+                claims.append(Claim(record.receipt, ack.request.max_price, ack.request_sig))
+            try:
+                tx = self.escrow.claim_receipts(self._key, deal_id, plan, claims)
+                break
+            except ContractRevert as exc:
+                refused = exc.error_args.get("taskIndex")
+                if refused is None or attempt == _CLAIM_ATTEMPTS - 1:
+                    self._failed("claim", deal_id, exc)
+                    return None
+                batch = [r for r in batch if r.receipt.task_index != int(str(refused))]
+                log.warning(
+                    "claim refused a task: sent again without it",
+                    extra={"deal": deal_id, "task": int(str(refused)), "error": str(exc)},
+                )
+            except ChainError as exc:
+                self._failed("claim", deal_id, exc)
+                return None
+        else:  # every attempt either breaks or returns: this is never reached
+            return None
+        event = tx.event("ReceiptsClaimed").args
+        claimed = self._record(
+            deal_id,
+            "claim",
+            {
+                "batch_id": int(event["batchId"]),
+                "deadline": int(event["deadline"]),
+                "amount": str(int(event["amount"])),
+                "tasks": [int(i) for i in event["taskIndexes"]],
+            },
+            tx.tx_hash,
+        )
+        log.info("tasks claimed", extra={"deal": deal_id, "tasks": len(batch)})
+        return claimed
+
+    def settle_due(self, *, force: bool = False, deals: Collection[int] | None = None) -> JobReport:
+        """Redeem, then claim what is due (see :meth:`redeem_due` and :meth:`claim_due`)."""
+        redeemed = self.redeem_due(force=force, deals=deals)
+        return JobReport(
+            redeemed=tuple(redeemed), claimed=tuple(self.claim_due(force=force, deals=deals))
+        )
+
+    # ---- finalize ----------------------------------------------------------------------
+
+    def finalize_claims(self, deals: Collection[int] | None = None) -> list[SettlementRecord]:
+        """Finalize every claimed batch whose challenge window has passed; lapse disputes the
+        arbiter left past its period (the client wins them: recorded ``rejected``)."""
+        done = []
+        with self._lock:
+            chain_now = max(self.clock.chain_now(), int(self.clock.now()) - 1)
+            for deal_id, book in self._books(deals):
+                ended = {
+                    int(s.data["batch_id"])
+                    for s in book.settlements
+                    if s.action in ("finalize", "rejected")
+                }
+                for claim in [s for s in book.settlements if s.action == "claim"]:
+                    batch_id = int(claim.data["batch_id"])
+                    if batch_id in ended or chain_now < int(claim.data["deadline"]):
+                        continue
+                    record = self._finalize(deal_id, batch_id, claim, chain_now)
+                    if record is not None:
+                        done.append(record)
+        return done
+
+    def _finalize(
+        self, deal_id: int, batch_id: int, claim: SettlementRecord, chain_now: int
+    ) -> SettlementRecord | None:
+        try:
+            tx = self.escrow.finalize_claim(self._key, deal_id, batch_id)
+            action, tx_hash = "finalize", tx.tx_hash
+        except (ContractRevert, ChainError) as exc:
+            try:
+                batch = self.escrow.get_batch(deal_id, batch_id)
+            except (ContractRevert, ChainError):
+                self._failed("finalize", deal_id, exc)
+                return None
+            if batch.status == BATCH_PAID:
+                action, tx_hash = "finalize", None
+            elif batch.status == BATCH_REJECTED:
+                action, tx_hash = "rejected", None
+            elif batch.status == BATCH_DISPUTED and chain_now >= batch.deadline:
+                try:
+                    tx_hash = self.escrow.lapse_dispute(self._key, deal_id, batch_id).tx_hash
+                except (ContractRevert, ChainError) as lapse:
+                    self._failed("lapse", deal_id, lapse)
+                    return None
+                action = "rejected"
+            else:  # disputed: the arbiter rules; try again later
+                if batch.status != BATCH_DISPUTED:
+                    self._failed("finalize", deal_id, exc)
+                return None
+        finished = self._record(
+            deal_id, action, {"batch_id": batch_id, "amount": claim.data["amount"]}, tx_hash
+        )
+        if action == "finalize":
+            self.metrics.paid.inc(int(claim.data["amount"]))
+        return finished
+
+    # ---- close -------------------------------------------------------------------------
+
+    def close_deals(self, deals: Collection[int] | None = None) -> list[int]:
+        """Close deals the client agreed to close, and deals past expiry + 2 windows.
 
         Before closing: redeem the latest voucher; on an early close also claim what no
         voucher pays (the close then waits for those claims to finalize); finalize claims
-        whose window passed. A deal with tasks still running, claims still pending or a
-        voucher not yet redeemed is left for the next pass. Return the deals closed.
+        whose window passed. A deal with a task still running (before its settlement
+        instant), claims pending or a voucher not yet redeemed is left for the next pass.
+        Deals without any task (discovered on chain) close the same way; ``deals`` limits the
+        pass to those deals. Return the deals closed.
         """
-        now = time.time() if now is None else now
-        chain_now = self._chain_time()
-        due: dict[int, bool] = {}  # deal -> past expiry + challenge window
-        for deal_id, _, state in self._unclosed():
-            ended = chain_now >= state.expiry + state.challenge_window
-            if state.status == DEAL_OPEN and (state.client_agreed_close or ended):
-                due[deal_id] = ended
-        if not due:
-            return []
-        self.redeem_due(now, force=True, deals=due)
-        self.claim_silent(now, force=True, deals=[d for d, ended in due.items() if not ended])
-        self.finalize_claims()
-        closed = []
         with self._lock:
-            for deal_id, ended in due.items():
-                if self._close(deal_id, ended):
-                    closed.append(deal_id)
-        return closed
+            chain_now = self.clock.chain_now()
+            now = max(float(chain_now), self.clock.now())
+            due: dict[int, bool] = {}  # deal -> past expiry + 2 windows (a unilateral close)
+            for deal_id, _ in self._books(deals):
+                state = self._state(deal_id, fresh=True)
+                if state is None or state.status != DEAL_OPEN:
+                    continue
+                alone = now >= state.expiry + 2 * state.challenge_window
+                if state.client_agreed_close or alone:
+                    due[deal_id] = alone
+            if not due:
+                return []
+            self.redeem_due(force=True, deals=due)
+            self.claim_due(force=True, deals=[d for d, alone in due.items() if not alone])
+            self.finalize_claims(deals=due)
+            return [d for d, alone in due.items() if self._close(d, alone, chain_now)]
 
-    def _close(self, deal_id: int, ended: bool) -> bool:
+    def _close(self, deal_id: int, alone: bool, chain_now: int) -> bool:
         book = self.journal.deal(deal_id)
-        if book is None or book.closed():
-            return False
-        if not ended and any(
-            i not in book.receipts and self.escrow.task_status(deal_id, i) != TASK_REFUNDED
-            for i in book.acks
-        ):
-            return False  # tasks still running (not refunded): their receipts may still be paid
-        try:
-            state = self.deals.get(deal_id, fresh=True)
-        except RejectedError:
+        state = self._state(deal_id, fresh=True)
+        if book is None or book.closed() or state is None or state.status != DEAL_OPEN:
             return False
         latest = book.latest_voucher
         if state.pending or (
             latest is not None and state.vouched < latest.voucher.cumulative_amount
         ):
             return False  # claims in their window, or a voucher left to redeem: not yet
+        if not alone and self._work_left(book, state, chain_now):
+            return False
         try:
             tx = self.escrow.close_deal(self._key, deal_id)
             event = tx.event("DealClosed").args
         except (ContractRevert, ChainError, KeyError) as exc:
             self._failed("close", deal_id, exc)
             return False
-        self.journal.record_settlement(
+        self._record(
             deal_id,
             "closed",
             {
@@ -462,30 +737,50 @@ class SettlementJobs:
             },
             tx.tx_hash,
         )
-        self.deals.invalidate(deal_id)
-        self.metrics.settlements.labels("closed").inc()
-        log.info("deal closed", extra={"deal": deal_id, "expired": ended})
+        log.info("deal closed", extra={"deal": deal_id, "expired": alone})
         return True
 
-    def run_all(self, now: float | None = None) -> JobReport:
-        """Run every job once, in order: watch, redeem, claim, finalize, close."""
-        closed = self.watch_deals()
-        report = JobReport(
-            redeemed=tuple(self.redeem_due(now)),
-            claimed=tuple(self.claim_silent(now)),
-            finalized=tuple(self.finalize_claims()),
-        )
-        return JobReport(
-            redeemed=report.redeemed,
-            claimed=report.claimed,
-            finalized=report.finalized,
-            closed=(*closed, *self.close_deals(now)),
-        )
+    def _work_left(self, book: DealBook, state: DealState, chain_now: int) -> bool:
+        """Return whether a task not on chain can still be delivered or claimed."""
+        for index, ack in book.acks.items():
+            if book.on_chain(index):
+                continue
+            settle = settle_by(ack.request.deadline, state.expiry, state.challenge_window)
+            if settle < chain_now:
+                continue  # its settlement instant passed: nothing more to do for it
+            record = book.receipts.get(index)
+            if record is None or (record.on_time and ack.claimable):
+                return True  # still running, or delivered and claimable (a claim failed)
+        return False
+
+    # ---- all ---------------------------------------------------------------------------
+
+    def run_all(self, deals: Collection[int] | None = None) -> JobReport:
+        """Run every job once, in order: discover, watch, redeem, claim, finalize, close.
+
+        ``deals`` limits every job but the discovery to those deals.
+        """
+        with self._lock:
+            try:
+                discovered = self.discover_deals()
+            except (ChainError, ValueError) as exc:
+                self._failed("discover", 0, exc)
+                discovered = []
+            closed = self.watch_deals(deals)
+            settled = self.settle_due(deals=deals)
+            finalized = self.finalize_claims(deals)
+            return JobReport(
+                redeemed=settled.redeemed,
+                claimed=settled.claimed,
+                finalized=tuple(finalized),
+                closed=(*closed, *self.close_deals(deals)),
+                discovered=tuple(discovered),
+            )
 
     # ---- scheduling --------------------------------------------------------------------
 
     def start(self, extra: Sequence[tuple[Callable[[], object], float]] = ()) -> None:
-        """Run :meth:`run_all` every ``interval_s`` (plus ``extra`` jobs) in the background."""
+        """Run :meth:`run_all` every ``interval_s``, the first pass at once (plus ``extra``)."""
         scheduler = BackgroundScheduler(daemon=True)
         scheduler.add_job(
             self._safe_run_all,
@@ -494,6 +789,7 @@ class SettlementJobs:
             max_instances=1,
             coalesce=True,
             id="settlement",
+            next_run_time=datetime.datetime.now(datetime.UTC),
         )
         for i, (job, seconds) in enumerate(extra):
             scheduler.add_job(

@@ -19,6 +19,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "deal_not_found": 404,
     "deal_not_open": 409,
     "deal_expired": 409,
+    "window_too_short": 409,
     "unknown_plan": 409,
     "task_index_used": 409,
     "voucher_stale": 409,
@@ -28,9 +29,13 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "envelope_malformed": 422,
     "hash_mismatch": 422,
     "price_above_max": 422,
+    "deadline_too_soon": 422,
+    "deadline_after_expiry": 422,
     "voucher_covers_undelivered": 422,
     "voucher_covers_claimed": 422,
-    "voucher_amount_mismatch": 422,
+    "voucher_covers_refunded": 422,
+    "voucher_underpays": 422,
+    "voucher_over_cap": 422,
     "chain_unavailable": 503,
 }
 

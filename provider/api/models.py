@@ -60,7 +60,7 @@ def task_dict(
         "task_index": ack.ack.task_index,
         "state": view.state,
         "created": created,
-        "ack": ack.ack.to_json(),
+        "ack": ack.ack_json(),
         "ack_signature": "0x" + ack.ack_sig.hex(),
         "access_token": access_token,
     }

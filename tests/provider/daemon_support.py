@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from contracts.binding import Chain, Escrow, Token
-from contracts.chain import Anvil
+from contracts.chain import Anvil, rpc
 from contracts.messages import (
     KIND_COMPILE,
     KIND_INFERENCE,
@@ -31,6 +31,8 @@ from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, sp
 FUNDS = 10**15
 PLAN = Plan(compile_price=1_000, inference_price=500, price_per_device_ms=0)
 CHALLENGE_WINDOW = 60
+PENALTY = 50_000
+SLO_S = 30  # the test daemons' SLO (provider_config's slo_ms)
 _nonces = itertools.count(1)
 
 
@@ -59,6 +61,17 @@ class ChainWorld:
         """Return the latest block's timestamp."""
         return int(self.chain.w3.eth.get_block("latest")["timestamp"])
 
+    def chain_time(self) -> int:
+        """Mine a block and return its timestamp: the chain's clock now, even when idle."""
+        rpc(self.anvil.url, "evm_mine")
+        return self.now()
+
+    def advance_to(self, timestamp: int) -> None:
+        """Mine a block at ``timestamp`` (moving the chain's clock forward, never back)."""
+        now = self.chain_time()
+        if timestamp > now:
+            self.anvil.increase_time(timestamp - now)
+
     def open_deal(
         self,
         *,
@@ -67,6 +80,8 @@ class ChainWorld:
         max_spend: int = 10**8,
         plan: Plan = PLAN,
         duration: int = 3_600,
+        window: int = CHALLENGE_WINDOW,
+        stake: int = 10**6,
     ) -> int:
         """Open a deal from a quote the provider signs; return its id."""
         provider = provider or self.provider
@@ -76,10 +91,10 @@ class ChainWorld:
             client=address_of(client),
             arbiter=address_of(self.arbiter),
             max_spend=max_spend,
-            stake=10**6,
-            penalty=50_000,
+            stake=stake,
+            penalty=PENALTY,
             duration=duration,
-            challenge_window=CHALLENGE_WINDOW,
+            challenge_window=window,
             slo_ms=10_000,
             valid_until=self.now() + 600,
             nonce=next(_nonces),
@@ -124,13 +139,11 @@ def provider_config(world: ChainWorld, data_dir: Path, **changes: Any) -> Provid
         "escrow": world.escrow.address,
         "data_dir": data_dir,
         "plan": PLAN,
-        "slo_ms": 30_000,
+        "slo_ms": SLO_S * 1000,
         "pool_size": 1,
         "jax_platforms": "cpu",
         "benchmark_on_start": False,
-        "settlement": SettlementConfig(
-            redeem_threshold=10**12, redeem_max_age_s=10**9, silent_after_s=10**9
-        ),
+        "settlement": SettlementConfig(redeem_threshold=10**12),
     }
     settings.update(changes)
     return ProviderConfig(**settings)
@@ -194,7 +207,7 @@ class SignedTask:
 
 
 def sign_task(
-    domain: Domain,
+    world: ChainWorld,
     client: str,
     deal_id: int,
     index: int,
@@ -203,8 +216,13 @@ def sign_task(
     kind: int = KIND_INFERENCE,
     target: str | None = None,
     max_price: int = 10_000,
+    deadline: int | None = None,
+    domain: Domain | None = None,
 ) -> SignedTask:
-    """Sign a task request for ``envelope`` as ``client``."""
+    """Sign a task request for ``envelope`` as ``client``.
+
+    The deadline is the client SDK's: the chain's time now + the SLO + 2 s of slack.
+    """
     request = TaskRequest(
         deal_id=deal_id,
         task_index=index,
@@ -212,15 +230,17 @@ def sign_task(
         program_hash=envelope.program_sha256,
         input_hash=request_input_hash(kind, envelope, target),
         max_price=max_price,
+        deadline=world.chain_time() + SLO_S + 2 if deadline is None else deadline,
     )
-    return SignedTask(request, request.sign(domain, client), encode_envelope(envelope), target)
+    signed = request.sign(domain or world.domain, client)
+    return SignedTask(request, signed, encode_envelope(envelope), target)
 
 
 def compile_task(
-    domain: Domain, client: str, deal_id: int, index: int, envelope: ProgramEnvelope, target: str
+    world: ChainWorld, client: str, deal_id: int, index: int, envelope: ProgramEnvelope, target: str
 ) -> SignedTask:
     """Sign a compile task for ``target``."""
-    return sign_task(domain, client, deal_id, index, envelope, kind=KIND_COMPILE, target=target)
+    return sign_task(world, client, deal_id, index, envelope, kind=KIND_COMPILE, target=target)
 
 
 def wait_until(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:

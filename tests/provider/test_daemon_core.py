@@ -39,12 +39,12 @@ from contracts.program import (
     encode_envelope,
     request_input_hash,
 )
-from provider.config import load_config
+from provider.config import SettlementConfig, load_config
 from provider.errors import ConfigError, JournalCorruptError, JournalError
 from provider.heartbeat import Heartbeat, build_advert, heartbeat_message, signed_heartbeat
-from provider.journal import AckRecord, Journal
+from provider.journal import SCHEMA_VERSION, AckRecord, Journal
 from provider.metrics import ProviderMetrics
-from provider.receipts import ack_price, build_receipt, voucher_tasks
+from provider.receipts import ack_price, build_receipt, settle_by, voucher_tasks
 
 KEY = "0x" + "11" * 32
 DOMAIN = Domain(chain_id=31337, verifying_contract="0x" + "22" * 20)
@@ -59,6 +59,7 @@ def request(index: int, kind: int = KIND_INFERENCE, max_price: int = 900) -> Tas
         program_hash=b"\x01" * 32,
         input_hash=b"\x02" * 32,
         max_price=max_price,
+        deadline=1_000,
     )
 
 
@@ -162,9 +163,7 @@ def test_voucher_tasks_inverts_task_bitmap(tasks: set[int]) -> None:
 
 def ack_record(index: int) -> AckRecord:
     req = request(index)
-    ack = Ack(
-        deal_id=7, task_index=index, request_hash=req.struct_hash(), deadline=1_000, price=500
-    )
+    ack = Ack(deal_id=7, task_index=index, request_hash=req.struct_hash(), price=500)
     return AckRecord(
         request=req,
         request_sig=b"\x00" * 65,
@@ -193,7 +192,7 @@ def deliver(journal: Journal, index: int, *, defer: bool = False, ack: bool = Tr
         receipt = build_receipt(
             PLAN,
             record.request,
-            deadline=record.ack.deadline,
+            deadline=record.request.deadline,
             outputs=b"o",
             status=0,
             device_ms=1,
@@ -323,12 +322,12 @@ def test_journal_written_before_shared_blobs_opens_and_serves_its_envelopes(
             (
                 "7",
                 0,
-                json.dumps(record.request.to_json()),
+                json.dumps({k: v for k, v in record.request.to_json().items() if k != "deadline"}),
                 record.request_sig,
                 record.request_hash,
                 None,
                 envelope_bytes(b"old"),
-                json.dumps(record.ack.to_json()),
+                json.dumps({**record.ack.to_json(), "deadline": 1_000}),  # a v1 ack
                 record.ack_sig,
                 record.acked_at,
             ),
@@ -391,7 +390,7 @@ def test_load_config_when_toml_and_env_then_env_wins(tmp_path: Path) -> None:
     path.write_text(
         'rpc_url = "http://a"\nescrow = "0x' + "33" * 20 + '"\ndata_dir = "/tmp/x"\n'
         "slo_ms = 5000\npool_size = 2\n[plan]\ninference_price = 7\n[settlement]\n"
-        "silent_after_s = 12\n"
+        "interval_s = 12\n"
     )
     env = {
         "TPUMARKET_PROVIDER_PRIVATE_KEY": KEY,
@@ -402,7 +401,7 @@ def test_load_config_when_toml_and_env_then_env_wins(tmp_path: Path) -> None:
     config = load_config(path, env)
     assert config.slo_ms == 3000 and config.slo_s == 3 and config.pool_size == 2
     assert config.plan == Plan(inference_price=7)
-    assert config.settlement.silent_after_s == 12.0
+    assert config.settlement.interval_s == 12.0
     assert config.settlement.redeem_threshold == 99
     assert config.address == address_of(KEY)
     assert config.data_dir == Path("/tmp/x")
@@ -427,6 +426,176 @@ def test_load_config_when_invalid_then_config_error(tmp_path: Path, extra: str) 
 def test_load_config_when_key_missing_then_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="private_key"):
         load_config(None, {"TPUMARKET_PROVIDER_RPC_URL": "x"})
+
+
+def test_load_config_when_retired_timer_keys_then_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        'rpc_url = "x"\nescrow = "y"\ndata_dir = "z"\n[settlement]\n'
+        "redeem_max_age_s = 3600\nsilent_after_s = 86400\nexpiry_margin_s = 300\n"
+    )
+    with caplog.at_level("WARNING", logger="provider.config"):
+        config = load_config(path, {"TPUMARKET_PROVIDER_PRIVATE_KEY": KEY})
+    assert config.settlement == SettlementConfig()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "silent_after_s is ignored" in warned and "redeem_max_age_s is ignored" in warned
+
+
+def test_settlement_config_when_window_cannot_hold_interval_and_tx_then_named_with_a_fix() -> None:
+    config = SettlementConfig(interval_s=30, tx_allowance_s=10, margin_fraction=0.5)
+    assert config.min_window_s() == 80
+    assert config.margin_s(120) == 60
+    assert config.window_problem(80) is None
+    problem = config.window_problem(60)
+    assert problem is not None
+    assert "below the 80 s" in problem and "interval_s to at most 20 s" in problem
+    assert SettlementConfig().window_problem(60) is None  # the defaults meet the escrow's minimum
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"interval_s": 0}, {"margin_fraction": 0}, {"margin_fraction": 1.5}, {"claim_batch_max": 0}],
+)
+def test_settlement_config_when_impossible_then_config_error(changes: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        SettlementConfig(**changes)
+
+
+def test_settle_by_when_deadline_past_expiry_then_expiry_counts() -> None:
+    assert settle_by(deadline=100, expiry=500, challenge_window=60) == 160
+    assert settle_by(deadline=900, expiry=500, challenge_window=60) == 560
+
+
+# ---- journal schema versions -------------------------------------------------------------
+
+
+V1_DOMAIN = replace(DOMAIN, version="1")
+
+
+def write_v1_journal(path: Path, count: int) -> list[bytes]:
+    """Write a journal as a protocol-v1 daemon did: acks with deadlines, no schema version."""
+    hashes = []
+    previous = ZERO_HASH
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE acks (deal_id TEXT NOT NULL, task_index INTEGER NOT NULL, "
+            "request_json TEXT NOT NULL, request_sig BLOB NOT NULL, request_hash BLOB NOT NULL, "
+            "target TEXT, envelope BLOB NOT NULL, ack_json TEXT NOT NULL, ack_sig BLOB NOT NULL, "
+            "acked_at REAL NOT NULL, program_sha256 BLOB, weights_sha256 BLOB, "
+            "PRIMARY KEY (deal_id, task_index))"
+        )
+        db.execute(
+            "CREATE TABLE receipts (seq INTEGER PRIMARY KEY AUTOINCREMENT, deal_id TEXT NOT NULL, "
+            "task_index INTEGER NOT NULL, receipt_json TEXT NOT NULL, receipt_sig BLOB NOT NULL, "
+            "receipt_hash BLOB NOT NULL, outputs BLOB NOT NULL, detail_json TEXT NOT NULL, "
+            "recorded_at REAL NOT NULL, UNIQUE (deal_id, task_index))"
+        )
+        for index in range(count):
+            v1_request = {k: v for k, v in request(index).to_json().items() if k != "deadline"}
+            v1_ack = {
+                "deal_id": 7,
+                "task_index": index,
+                "request_hash": "0x" + "ab" * 32,
+                "deadline": 1_000 + index,
+                "price": 500,
+            }
+            db.execute(
+                "INSERT INTO acks VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                ("7", index, json.dumps(v1_request), b"\x01" * 65, b"\xab" * 32, None,
+                 b"envelope", json.dumps(v1_ack), b"\x02" * 65, float(index), None, None),
+            )  # fmt: skip
+            receipt = build_receipt(
+                PLAN,
+                replace(request(index), deadline=1_000 + index),
+                deadline=1_000 + index,
+                outputs=b"o",
+                status=0,
+                device_ms=1,
+                compile_ms=0,
+                cache_hit=False,
+                started_at=1,
+                finished_at=2,
+                prev_receipt_hash=previous,
+            )
+            previous = receipt.struct_hash()
+            hashes.append(previous)
+            db.execute(
+                "INSERT INTO receipts (deal_id, task_index, receipt_json, receipt_sig, "
+                "receipt_hash, outputs, detail_json, recorded_at) VALUES (?,?,?,?,?,?,?,?)",
+                ("7", index, json.dumps(receipt.to_json()), receipt.sign(V1_DOMAIN, KEY),
+                 previous, b"o", "{}", 0.0),
+            )  # fmt: skip
+    return hashes
+
+
+def test_journal_when_written_under_protocol_v1_then_migrated_readable_and_not_claimable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    hashes = write_v1_journal(path, 2)
+
+    with caplog.at_level("WARNING", logger="provider.journal"):
+        journal = Journal(path, address_of(KEY), DOMAIN)
+    try:
+        assert journal.migrated_from == 1 and journal.schema_version() == SCHEMA_VERSION
+        assert journal.verify() == 2  # v1 receipts verify under the v1 domain
+        book = journal.deal(7)
+        assert book is not None
+        old = book.acks[1]
+        assert old.protocol == 1 and not old.claimable
+        assert old.request.deadline == 1_001 == book.receipts[1].receipt.deadline
+        assert old.ack_json()["deadline"] == 1_001 and old.ack.price == 500
+        assert book.last_receipt_hash == hashes[-1]
+        assert "cannot be claimed under v2" in caplog.text
+        with journal.lock:  # a v2 task after them extends the same chain
+            journal.record_ack(ack_record(2), b"envelope-2")
+            receipt = build_receipt(
+                PLAN,
+                request(2),
+                deadline=1_000,
+                outputs=b"o",
+                status=0,
+                device_ms=1,
+                compile_ms=0,
+                cache_hit=False,
+                started_at=1,
+                finished_at=2,
+                prev_receipt_hash=journal.next_prev_hash(7),
+            )
+            journal.record_receipt(receipt, receipt.sign(DOMAIN, KEY), b"o", {})
+        assert book.acks[2].claimable
+    finally:
+        journal.close()
+
+    again = Journal(path, address_of(KEY), DOMAIN)
+    try:
+        assert again.migrated_from is None and again.verify() == 3
+        assert [again.deal(7).acks[i].protocol for i in range(3)] == [1, 1, 2]  # type: ignore[union-attr]
+    finally:
+        again.close()
+
+
+def test_journal_when_written_by_a_newer_daemon_then_refused(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(JournalError, match="newer daemon"):
+        Journal(path, address_of(KEY), DOMAIN)
+
+
+def test_unpaid_ack_total_when_a_task_is_refunded_or_claimed_then_counted_once(
+    journal: Journal,
+) -> None:
+    for index in range(4):
+        journal.record_ack(ack_record(index), b"e")
+    book = journal.deal(7)
+    assert book is not None and book.unpaid_ack_total() == 4 * 500
+    journal.record_settlement(7, "refunded", {"tasks": [0]}, None)  # in `committed` on chain
+    journal.record_settlement(7, "claim", {"batch_id": 0, "tasks": [1], "amount": "500"}, None)
+    assert book.unpaid_ack_total() == 2 * 500
+    assert book.on_chain(0) and book.on_chain(1) and not book.on_chain(2)
 
 
 # ---- heartbeat ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``kill -9`` of the daemon process mid-task, then a restart: nothing acked is lost."""
+"""``kill -9`` of the daemon process, then a restart: nothing acked is lost, everything is paid."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
+from contracts.binding import TASK_CLAIMED, TASK_NONE
 from contracts.chain import free_port
-from contracts.messages import ZERO_HASH, Receipt, address_of, verify
+from contracts.messages import ZERO_HASH, Ack, Receipt, address_of, verify
+from contracts.reverts import EscrowTaskAlreadySettled
 from provider.journal import Journal
+from provider.receipts import settle_by
 from tests.provider.daemon_support import (
     PLAN,
+    SLO_S,
     ChainWorld,
     SignedTask,
     sign_task,
@@ -39,14 +43,15 @@ class DaemonProcess:
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, port: int) -> str:
+    def start(self, port: int, *, jobs: bool = False) -> str:
         env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=self.world.provider)
         env["JAX_PLATFORMS"] = "cpu"
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "provider.cli", "run"),
-                    *("--config", str(self.config), "--port", str(port), "--no-jobs"),
+                    *("--config", str(self.config), "--port", str(port)),
+                    *(() if jobs else ("--no-jobs",)),
                 ],
                 cwd=REPO,
                 env=env,
@@ -89,17 +94,21 @@ def daemon_process(chain_world: ChainWorld, tmp_path: Path) -> Iterator[DaemonPr
         f'escrow = "{chain_world.escrow.address}"\n'
         f'data_dir = "{tmp_path / "data"}"\n'
         'jax_platforms = "cpu"\n'
-        "slo_ms = 120000\n"
+        f"slo_ms = {SLO_S * 1000}\n"
         "benchmark_on_start = false\n"
         "[plan]\n"
         f"compile_price = {PLAN.compile_price}\n"
         f"inference_price = {PLAN.inference_price}\n"
+        "[settlement]\n"
+        "interval_s = 1\n"
+        "redeem_threshold = 1000000000\n"
     )
     node = DaemonProcess(config, chain_world, tmp_path / "daemon.log")
     try:
         yield node
     finally:
         node.stop()
+        chain_world.chain.tx.reset_nonces()  # the daemon process sent with the same key
 
 
 def post(url: str, task: SignedTask, wait: float = 0) -> dict[str, Any]:
@@ -120,9 +129,9 @@ def test_kill9_mid_task_then_restart_serves_results_reruns_acked_and_keeps_the_c
 ) -> None:
     world = chain_world
     deal_id = world.open_deal()
-    fast = sign_task(world.domain, world.client, deal_id, 0, tiny_mlp_envelope()[0])
-    slow = sign_task(world.domain, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
     url = daemon_process.start(free_port())
+    fast = sign_task(world, world.client, deal_id, 0, tiny_mlp_envelope()[0])
+    slow = sign_task(world, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
 
     done = post(url, fast, wait=60)
     acked = post(url, slow)
@@ -171,3 +180,40 @@ def test_kill9_mid_task_then_restart_serves_results_reruns_acked_and_keeps_the_c
         assert book is not None and sorted(book.receipts) == [0, 1]
     finally:
         journal.close()
+
+
+def test_daemon_killed_after_delivery_and_restarted_inside_the_margin_then_paid_for_everything(
+    chain_world: ChainWorld, daemon_process: DaemonProcess
+) -> None:
+    world = chain_world
+    window = 300  # margin 150 s: the restart below lands 140 s before settleBy
+    deal_id = world.open_deal(window=window)
+    envelope = tiny_mlp_envelope()[0]
+    url = daemon_process.start(free_port(), jobs=True)
+    tasks = [sign_task(world, world.client, deal_id, i, envelope) for i in range(3)]
+    answers = [post(url, task, wait=60) for task in tasks]
+    daemon_process.kill9()  # delivered, not vouched, nothing on chain yet
+    assert [world.escrow.task_status(deal_id, i) for i in range(3)] == [TASK_NONE] * 3
+    deal = world.escrow.get_deal(deal_id)
+    last = max(settle_by(t.request.deadline, deal.expiry, window) for t in tasks)
+    first = min(settle_by(t.request.deadline, deal.expiry, window) for t in tasks)
+    world.advance_to(last - window // 2 + 10)  # past settleBy - margin: due while it was down
+
+    daemon_process.start(free_port(), jobs=True)  # settles what is due at once
+
+    wait_until(
+        lambda: all(world.escrow.task_status(deal_id, i) == TASK_CLAIMED for i in range(3)),
+        120,
+        "the restarted daemon's claims",
+    )
+    assert world.chain_time() <= first  # claimed before any settleBy
+    world.advance_to(first + 1)
+    ack = Ack.from_json(answers[0]["ack"])
+    with pytest.raises(EscrowTaskAlreadySettled):  # the client's refund comes too late
+        world.escrow.refund_breach(
+            world.client, tasks[0].request, ack, bytes.fromhex(answers[0]["ack_signature"][2:])
+        )
+    world.advance_to(last + window + 1)  # past every claim's challenge window
+    wait_until(lambda: world.escrow.get_deal(deal_id).pending == 0, 60, "finalized claims")
+    earned = sum(Receipt.from_json(a["receipt"]).amount for a in answers)
+    assert world.escrow.get_deal(deal_id).committed == earned  # paid to the provider's balance

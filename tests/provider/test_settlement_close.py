@@ -1,15 +1,15 @@
-"""Settlement jobs on real anvil: lost claims reconciled, deals closed by the provider."""
+"""Settlement jobs on real anvil: lost claims reconciled, deals (empty ones too) closed."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from contracts.binding import DEAL_CLOSED, TASK_REFUNDED
-from contracts.messages import Ack, Receipt, Voucher, address_of, task_bitmap
+from contracts.messages import Ack, Claim, Receipt, Voucher, address_of, task_bitmap
 from provider.daemon import Daemon
+from provider.receipts import settle_by
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     ChainWorld,
@@ -26,7 +26,7 @@ def run_tasks(api: TestClient, world: ChainWorld, deal_id: int, count: int) -> l
     envelope = tiny_mlp_envelope()[0]
     receipts = []
     for index in range(count):
-        task = sign_task(world.domain, world.client, deal_id, index, envelope)
+        task = sign_task(world, world.client, deal_id, index, envelope)
         body = api.post(
             "/v1/tasks", content=task.body, headers=task.headers(), params={"wait": 60}
         ).json()
@@ -56,11 +56,12 @@ def test_lost_claim_when_mined_but_not_journaled_then_reconciled_and_finalized(
     receipts = run_tasks(api, world, deal_id, 2)
     book = daemon.journal.deal(deal_id)
     assert book is not None
-    records = [book.receipts[r.task_index] for r in receipts]
+    claims = [
+        Claim(r, book.acks[r.task_index].request.max_price, book.acks[r.task_index].request_sig)
+        for r in receipts
+    ]
     # The daemon's claim, sent and mined, but the daemon died before journaling it.
-    world.escrow.claim_receipts(
-        world.provider, deal_id, daemon.config.plan, receipts, [r.signature for r in records]
-    )
+    world.escrow.claim_receipts(world.provider, deal_id, daemon.config.plan, claims)
     provider = address_of(world.provider)
     balance = world.escrow.balance_of(provider)
 
@@ -70,8 +71,9 @@ def test_lost_claim_when_mined_but_not_journaled_then_reconciled_and_finalized(
     assert len(claims) == 1 and claims[0].data["tasks"] == [0, 1]
     assert claims[0].data["reconciled"] is True and claims[0].tx_hash
     assert daemon.jobs.reconcile_claims() == []  # journaled once only
+    assert deal_id not in [c.deal_id for c in daemon.jobs.claim_due(force=True)]
     world.anvil.increase_time(CHALLENGE_WINDOW + 1)
-    finalized = [f for f in daemon.jobs.finalize_claims() if f.deal_id == deal_id]
+    finalized = daemon.jobs.finalize_claims(deals=[deal_id])
     assert len(finalized) == 1
     assert world.escrow.balance_of(provider) == balance + sum(r.amount for r in receipts)
     assert world.escrow.get_deal(deal_id).pending == 0
@@ -88,18 +90,18 @@ def test_client_agreed_close_then_provider_redeems_claims_and_closes(
     balance, client_balance = world.escrow.balance_of(provider), world.escrow.balance_of(client)
     world.escrow.close_deal(world.client, deal_id)  # CloseAgreed by the client
 
-    assert daemon.jobs.close_deals() == []  # voucher redeemed, task 1 claimed: window open
+    assert daemon.jobs.close_deals([deal_id]) == []  # voucher redeemed, task 1 claimed
     deal = world.escrow.get_deal(deal_id)
     assert deal.vouched == receipts[0].amount and deal.pending == receipts[1].amount
     world.anvil.increase_time(CHALLENGE_WINDOW + 1)
-    assert daemon.jobs.close_deals() == [deal_id]
+    assert daemon.jobs.close_deals([deal_id]) == [deal_id]
 
     deal = world.escrow.get_deal(deal_id)
     earned = sum(r.amount for r in receipts)
     assert deal.status == DEAL_CLOSED
     assert world.escrow.balance_of(provider) == balance + earned
     assert world.escrow.balance_of(client) == client_balance + deal.max_spend - earned
-    assert daemon.jobs.close_deals() == []
+    assert daemon.jobs.close_deals([deal_id]) == []
     assert api.get(f"/v1/deals/{deal_id}").json()["closed"] is True
 
 
@@ -112,10 +114,12 @@ def test_expired_deal_then_provider_redeems_and_closes_alone(
     vouch(api, world, deal_id, receipts)
     provider = address_of(world.provider)
     balance = world.escrow.balance_of(provider)
-    assert deal_id not in daemon.jobs.close_deals()  # open, and the client did not agree
+    assert daemon.jobs.close_deals([deal_id]) == []  # open, and the client did not agree
 
-    world.anvil.increase_time(600 + CHALLENGE_WINDOW + 1)
-    closed = daemon.jobs.close_deals(now=time.time())
+    world.advance_to(world.escrow.get_deal(deal_id).expiry + CHALLENGE_WINDOW)
+    assert daemon.jobs.close_deals([deal_id]) == []  # refunds stay possible for a window
+    world.advance_to(world.escrow.get_deal(deal_id).expiry + 2 * CHALLENGE_WINDOW)
+    closed = daemon.jobs.close_deals([deal_id])
 
     assert deal_id in closed
     assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
@@ -129,19 +133,57 @@ def test_client_agreed_close_with_a_refunded_task_still_running_then_provider_cl
     deal_id = world.open_deal()
     receipts = run_tasks(api, world, deal_id, 1)
     vouch(api, world, deal_id, receipts)
-    slow = sign_task(world.domain, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
+    slow = sign_task(world, world.client, deal_id, 1, spin_envelope(SLOW_STEPS))
     acked = api.post("/v1/tasks", content=slow.body, headers=slow.headers()).json()
     assert acked["state"] == "acked", acked
     ack = Ack.from_json(acked["ack"])
-    world.anvil.increase_time(max(1, ack.deadline - world.now() + CHALLENGE_WINDOW + 1))
-    world.escrow.refund_breach(world.client, ack, bytes.fromhex(acked["ack_signature"][2:]))
+    deal = world.escrow.get_deal(deal_id)
+    world.advance_to(settle_by(slow.request.deadline, deal.expiry, deal.challenge_window) + 1)
+    world.escrow.refund_breach(
+        world.client, slow.request, ack, bytes.fromhex(acked["ack_signature"][2:])
+    )
     world.escrow.close_deal(world.client, deal_id)  # CloseAgreed by the client
     book = daemon.journal.deal(deal_id)
     assert book is not None and 1 not in book.receipts  # still running in the sandbox
 
-    assert daemon.jobs.close_deals() == [deal_id]  # the refunded task does not hold it open
+    assert daemon.jobs.close_deals([deal_id]) == [deal_id]  # the refund does not hold it open
 
     assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
     assert world.escrow.task_status(deal_id, 1) == TASK_REFUNDED
     wait_until(lambda: 1 in book.receipts, what="the slow task's receipt")
-    assert daemon.jobs.claim_silent(force=True) == []  # a refunded task is never claimed
+    assert deal_id not in [c.deal_id for c in daemon.jobs.claim_due(force=True)]
+
+
+def test_agreed_early_close_of_an_empty_deal_then_the_provider_completes_it(
+    chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    provider = address_of(world.provider)
+    stake = world.escrow.stake_of(provider)
+    world.escrow.close_deal(world.client, deal_id)  # CloseAgreed; the daemon never saw a task
+    assert daemon.journal.deal(deal_id) is None
+
+    report = daemon.jobs.run_all([deal_id])  # discovers the deal, then completes the close
+
+    assert deal_id in report.discovered and deal_id in report.closed
+    assert world.escrow.get_deal(deal_id).status == DEAL_CLOSED
+    assert world.escrow.stake_of(provider) == stake + 10**6  # the deal's stake is free again
+    book = daemon.journal.deal(deal_id)
+    assert book is not None and book.closed() and book.opened() is not None
+
+
+def test_expired_empty_deal_then_the_provider_closes_it_alone_and_frees_its_stake(
+    chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal(duration=300)
+    provider = address_of(world.provider)
+    daemon.jobs.discover_deals()
+    assert daemon.jobs.close_deals([deal_id]) == []
+    stake = world.escrow.stake_of(provider)
+
+    world.advance_to(world.escrow.get_deal(deal_id).expiry + 2 * CHALLENGE_WINDOW)
+
+    assert daemon.jobs.close_deals([deal_id]) == [deal_id]
+    assert world.escrow.stake_of(provider) == stake + 10**6

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from contracts.typed_data import schema
 from provider.api.deps import DaemonDep
 
 router = APIRouter(tags=["system"])
@@ -34,7 +35,20 @@ async def info(daemon: DaemonDep) -> dict[str, Any]:
         "plan_hash": "0x" + config.plan.struct_hash().hex(),
         "slo_ms": config.slo_ms,
         "max_envelope_bytes": config.max_envelope_bytes,
+        "protocol": daemon.domain.version,
+        "settlement": {
+            "interval_s": config.settlement.interval_s,
+            "margin_fraction": config.settlement.margin_fraction,
+            "tx_allowance_s": config.settlement.tx_allowance_s,
+            "min_challenge_window_s": config.settlement.min_window_s(),
+        },
     }
+
+
+@router.get("/v1/typed-data")
+async def typed_data(daemon: DaemonDep) -> dict[str, Any]:
+    """Return the EIP-712 typed-data schema of every signed message, for this escrow."""
+    return schema(daemon.domain)
 
 
 @router.get("/metrics")
