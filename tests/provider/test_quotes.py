@@ -1,0 +1,255 @@
+"""Per-fill quotes: the daemon signs one quote per market deal, through a real market process.
+
+The market runs as ``python -m market.cli market serve`` on the shared anvil; the provider's
+operator posts an ask carrying its terms (a quote naming no client), clients bid, and the
+daemon's quote job (``daemon.quotes.run()``, as its scheduler calls it) attaches a quote
+naming each deal's client, which that client opens on chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from client.market_http import MarketHttp
+from contracts.chain import free_port
+from contracts.messages import ZERO_ADDRESS, Quote, address_of
+from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+from provider.config import SettlementConfig
+from provider.daemon import Daemon
+from provider.sandbox import Sandbox
+from tests.provider.daemon_support import (
+    CHALLENGE_WINDOW,
+    FUNDS,
+    PENALTY,
+    PLAN,
+    SLO_S,
+    ChainWorld,
+    provider_config,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+STAKE = 10**6
+PRICE = 1_000
+_nonces = itertools.count(10_000)
+
+
+@pytest.fixture(scope="module")
+def market_url(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The market server as its own process, indexing the shared escrow."""
+    work = tmp_path_factory.mktemp("market")
+    port = free_port()
+    args = [sys.executable, "-m", "market.cli", "market", "serve", "--port", str(port)]
+    args += ["--data-dir", str(work), "--rpc-url", chain_world.anvil.url]
+    args += ["--escrow", chain_world.escrow.address, "--chain-id", str(chain_world.domain.chain_id)]
+    log = (work / "market.log").open("ab")
+    process = subprocess.Popen(
+        args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DATABASE_URL": ""}
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"market exited: {(work / 'market.log').read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(url + "/healthz", timeout=2).status_code == 200
+        return False
+
+    try:
+        wait_until(up, 120, "the market")
+        yield url
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(30)
+        log.close()
+
+
+@pytest.fixture
+def provider_key(chain_world: ChainWorld) -> str:
+    """A fresh provider with tokens and exactly one quote's stake."""
+    world = chain_world
+    key = world.anvil.new_funded_key()
+    world.token.mint(world.deployer, address_of(key), FUNDS)
+    world.token.approve(key, world.escrow.address, 2**256 - 1)
+    world.escrow.stake(key, STAKE)
+    return key
+
+
+@pytest.fixture
+def quoting(
+    chain_world: ChainWorld,
+    sandbox: Sandbox,
+    market_url: str,
+    provider_key: str,
+    tmp_path: Path,
+) -> Iterator[Daemon]:
+    """A daemon of ``provider_key`` that knows the market (its jobs run by hand)."""
+    config = provider_config(chain_world, tmp_path, private_key=provider_key, market_url=market_url)
+    node = Daemon(config, chain=chain_world.chain, sandbox=sandbox)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def post_ask(world: ChainWorld, market_url: str, key: str, quantity: int, **terms: Any) -> None:
+    """As the provider's operator: post an ask carrying its terms (a quote naming nobody)."""
+    expiry = world.chain_time() + 1_800
+    nonce = next(_nonces)
+    quote = Quote(
+        provider=address_of(key),
+        client=ZERO_ADDRESS,
+        arbiter=address_of(world.arbiter),
+        max_spend=PRICE * quantity,
+        stake=STAKE,
+        penalty=PENALTY,
+        duration=3_600,
+        challenge_window=terms.get("window", CHALLENGE_WINDOW),
+        slo_ms=SLO_S * 1000,
+        valid_until=expiry,
+        nonce=nonce,
+        plan=PLAN,
+    )
+    ask = Ask(
+        owner=address_of(key),
+        device_class="cpu",
+        quantity=quantity,
+        price=PRICE,
+        plan=plan_kind(PLAN),
+        slo_ms=SLO_S * 1000,
+        memory=0,
+        expiry=expiry,
+        nonce=nonce,
+        quote_hash=quote.struct_hash(),
+    )
+    domain = market_domain(world.domain.chain_id, world.escrow.address)
+    market = MarketHttp(market_url)
+    try:
+        market.place_order(
+            ask,
+            ask.sign(domain, key),
+            quote=quote,
+            quote_signature=quote.sign(world.domain, key),
+        )
+    finally:
+        market.close()
+
+
+def bid(world: ChainWorld, market_url: str, client: str) -> dict[str, Any]:
+    """As a client: bid for one unit; return the deal record of the match."""
+    domain = market_domain(world.domain.chain_id, world.escrow.address)
+    order = Bid(
+        owner=address_of(client),
+        device_class="cpu",
+        quantity=1,
+        price=PRICE,
+        plan=plan_kind(PLAN),
+        slo_ms=SLO_S * 1000,
+        memory=0,
+        expiry=world.chain_time() + 1_800,
+        nonce=next(_nonces),
+    )
+    market = MarketHttp(market_url)
+    try:
+        market.place_bid(order, domain, client)
+        bid_id = order_id(order, domain)
+        records = market.wait_for_deals(address_of(client), bid_id)
+    finally:
+        market.close()
+    assert len(records) == 1
+    return records[0]
+
+
+def market_deal(market_url: str, deal_id: str) -> dict[str, Any]:
+    market = MarketHttp(market_url)
+    try:
+        return market.deal(deal_id)
+    finally:
+        market.close()
+
+
+def test_matched_deal_then_daemon_attaches_a_quote_naming_its_client_who_opens_it(
+    chain_world: ChainWorld, market_url: str, quoting: Daemon, provider_key: str
+) -> None:
+    world = chain_world
+    post_ask(world, market_url, provider_key, quantity=1)
+    record = bid(world, market_url, world.client)
+    assert record["quote"] is None  # the ask's quote states terms; it opens nothing
+    assert quoting.quotes is not None
+
+    sent = quoting.quotes.run()
+
+    assert [q.market_deal_id for q in sent] == [record["deal_id"]]
+    attached = market_deal(market_url, record["deal_id"])
+    quote = Quote.from_json(attached["quote"])
+    assert quote.client == address_of(world.client)
+    assert quote.max_spend >= int(record["max_spend"])
+    assert quote.challenge_window == CHALLENGE_WINDOW and quote.stake == STAKE
+    assert quote.valid_until > world.chain_time()
+    assert quoting.quotes.run() == []  # one quote per deal
+    signature = bytes.fromhex(attached["quote_signature"][2:])
+    world.escrow.deposit(world.client, int(record["max_spend"]))
+    opened = world.escrow.open_deal(world.client, quote, signature, int(record["max_spend"]))
+    deal = world.escrow.get_deal(int(opened.event("DealOpened").args["dealId"]))
+    assert deal.client == address_of(world.client)
+    assert deal.provider == address_of(provider_key) and deal.stake == STAKE
+
+
+def test_second_fill_when_free_stake_cannot_cover_both_quotes_then_refused_until_staked(
+    chain_world: ChainWorld, market_url: str, quoting: Daemon, provider_key: str
+) -> None:
+    world = chain_world
+    post_ask(world, market_url, provider_key, quantity=2)
+    first = bid(world, market_url, world.client)
+    second = bid(world, market_url, world.other_client)
+    assert quoting.quotes is not None
+
+    sent = quoting.quotes.run()
+
+    assert len(sent) == 1  # the stake covers one outstanding quote
+    quoted = {first["deal_id"], second["deal_id"]} - {sent[0].market_deal_id}
+    assert market_deal(market_url, quoted.pop())["quote"] is None
+    assert b'tpumarket_provider_quotes_total{result="refused"} 1.0' in quoting.metrics.render()
+    world.escrow.stake(provider_key, STAKE)
+    again = quoting.quotes.run()
+    assert len(again) == 1 and again[0].market_deal_id != sent[0].market_deal_id
+
+
+def test_ask_whose_window_is_below_what_the_daemon_needs_then_no_quote(
+    chain_world: ChainWorld,
+    market_url: str,
+    sandbox: Sandbox,
+    provider_key: str,
+    tmp_path: Path,
+) -> None:
+    world = chain_world
+    slow = SettlementConfig(interval_s=50)  # needs windows of 120 s
+    node = Daemon(
+        provider_config(
+            world, tmp_path, private_key=provider_key, market_url=market_url, settlement=slow
+        ),
+        chain=world.chain,
+        sandbox=sandbox,
+    )
+    try:
+        post_ask(world, market_url, provider_key, quantity=1, window=CHALLENGE_WINDOW)
+        record = bid(world, market_url, world.client)
+        assert node.quotes is not None
+
+        assert node.quotes.run() == []
+
+        assert market_deal(market_url, record["deal_id"])["quote"] is None
+        assert node.journal.quotes() == []
+    finally:
+        node.close()
