@@ -280,11 +280,15 @@ class DealBook:
 
     def redeemed(self) -> VoucherRecord | None:
         """Return the last voucher redeemed on chain, if any."""
-        for settlement in reversed(self.settlements):
-            if settlement.action == "redeem":
-                seq = int(settlement.data["voucher_seq"])
-                return next(v for v in self.vouchers if v.seq == seq)
-        return None
+        if "redeemed" not in self._derived:
+            found = None
+            for settlement in reversed(self.settlements):
+                if settlement.action == "redeem":
+                    seq = int(settlement.data["voucher_seq"])
+                    found = next(v for v in self.vouchers if v.seq == seq)
+                    break
+            self._derived["redeemed"] = found
+        return cast(VoucherRecord | None, self._derived["redeemed"])
 
     def claimed_tasks(self) -> frozenset[int]:
         """Return the task indices claimed on chain."""
