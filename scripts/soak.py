@@ -240,11 +240,16 @@ def write_inputs(soak: Soak) -> list[Path]:
     soak.program.write_bytes(encode_envelope(model.example_envelope()))
     rng = random.Random(soak.args.seed)
     files = []
+    # Every `period`-th task of p2 runs past its deadline (the first halfway into a period).
+    period = max(1, round(1 / soak.args.late_fraction)) if soak.args.late_fraction > 0 else 0
+    p2_tasks = 0
     for number in range(soak.args.tasks):
         deal = soak.deals[(number // soak.args.batch) % len(soak.deals)]
         steps = FAST_STEPS if rng.random() < 0.7 else MEDIUM_STEPS
-        if deal.provider.name == "p2" and rng.random() < soak.args.late_fraction:
-            steps = LATE_STEPS
+        if deal.provider.name == "p2":
+            if period and p2_tasks % period == period // 2:
+                steps = LATE_STEPS
+            p2_tasks += 1
         path = folder / f"task-{number:04d}.safetensors"
         path.write_bytes(encode_arrays(spin_inputs(model, steps, number + 1)))
         files.append(path)
@@ -263,41 +268,70 @@ def schedule(batches: int, faults: list[str], rounds: int) -> dict[int, str]:
     return {1 + i * step: fault for i, fault in enumerate(planned) if 1 + i * step < batches}
 
 
+RETRY_STATES = frozenset({"unknown", "pending", "not sent", "error"})
+"""Task states of a run's JSON after which the same inputs run again: not sent, or not known
+to be acked or collected (a rerun resumes those by their inputs, re-sending the same signed
+request)."""
+
+
+def open_inputs(files: list[Path], figures: dict[str, Any] | None) -> list[Path]:
+    """Return the inputs a run left open: every one if it printed no table (killed, or stopped
+    by a second Ctrl-C: a rerun resumes what it left), else those whose task is in
+    ``RETRY_STATES`` or missing from its table."""
+    if figures is None or "tasks" not in figures:
+        return list(files)
+    states = {
+        str(t.get("task", "")).rsplit(" ", 1)[-1]: str(t.get("state")) for t in figures["tasks"]
+    }
+    return [f for f in files if states.get(f.name, "not sent") in RETRY_STATES]
+
+
 def run_batch(soak: Soak, number: int, deal: Deal, files: list[Path], fault: str | None) -> None:
-    """Run one batch with the CLI; inject ``fault`` once the run reports its first task."""
+    """Run one batch with the CLI; inject ``fault`` once the run reports its first task.
+
+    After a run killed -9, the same command runs again (it must resume its tasks, not pay for
+    them again). After any other run, the inputs it left open (not sent, or not known to be
+    acked or collected: a provider down, a second Ctrl-C) run again, as a user would.
+    """
     assert soak.program is not None
-    extra = ["--program", str(soak.program), "--inputs", *map(str, files)]
-    extra += ["--concurrency", str(soak.args.concurrency)]
-    run = soak.start(deal, "run", extra)
-    again = False
+
+    def start(inputs: list[Path]) -> ClientRun:
+        extra = ["--program", str(soak.program), "--inputs", *map(str, inputs)]
+        return soak.start(deal, "run", [*extra, "--concurrency", str(soak.args.concurrency)])
+
+    run = start(files)
+    killed = False
     if fault is not None:
         run.progressed.wait(120)
         if run.popen.poll() is not None:
             say(f"batch {number}: the run ended before {fault} could be injected")
         else:
-            again = inject(soak, fault, run, deal)
+            killed = inject(soak, fault, run, deal)
     code, figures = run.finish()
-    attempts = 0
-    while again or code != 0:
-        if code != 0 and not again:
+    paid = int((figures or {}).get("summary", {}).get("tasks_paid", 0))
+    left = list(files) if killed else open_inputs(files, figures)
+    for attempt in range(4):
+        if not left:
+            break
+        if attempt == 3:
+            raise SystemExit(f"batch {number}: inputs still open after 3 reruns: {left}")
+        if code != 0 and not killed:
             soak.runs["failed"] += 1
-            say(f"batch {number}: run exited {code}; running it again")
-        attempts += 1
-        if attempts > 3:
-            raise SystemExit(f"batch {number} still fails after 3 reruns (see the client log)")
+        say(f"batch {number}: {len(left)} input(s) open after a run that exited {code}: run again")
         soak.runs["rerun"] += 1
-        code, figures = soak.start(deal, "run", extra).finish()
-        again = False
+        code, figures = start(left).finish()
+        paid += int((figures or {}).get("summary", {}).get("tasks_paid", 0))
+        left, killed = open_inputs(left, figures), False
     summary = (figures or {}).get("summary", {})
     say(
         f"batch {number} on deal {deal.chain_id} ({deal.provider.name}): {len(files)} tasks"
         + (f", fault {fault}" if fault else "")
-        + f"; paid {summary.get('tasks_paid', '?')}, voucher {summary.get('voucher_total', '?')}"
+        + f"; paid {paid}, voucher total {summary.get('voucher_total', '?')}"
     )
 
 
 def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
-    """Inject one fault into a running batch; return whether the client's command runs again."""
+    """Inject one fault into a running batch; return whether the client run was killed."""
     soak.faults[fault] += 1
     if fault == "provider_kill":
         started = time.monotonic()
@@ -323,8 +357,8 @@ def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
         run.signal(signal.SIGINT)
         time.sleep(0.3)  # a second Ctrl-C, as a hurried user presses it
         run.signal(signal.SIGINT)
-        say("  client interrupted twice (SIGINT, SIGINT); the same command runs again")
-        return True
+        say("  client interrupted twice (SIGINT, SIGINT)")
+        return False
     raise ValueError(fault)
 
 
@@ -376,6 +410,7 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     wait_until(lambda: settled_on_time(soak)[0] == 0, budget)
     left, latest, _ = settled_on_time(soak)
     waited = time.monotonic() - started
+    say(f"{pending - left} settled in {waited:.1f} s, {left} not")
 
     window = max(st.escrow.get_deal(d.chain_id).challenge_window for d in soak.deals)
     jump = max(1, latest + window + 2 - st.anvil.latest_timestamp())
@@ -393,6 +428,7 @@ def settle_all(soak: Soak) -> dict[str, Any]:
         return all(st.escrow.get_deal(d.chain_id).pending == 0 for d in soak.deals)
 
     finalized = wait_until(no_pending, 60)
+    st.escrow.tx.reset_nonces()  # the client's CLI runs sent transactions with the same key
     account = ClientAccount(st.escrow, st.token, st.client)
     for deal in soak.deals:
         account.close(deal.chain_id)
@@ -436,13 +472,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=200, help="tasks in all (default 200)")
     parser.add_argument("--batch", type=int, default=10, help="tasks per client run")
     parser.add_argument("--concurrency", type=int, default=4, help="tasks in flight per run")
-    parser.add_argument("--window", type=int, default=30, help="deals' challenge window, s")
+    parser.add_argument("--window", type=int, default=60, help="deals' challenge window, s")
     parser.add_argument("--freeze-s", type=float, default=10.0, help="anvil SIGSTOP length")
     parser.add_argument("--rounds", type=int, default=2, help="times each fault is injected")
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}"
     )
-    parser.add_argument("--late-fraction", type=float, default=0.05, help="p2 tasks made late")
+    parser.add_argument(
+        "--late-fraction", type=float, default=0.05, help="share of p2's tasks made late"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
     args = parser.parse_args(argv)
@@ -457,8 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     say(f"work dir {work}")
     with stack(work, market=True, min_challenge_window=args.window) as st, _log(work) as log:
         soak = Soak(args, st, work, log=log)
-        for name in PLANS:
-            st.start_provider(name, PLANS[name], slo_ms=SLO_MS[name])
+        for name in PLANS:  # both daemons start at once
+            st.start_provider(name, PLANS[name], slo_ms=SLO_MS[name], wait=False)
+        for provider in st.providers:
+            provider.ready()
         st.escrow.deposit(st.client, DEPOSIT)
         batches = -(-args.tasks // args.batch)
         open_deals(soak, quantity=args.batch * (batches // 2 + 1) * 2)

@@ -127,6 +127,10 @@ class Provider:
     def restart(self) -> None:
         """Start the daemon again on the same config, data dir and port."""
         self.process.start()
+        self.ready()
+
+    def ready(self) -> None:
+        """Wait until the daemon answers its health check."""
         self.process.wait_http(self.url + "/v1/health")
 
 
@@ -177,8 +181,12 @@ class Stack:
         *,
         slo_ms: int = 60_000,
         settlement: dict[str, float] | None = None,
+        wait: bool = True,
     ) -> Provider:
-        """Stake for a fresh provider key and start its daemon; return it once healthy."""
+        """Stake for a fresh provider key and start its daemon; return it once healthy.
+
+        With ``wait=False`` it returns as soon as the daemon is started: call ``ready()``.
+        """
         key = self.spare_keys.pop()
         self.token.mint(self.deployer, address_of(key), PROVIDER_STAKE)
         self.token.approve(key, self.escrow.address, PROVIDER_STAKE)
@@ -220,7 +228,9 @@ class Stack:
         self.processes.append(process)
         provider = Provider(name, key, plan, slo_ms, url, process)
         self.providers.append(provider)
-        provider.restart()
+        process.start()
+        if wait:
+            provider.ready()
         return provider
 
     def quote(

@@ -34,7 +34,7 @@ KEYS = {
 def soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("soak")
     args = ["--tasks", "30", "--batch", "5", "--rounds", "1", "--freeze-s", "3"]
-    args += ["--window", "20", "--work-dir", str(work)]
+    args += ["--window", "30", "--late-fraction", "0.1", "--work-dir", str(work)]
     done = subprocess.run(
         [str(ROOT / "scripts" / "soak"), *args],
         cwd=ROOT,
@@ -55,13 +55,15 @@ def test_soak_ends_with_one_json_line_of_the_eight_figures(soak: dict[str, Any])
 def test_soak_injects_every_fault_mid_run(soak: dict[str, Any]) -> None:
     assert (soak["provider_kills"], soak["chain_freezes"]) == (1, 1)
     assert (soak["client_kills"], soak["double_sigints"]) == (1, 1)
-    assert soak["client_reruns"] >= 2  # the killed and the interrupted run, each run again
+    assert soak["client_reruns"] >= 1  # the killed run, run again (it resumes)
 
 
 def test_soak_settles_every_acked_task_once_and_loses_no_money(soak: dict[str, Any]) -> None:
     assert soak["tasks_acked"] == soak["tasks_requested"] == 30  # each once, reruns resume
     assert soak["tasks_paid"] + soak["tasks_refunded"] == soak["tasks_acked"]
     assert soak["tasks_paid"] > 0
+    assert soak["tasks_refunded"] >= 1  # p2's task made late, and any queued behind it
+    assert soak["client_refunds"] == soak["tasks_refunded"]
     assert soak["tasks_lost"] == 0
     assert soak["tasks_paid_twice"] == 0
     assert soak["honest_provider_losses"] == 0
