@@ -272,6 +272,8 @@ def wait_for_quote(
     started = time.monotonic()
     while True:
         record = market.deal(deal_id)
+        if str(record.get("client", "")).lower() != client.lower():
+            raise DealMismatch(f"deal {deal_id} is {record.get('client')}'s, not {client}'s")
         if record.get("chain_deal_id") is not None:
             return record  # opened already: open_market_deal says so
         quote = record.get("quote")

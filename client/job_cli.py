@@ -88,9 +88,9 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 
 def _chain_now(escrow: Escrow) -> int:
-    """Return the chain's time as far as it can be known: its latest block, or later."""
-    latest = int(escrow.tx.w3.eth.get_block("latest")["timestamp"])
-    return max(latest, int(time.time()))
+    """Return the chain's time as far as it can be known: its pending block's, or later."""
+    pending = int(escrow.tx.w3.eth.get_block("pending")["timestamp"])
+    return max(pending, int(time.time()))
 
 
 def _provider_url(args: argparse.Namespace, provider: str) -> str:
@@ -297,6 +297,12 @@ def _abandoned(args: argparse.Namespace, runner: JobRunner, results: list[TaskRe
     verified = sorted(
         r.outcome.index for r in results if r.outcome is not None and r.outcome.verified
     )
+    _note(
+        f"stopped: tasks {', '.join(map(str, pending)) or 'none'} acked and not collected; "
+        f"{len(verified)} verified and not paid yet. The ledger keeps them: rerun "
+        "`tpumarket job run` with the same inputs to resume them, or "
+        f"`tpumarket job status --deal {args.deal} --fetch DIR` to fetch and pay them."
+    )
     if args.json:
         emit_json(
             {
@@ -307,13 +313,6 @@ def _abandoned(args: argparse.Namespace, runner: JobRunner, results: list[TaskRe
                     "verified_unpaid": verified,
                 }
             }
-        )
-    else:
-        _note(
-            f"stopped: tasks {', '.join(map(str, pending)) or 'none'} acked and not collected; "
-            f"{len(verified)} verified and not paid yet. The ledger keeps them: rerun "
-            "`tpumarket job run` with the same inputs to resume them, or "
-            f"`tpumarket job status --deal {args.deal} --fetch DIR` to fetch and pay them."
         )
     return INTERRUPTED
 

@@ -20,7 +20,6 @@ import json
 import math
 import queue
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from client.errors import (
 from client.ledger import OPEN_STATES, ChainState, DealLedger, TaskRecord, TaskState
 from client.provider_http import TaskView
 from client.session import (
+    DEADLINE_SLACK_S,
     POLL_BACKOFF_S,
     DealSession,
     TaskOutcome,
@@ -575,8 +575,13 @@ class JobRunner:
             self._await(outcome, wait_s)
 
     def _send(self, result: TaskResult, outcome: TaskOutcome) -> None:
-        """Send a stored request; a lost answer is asked for again until the deadline."""
+        """Send a stored request; a lost answer is asked for again until the deadline.
+
+        A provider whose clock is ahead of ours refuses the deadline as too soon: the request
+        is signed once more, with the chain's clock read again and twice the slack.
+        """
         pause = POLL_BACKOFF_S[0]
+        resigned = False
         while True:
             try:
                 self.session.send(outcome)
@@ -587,6 +592,12 @@ class JobRunner:
                 result.error = outcome.rejected
                 return
             except ProviderRejected as exc:
+                if exc.error == "deadline_too_soon" and not resigned:
+                    resigned = True
+                    self.session.resync_clock()
+                    self.session.resign(outcome, self.session.now() + DEADLINE_SLACK_S)
+                    self._record(outcome)
+                    continue
                 if exc.status < 500:
                     self.ledger.update(outcome.index, state=TaskState.REFUSED, reason=str(exc))
                     result.error = f"not accepted: {exc}"
@@ -598,7 +609,10 @@ class JobRunner:
             # Unreachable: it may have acked before the connection broke. Ask until the
             # request can no longer be accepted (its deadline minus the SLO).
             slo_ms, _ = self.session.terms()
-            if time.time() > outcome.request.deadline - slo_ms / 1000 or self.abandon.is_set():
+            if (
+                self.session.now() > outcome.request.deadline - slo_ms / 1000
+                or self.abandon.is_set()
+            ):
                 outcome.rejected = f"provider unreachable: {problem}"
                 self.ledger.update(outcome.index, reason=outcome.rejected)
                 return
@@ -655,11 +669,10 @@ class JobRunner:
             self.ledger.update(outcome.index, state=TaskState.REFUSED, reason="never sent")
             return False
         slo_ms, _ = self.session.terms()
-        if outcome.request.deadline < time.time() + math.ceil(slo_ms / 1000):
+        if outcome.request.deadline < self.session.now() + math.ceil(slo_ms / 1000):
             # Too late for the stored request: the provider never had it, so a new request
             # (fresh deadline) at the same index replaces it.
-            fresh = self.session.sign_request(outcome.index, outcome.spec)
-            outcome.request, outcome.request_signature = fresh.request, fresh.request_signature
+            self.session.resign(outcome)
             self._record(outcome)
         self._send(result, outcome)
         return outcome.ack is not None
@@ -734,7 +747,7 @@ class JobRunner:
             view = session.provider.fetch(session.deal_id, index, wait_s=0)
         except ProviderRejected as exc:
             slo_ms, _ = session.terms()
-            too_late = record.request.deadline < time.time() + math.ceil(slo_ms / 1000)
+            too_late = record.request.deadline < self.session.now() + math.ceil(slo_ms / 1000)
             if exc.status == 404 and record.state == TaskState.SENT and too_late:
                 return self.ledger.update(
                     index, state=TaskState.REFUSED, reason="never reached the provider"

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from web3.exceptions import Web3Exception
 
 from client.accounts import ClientAccount
 from client.errors import ClientError, DeliveryRejected, ProviderRejected, ProviderUnavailable
@@ -59,6 +60,8 @@ DEADLINE_SLACK_S = 2
 LATE_GRACE_S = 5.0
 """How long past its deadline a delivery is still awaited (a provider restart fits in it)."""
 POLL_BACKOFF_S = (0.2, 1.0)
+CHAIN_CLOCK_READ_S = 1.0
+"""How often the chain's clock is read to keep the session's clock from falling behind it."""
 """First and longest pause between polls of an unreachable provider."""
 CHAIN_STATES = {
     TASK_VOUCHED: ChainState.VOUCHED,
@@ -172,10 +175,34 @@ class DealSession:
     grace_s: float = LATE_GRACE_S
     on_update: Progress | None = None
     confirmed_vouched: set[int] = field(default_factory=set)
+    _lead: float = 0.0
+    _lead_read_at: float = -CHAIN_CLOCK_READ_S
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
 
-    # ---- terms ------------------------------------------------------------------------------
+    # ---- time and terms ---------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Return the time deadlines are judged by: the wall clock, never behind the chain's.
+
+        The chain's clock decides settlement (``block.timestamp``), and the provider's daemon
+        judges a request's deadline by the same rule; the chain's lead over the wall clock is
+        read at most once per ``CHAIN_CLOCK_READ_S`` and only ever grows.
+        """
+        wall = time.time()
+        if wall - self._lead_read_at >= CHAIN_CLOCK_READ_S:
+            self._lead_read_at = wall
+            try:
+                # The pending block carries the chain's clock now; the latest one may be old.
+                block = self.account.escrow.tx.w3.eth.get_block("pending")["timestamp"]
+            except (OSError, ValueError, Web3Exception):  # unreachable: keep the lead seen
+                return wall + self._lead
+            self._lead = max(self._lead, int(block) - wall)
+        return wall + self._lead
+
+    def resync_clock(self) -> None:
+        """Read the chain's clock at the next ``now`` (a provider said our time was behind)."""
+        self._lead_read_at = -CHAIN_CLOCK_READ_S
 
     def terms(self) -> tuple[int, int]:
         """Return the deal's SLO (ms) and expiry, reading what is not known yet."""
@@ -192,7 +219,7 @@ class DealSession:
         refuses such a request).
         """
         slo_ms, expiry = self.terms()
-        deadline = request_deadline(time.time() if now is None else now, slo_ms)
+        deadline = request_deadline(self.now() if now is None else now, slo_ms)
         if deadline > expiry:
             raise ClientError(
                 f"deal {self.deal_id} expires at {expiry}, before this task's deadline {deadline}"
@@ -215,6 +242,13 @@ class DealSession:
         with self._lock:
             self.outcomes[index] = outcome
         return outcome
+
+    def resign(self, outcome: TaskOutcome, now: float | None = None) -> None:
+        """Sign ``outcome``'s task again, same index, with a deadline from ``now``."""
+        fresh = self.sign_request(outcome.index, outcome.spec, now)
+        outcome.request, outcome.request_signature = fresh.request, fresh.request_signature
+        with self._lock:
+            self.outcomes[outcome.index] = outcome
 
     # ---- submitting -------------------------------------------------------------------------
 
@@ -296,7 +330,7 @@ class DealSession:
             if abandon is not None and abandon.is_set():
                 outcome.abandoned = True
                 return outcome
-            left = give_up_at - time.time()
+            left = give_up_at - self.now()
             try:
                 self.collect(outcome, wait_s=max(0.0, min(wait_s, left)))
                 pause = POLL_BACKOFF_S[0]
@@ -305,7 +339,7 @@ class DealSession:
                     outcome.rejected = f"not paid: {exc}"
                     self._updated(outcome)
                     return outcome
-                if time.time() > give_up_at:
+                if self.now() > give_up_at:
                     return outcome
                 # The provider is unreachable (restarting?): ask again after a pause.
                 (abandon or threading.Event()).wait(min(pause, max(0.05, left)))
@@ -317,7 +351,7 @@ class DealSession:
                 return outcome
             if outcome.view is not None and outcome.view.receipt is not None:
                 return outcome
-            if time.time() > give_up_at:
+            if self.now() > give_up_at:
                 return outcome
 
     def _take_view(self, outcome: TaskOutcome, view: TaskView) -> None:

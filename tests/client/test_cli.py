@@ -6,7 +6,7 @@ import argparse
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,8 @@ import pytest
 
 import contracts.cli
 from client.cli import Progress, build_parser, parse_amount, register
+from client.ledger import DealLedger
+from contracts.messages import ZERO_ADDRESS, Quote
 from contracts.orders import Ask, market_domain, plan_kind
 from tests.contracts.builders import quote
 from tests.contracts.conftest import World
@@ -31,10 +33,11 @@ class _Entry:
 
 
 @pytest.fixture(autouse=True)
-def _client_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+def _client_entry_point(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Make `contracts.cli.main` see `client = "client.cli:register"` as pyproject will."""
     monkeypatch.setattr(contracts.cli, "entry_points", lambda group: [_Entry("client")])
     monkeypatch.delenv("TPUMARKET_CLIENT_KEY", raising=False)
+    monkeypatch.setenv("TPUMARKET_CLIENT_STATE", str(tmp_path / "client-state"))
 
 
 def _cli(world: World, *argv: str, key: str | None = None, market: str | None = None) -> int:
@@ -98,7 +101,7 @@ def test_deposit_withdraw_and_balances(
     assert moved["free"] == 2_000_000 == world.escrow.balance_of(address)
 
     # A deal opened with a provider's quote locks 1 token.
-    q = quote(world, world.providers[0], stake=0)
+    q = quote(world, world.providers[0], client_key, stake=0)
     world.escrow.open_deal(client_key, q, q.sign(world.escrow.domain, world.providers[0]), 10**6)
 
     assert _cli(world, "balances", key=client_key) == 0
@@ -185,10 +188,12 @@ def market(world: World, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def _post_ask(world: World, market: str, provider: str, quantity: int, price: int) -> None:
+def _post_ask(world: World, market: str, provider: str, quantity: int, price: int) -> Quote:
+    """Post an ask with its signed terms (a quote naming nobody); return those terms."""
     from client.market_http import MarketHttp
 
-    q = quote(world, provider, stake=0, max_spend=quantity * price, valid_for=3_600)
+    q = quote(world, provider, world.clients[0], stake=0, max_spend=quantity * price)
+    q = replace(q, client=ZERO_ADDRESS, valid_until=world.now() + 3_600)
     ask = Ask(
         owner=world.addr(provider),
         device_class="tpu-v5e",
@@ -212,6 +217,7 @@ def _post_ask(world: World, market: str, provider: str, quantity: int, price: in
         )
     finally:
         http.close()
+    return q
 
 
 def test_bid_fills_and_deals_list(
@@ -219,7 +225,7 @@ def test_bid_fills_and_deals_list(
 ) -> None:
     provider = world.providers[1]
     _post_ask(world, market, provider, quantity=4, price=10_000)
-    plan = plan_kind(quote(world, provider).plan)
+    plan = plan_kind(quote(world, provider, world.clients[0]).plan)
     bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.02"]
     bid += ["--plan", plan, "--slo-ms", "5000", "--memory", "0", "--expiry-s", "600"]
     assert _cli(world, "bid", *bid, "--json", key=client_key, market=market) == 0
@@ -343,14 +349,25 @@ def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
     assert "not an order id" in capsys.readouterr().err
 
 
-def test_open_turns_a_matched_deal_into_an_on_chain_deal_with_the_cap_locked(
-    world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
+def _attach(world: World, market: str, deal_id: str, fill: Quote, provider: str) -> None:
+    """As the provider's daemon does after a match: attach this fill's quote to the deal."""
+    from client.market_http import MarketHttp
+
+    http = MarketHttp(market)
+    try:
+        http.attach_quote(deal_id, fill, fill.sign(world.escrow.domain, provider))
+    finally:
+        http.close()
+
+
+def test_open_waits_for_the_fills_quote_then_opens_the_deal_with_the_cap_locked(
+    world: World, client_key: str, market: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     provider = world.providers[1]
     address = world.addr(client_key)
-    _post_ask(world, market, provider, quantity=4, price=10_000)
+    terms = _post_ask(world, market, provider, quantity=4, price=10_000)
     assert _cli(world, "deposit", "1", key=client_key) == 0
-    plan = plan_kind(quote(world, provider).plan)
+    plan = plan_kind(terms.plan)
     bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.02", "--plan", plan]
     assert _cli(world, "bid", *bid, "--slo-ms", "5000", key=client_key, market=market) == 0
     assert _cli(world, "deals", "--json", key=client_key, market=market) == 0
@@ -359,7 +376,17 @@ def test_open_turns_a_matched_deal_into_an_on_chain_deal_with_the_cap_locked(
 
     other = world.anvil.new_funded_key()
     assert _cli(world, "open", deal["deal_id"], key=other, market=market) == 1
-    assert "error: deal " in capsys.readouterr().err
+    assert f"error: deal {deal['deal_id']} is " in capsys.readouterr().err
+    # The record holds the ask's terms only (a quote naming nobody) until the provider signs
+    # this fill's quote: the client waits for it, a bounded time, saying so.
+    wait = ["--quote-wait-s", "0.5"]
+    assert _cli(world, "open", deal["deal_id"], *wait, key=client_key, market=market) == 1
+    err = capsys.readouterr().err
+    assert f"waiting for the provider's quote for deal {deal['deal_id']}" in err
+    assert f"no quote naming {address} after 0 s" in err
+
+    fill = replace(terms, client=address, nonce=terms.nonce + 10**6)
+    _attach(world, market, deal["deal_id"], fill, provider)
     too_much = ["--max-spend", "0.05"]  # the quote allows 4 x 0.01
     assert _cli(world, "open", deal["deal_id"], *too_much, key=client_key, market=market) == 1
     assert "outside the quote's (0, 40000]" in capsys.readouterr().err
@@ -381,8 +408,14 @@ def test_open_turns_a_matched_deal_into_an_on_chain_deal_with_the_cap_locked(
     assert on_chain.client.lower() == address.lower() and on_chain.locked == 20_000
     assert world.escrow.balance_of(address) == 1_000_000 - 20_000
     assert world.token.balance_of(address) == 9_000_000
+    # The deal's ledger knows the block it opened in: its claims are read from there on.
+    ledger = DealLedger.open(
+        tmp_path / "client-state", world.escrow.domain.chain_id, world.escrow.address, count + 1
+    )
+    assert ledger.open_block == world.chain.w3.eth.block_number
+    ledger.close()
 
-    # The provider's quote opens one deal: a second open is refused and locks nothing more.
+    # The fill's quote opens one deal: a second open is refused and locks nothing more.
     assert _cli(world, "open", deal["deal_id"], key=client_key, market=market) == 1
     assert capsys.readouterr().err.startswith("error: ")
     assert world.escrow.balance_of(address) == 1_000_000 - 20_000
