@@ -144,7 +144,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 def test_altered_outputs_are_never_vouched_and_their_claim_is_disputed_and_refunded(
     st: Stack, model: ExportedModel
 ) -> None:
-    provider = st.start_provider("honest", PLAN)
+    provider = st.start_provider("honest", PLAN, slo_ms=2_000)
     proxy = AlteringProxy(provider.url, tasks={1})
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
@@ -230,7 +230,7 @@ def test_provider_killed_mid_deal_and_restarted_loses_no_task_and_is_paid_once(
 def test_silent_client_provider_claims_unvouched_receipts_and_is_paid_after_the_window(
     st: Stack, model: ExportedModel
 ) -> None:
-    provider = st.start_provider("unpaid", PLAN)
+    provider = st.start_provider("unpaid", PLAN, slo_ms=2_000)
     session, quote = open_session(st, provider)
     specs = [TaskSpec(KIND_INFERENCE, envelope(model, 1_000, s), PRICE) for s in (1, 2)]
     outcomes = session.run(specs, concurrency=2, wait_s=30)
