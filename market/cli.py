@@ -10,8 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from market.service import Settings
 
 
@@ -45,6 +43,30 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="shortest challenge window an ask may quote, in s, on top of the escrow's own "
         "minimum (env MARKET_MIN_CHALLENGE_WINDOW)",
     )
+    serve.add_argument(
+        "--min-provider-stake",
+        type=int,
+        default=None,
+        help="stake (token base units) a provider needs on the escrow to advertise or ask "
+        "(default 1,000,000)",
+    )
+    serve.add_argument(
+        "--no-funds-check",
+        action="store_true",
+        help="take orders and adverts without escrow funds behind them (development only)",
+    )
+    serve.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        help="seconds an idle connection stays open (default 5)",
+    )
+    serve.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may take to arrive, headers and body (default 10)",
+    )
     serve.add_argument("--no-jobs", action="store_true", help="do not run the scheduled jobs")
     serve.add_argument(
         "--rate-per-address", type=float, default=None, help="orders/s per signer (0: no limit)"
@@ -68,6 +90,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "min_challenge_window": args.min_challenge_window,
         "rate_per_address": args.rate_per_address,
         "rate_per_ip": args.rate_per_ip,
+        "min_provider_stake": args.min_provider_stake,
+        "keep_alive_s": args.keep_alive,
+        "request_read_timeout_s": args.request_read_timeout,
     }
     if args.rate_per_address is not None:
         overrides["burst_per_address"] = max(1.0, 2 * args.rate_per_address)
@@ -75,21 +100,17 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         overrides["burst_per_ip"] = max(1.0, 2 * args.rate_per_ip)
     if args.no_jobs:
         overrides["run_jobs"] = False
+    if args.no_funds_check:
+        overrides["require_funds"] = False
     return Settings.from_env(**overrides)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from market.api.app import create_app
+    from market.api.server import serve
 
-    app = create_app(settings_from_args(args))
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=2,
-        access_log=False,
-    )
+    settings = settings_from_args(args)
+    serve(create_app(settings), settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

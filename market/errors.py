@@ -127,3 +127,17 @@ class ChallengeWindowTooShortError(InvalidOrderError):
         super().__init__(
             "quote.challenge_window", window, f"below the minimum challenge window of {minimum}s"
         )
+
+
+class UnsupportedMediaTypeError(MarketError, ValueError):
+    """Raise when a request body is not declared as JSON."""
+
+
+class UnfundedError(ForbiddenError):
+    """Raise when an order or an advert has no funds behind it on the escrow: a bid whose
+    signer's free balance does not cover it, an ask or a heartbeat from an address without
+    stake, an order in a device class no staked provider advertises."""
+
+
+class QuotaError(ForbiddenError):
+    """Raise when a signer holds as many live orders (or device classes) as the market allows."""

@@ -57,6 +57,7 @@ from market.errors import (
     SignatureExpiredError,
     UnknownOrderError,
 )
+from market.funds import FundsGuard, Reservation
 from market.models import (
     BookPublic,
     CancelCreate,
@@ -90,12 +91,35 @@ class Settings:
     chain_id: int = 31337
     escrow: str = ZERO_ADDRESS
     rpc_url: str | None = None
-    rate_per_address: float = 5_000.0
-    burst_per_address: float = 10_000.0
+    # Token buckets: orders (a batch costs its order count), cancels and heartbeats per signing
+    # account, requests per client IP. Several source addresses do not widen a signer's bucket.
+    rate_per_address: float = 200.0
+    burst_per_address: float = 1_000.0
     rate_per_ip: float = 1_000.0
     burst_per_ip: float = 2_000.0
-    max_body_bytes: int = 1 << 20
+    # Body caps per route (`market.api.body`), enforced while the body streams in.
+    max_body_bytes: int = 1 << 20  # a batch; also the app-wide backstop
+    max_order_bytes: int = 16 << 10
+    max_heartbeat_bytes: int = 16 << 10
+    max_small_body_bytes: int = 4 << 10  # a cancel, a quote attached to a deal
     max_batch: int = 500
+    # Connections (`market.api.server`): idle keep-alive connections close after `keep_alive_s`;
+    # a request must arrive whole (headers and body) within `request_read_timeout_s` of its
+    # first byte, with at most `max_header_bytes` of request line and headers.
+    keep_alive_s: float = 5.0
+    request_read_timeout_s: float = 10.0
+    max_header_bytes: int = 32 << 10
+    max_connections: int = 2_048
+    max_streams: int = 512  # live-update streams (`/v1/stream`) served at once
+    # Funds behind orders (`market.funds`), when the market knows its escrow: a bid needs its
+    # signer's free escrow balance to cover it and its other commitments, an ask or a heartbeat
+    # needs stake, an order needs a device class a staked provider advertises.
+    require_funds: bool = True
+    min_provider_stake: int = 1_000_000
+    max_live_orders_per_owner: int = 1_000
+    max_classes_per_provider: int = 8
+    unopened_deal_hold_s: int = 3_600  # a matched deal not opened on chain counts this long
+    funds_cache_s: float = 2.0
     max_order_ttl_s: int = 30 * 24 * 3600
     heartbeat_skew_s: int = 300
     provider_offline_after_s: float = 60.0
@@ -130,6 +154,9 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+
+INLINE_VERIFY_ORDERS = 4
+"""Requests with more orders are verified in a worker thread, off the event loop."""
 
 TRANSIENT_CHAIN = (ChainError, OSError, requests.RequestException, Web3Exception, TimeoutError)
 """Errors that mean "the chain is unreachable now": retried later."""
@@ -208,6 +235,16 @@ class MarketService:
         self._escrow: Escrow | None = None
         self._min_window: int | None = None
         self._attach_lock = threading.Lock()
+        self.funds = FundsGuard(
+            read_escrow=self._read_escrow,
+            session=self.session,
+            book_classes=lambda: self.books.names(),
+            min_provider_stake=settings.min_provider_stake,
+            max_live_orders=settings.max_live_orders_per_owner,
+            max_classes_per_provider=settings.max_classes_per_provider,
+            unopened_deal_hold_s=settings.unopened_deal_hold_s,
+            cache_s=settings.funds_cache_s,
+        )
         self.db = storage.make_engine(
             url=storage.database_url(data_dir=settings.data_dir, url=settings.database_url)
         )
@@ -364,27 +401,74 @@ class MarketService:
         if self.knows_escrow() and self._read_escrow(lambda e: e.is_nonce_used(provider, nonce)):
             raise ReplayError(f"{what} cannot open a deal: nonce {nonce} is used on chain")
 
+    def guards_funds(self) -> bool:
+        """Return whether orders and heartbeats need escrow funds behind them (`market.funds`):
+        the setting is on and the market can read its escrow."""
+        return self.settings.require_funds and self.knows_escrow()
+
+    def _reserve(self, checked: Sequence[CheckedOrder], now: int) -> Reservation | None:
+        """Check verified orders' funds (`market.funds`) and hold them; None when funds are not
+        required."""
+        if not self.guards_funds():
+            return None
+        try:
+            return self.funds.reserve(checked, now)
+        except MarketError as exc:
+            self.metrics.rejected.labels(type(exc).__name__).inc()
+            raise
+
     def place(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
         """Verify, match and persist orders atomically; return each order and its fills."""
         checked, now, started = self._verify(orders_in)
-        return _results(self._placed(self.writer.place(checked, now), started))
+        reservation = self._reserve(checked, now)
+        try:
+            placed = self.writer.place(checked, now)
+        finally:
+            if reservation is not None:
+                reservation.release()
+        return _results(self._placed(placed, started))
 
     def place_batch(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
         """Like `place`, answering each order's id, state and fills only (cheaper)."""
         checked, now, started = self._verify(orders_in)
-        return _summaries(self._placed(self.writer.place(checked, now), started))
+        reservation = self._reserve(checked, now)
+        try:
+            placed = self.writer.place(checked, now)
+        finally:
+            if reservation is not None:
+                reservation.release()
+        return _summaries(self._placed(placed, started))
 
     async def place_async(self, orders_in: Sequence[OrderCreate]) -> list[PlaceResult]:
-        """`place` for an event loop: verify in the caller's thread, await the commit."""
-        checked, now, started = self._verify(orders_in)
-        placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+        """`place` for an event loop: verify (see `_place_async`), await the commit."""
+        placed, started = await self._place_async(orders_in)
         return _results(self._placed(placed, started))
 
     async def place_batch_async(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
-        """`place_batch` for an event loop: verify in the caller's thread, await the commit."""
-        checked, now, started = self._verify(orders_in)
-        placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+        """`place_batch` for an event loop: verify (see `_place_async`), await the commit."""
+        placed, started = await self._place_async(orders_in)
         return _summaries(self._placed(placed, started))
+
+    async def _place_async(self, orders_in: Sequence[OrderCreate]) -> tuple[list[Placed], float]:
+        """Verify orders, check their funds and await their commit without blocking the loop.
+
+        A few orders are verified on the loop (cheaper than a thread hop); more, and the funds
+        check (SQL, maybe an escrow read), run in a worker thread, so a 500-order batch never
+        stalls other requests.
+        """
+        if len(orders_in) <= INLINE_VERIFY_ORDERS:
+            checked, now, started = self._verify(orders_in)
+        else:
+            checked, now, started = await asyncio.to_thread(self._verify, orders_in)
+        reservation = None
+        if self.guards_funds():
+            reservation = await asyncio.to_thread(self._reserve, checked, now)
+        try:
+            placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+        finally:
+            if reservation is not None:
+                reservation.release()
+        return placed, started
 
     def _verify(self, orders_in: Sequence[OrderCreate]) -> tuple[list[CheckedOrder], int, float]:
         """Check orders (signatures, expiry, duplicates, rate limits) for the writer; return
@@ -559,6 +643,8 @@ class MarketService:
         if signer != provider.lower():
             raise AuthError(f"heartbeat signed by {signer}, not by {provider}")
         self.address_limiter.take(provider)
+        if self.guards_funds():
+            self.funds.check_provider(provider)
         advert = hb.advert
         with self.session() as session:
             row = storage.get_provider(session=session, address=provider)

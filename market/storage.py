@@ -84,6 +84,9 @@ _RETIRED_INDEXES = (
 # nothing the chain does not: when their shape changes they are dropped and indexed again.
 CHAIN_TABLES = ("provider_clients", "chain_events", "chain_deals", "indexer_state")
 
+LIVE_STATES = ("open", "partially_filled")
+_LIVE_SQL = "('open', 'partially_filled')"
+
 
 def init_db(*, engine: Engine) -> None:
     """Create the tables and indexes that do not exist yet; drop retired indexes; rebuild the
@@ -95,6 +98,12 @@ def init_db(*, engine: Engine) -> None:
         # nonces are in `nonces`, which `used_nonces` reads too, so they stay unique).
         connection.exec_driver_sql(
             "CREATE UNIQUE INDEX IF NOT EXISTS uq_orders_owner_nonce ON orders (owner, nonce)"
+        )
+        # Live orders by owner, for the funds check (`market.funds`): a partial index, so it
+        # holds only resting orders and an owner's history is never scanned.
+        connection.exec_driver_sql(
+            "CREATE INDEX IF NOT EXISTS ix_orders_owner_live ON orders (owner) "
+            f"WHERE state IN {_LIVE_SQL}"
         )
         for name in _RETIRED_INDEXES:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
@@ -362,6 +371,43 @@ def price_history(
     return [(b[0], b[1], b[2], b[3], b[4], b[5]) for b in out]
 
 
+def commitments(*, session: Session, owner: str, now: int, deals_since: float) -> tuple[int, int]:
+    """Return (live orders, committed spend) of `owner` (EIP-55 form): how many of its orders
+    rest in a book, and the unfilled spend of its live bids plus the spend of its deals matched
+    since `deals_since` and not open on chain. Summed in Python: no int64 SQL sum can overflow.
+    """
+    mark = _placeholder(session.connection())
+    rows = session.connection().exec_driver_sql(
+        f"SELECT side, price, remaining FROM orders WHERE owner = {mark} "
+        f"AND state IN {_LIVE_SQL} AND expiry > {mark}",
+        (owner, now),
+    )
+    live = 0
+    spend = 0
+    for side, price, remaining in rows:
+        live += 1
+        if side == "bid":
+            spend += int(price) * int(remaining)
+    deals = session.exec(
+        select(Deal.price, Deal.quantity).where(
+            Deal.client == owner, col(Deal.chain_deal_id).is_(None), Deal.created_at >= deals_since
+        )
+    ).all()
+    spend += sum(int(price) * int(quantity) for price, quantity in deals)
+    return live, spend
+
+
+def live_ask_classes(*, session: Session, owner: str, now: int) -> list[str]:
+    """Return the device classes where `owner` has live asks."""
+    mark = _placeholder(session.connection())
+    rows = session.connection().exec_driver_sql(
+        f"SELECT DISTINCT device_class FROM orders WHERE owner = {mark} "
+        f"AND state IN {_LIVE_SQL} AND expiry > {mark} AND side = 'ask'",
+        (owner, now),
+    )
+    return [name for (name,) in rows]
+
+
 # -- deals --------------------------------------------------------------------------------------
 
 
@@ -529,6 +575,19 @@ def list_providers(*, session: Session, online_only: bool = False) -> list[Provi
     if online_only:
         query = query.where(col(Provider.online).is_(True))
     return list(session.exec(query.order_by(col(Provider.last_seen).desc())).all())
+
+
+def advertised_classes(*, session: Session) -> list[str]:
+    """Return the device classes registered providers advertise."""
+    return list(session.exec(select(Provider.device_class).distinct()).all())
+
+
+def open_deal_stakes(*, session: Session, provider: str) -> int:
+    """Return the stake `provider` has locked in its indexed deals not closed on chain."""
+    rows = session.exec(
+        select(ChainDeal.stake).where(ChainDeal.provider == provider, ChainDeal.status != "closed")
+    ).all()
+    return sum(int(stake) for stake in rows)
 
 
 def mark_offline(*, session: Session, seen_before: float) -> list[str]:

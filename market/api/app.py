@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,14 +17,27 @@ from contracts.messages import ZERO_ADDRESS
 from market.api import errors
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
-from market.api.limits import BodySizeLimit
+from market.api.limits import BodySizeLimit, SecurityHeaders
 from market.api.routes import book, deals, orders, providers
 from market.indexer import Indexer
 from market.jobs import start_scheduler
-from market.models import OrderBatch, OrderCreate
+from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
 from market.service import MarketService, Settings
 
 WEB = Path(__file__).resolve().parent.parent / "web"
+
+RECURSION_LIMIT = 1_000
+"""Python's default. `py_ecc` (imported by eth-account, so by `contracts`) raises the limit to
+100,000 at import; recursion that deep in C code (Python's `json` parser, `repr`) overflows the C
+stack and kills the process instead of raising `RecursionError`. The app puts it back."""
+
+
+def restore_recursion_limit() -> None:
+    """Undo the recursion limit that importing eth-account raised (see `RECURSION_LIMIT`)."""
+    import eth_account  # noqa: F401  # its import raises the limit: make sure that happened
+
+    if sys.getrecursionlimit() > RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)
 
 
 def create_app(
@@ -33,12 +47,14 @@ def create_app(
     indexer_factory: Callable[[MarketService], Indexer | None] | None = None,
 ) -> FastAPI:
     """Build the app; the service (database, books) is created at startup unless given."""
+    restore_recursion_limit()
     settings = settings or (service.settings if service else Settings.from_env())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = service or MarketService(settings)
         app.state.service = svc
+        app.state.changes = book.Changes(svc, max_streams=settings.max_streams)
         indexer: Indexer | None = None
         if indexer_factory is not None:
             indexer = indexer_factory(svc)
@@ -56,6 +72,7 @@ def create_app(
         try:
             yield
         finally:
+            app.state.changes.close()
             if scheduler is not None:
                 scheduler.shutdown(wait=True)
             if service is None:
@@ -67,6 +84,8 @@ def create_app(
         description="Signed asks and bids for accelerator compute, matched into deal records "
         "that settle on the ComputeEscrow contract.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their UI from a CDN; `/docs` below is local
+        redoc_url=None,
     )
     if service is not None:
         app.state.service = service  # usable before the lifespan runs (schema tools, tests)
@@ -74,8 +93,10 @@ def create_app(
     limited = [Depends(limit_ip)]
     for module in (orders, deals, providers, book):
         app.include_router(module.router, dependencies=limited)
-    publish_schemas(app, OrderCreate, OrderBatch)  # bodies the placement routes parse
+    # The bodies the routes read themselves (`market.api.body`), published all the same.
+    publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
@@ -90,6 +111,11 @@ def create_app(
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
         return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> FileResponse:
+        """The API reference: a local page that renders `/openapi.json` (no CDN)."""
+        return FileResponse(WEB / "docs.html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=WEB), name="static")
     return app

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from market.api.body import BoundedValidationError, bounded_errors
 from market.errors import (
     AuthError,
     ChainUnavailableError,
@@ -20,11 +22,13 @@ from market.errors import (
     ReplayError,
     SnapshotError,
     UnknownOrderError,
+    UnsupportedMediaTypeError,
 )
 
 STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (RateLimitedError, 429),
     (PayloadTooLargeError, 413),
+    (UnsupportedMediaTypeError, 415),
     (AuthError, 401),
     (ForbiddenError, 403),
     (ReplayError, 409),
@@ -61,6 +65,19 @@ async def market_error_handler(request: Request, exc: Exception) -> JSONResponse
     )
 
 
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Answer a request that fails validation with 422 and at most `MAX_ERRORS` short problems
+    (FastAPI's own answer echoes every problem with its whole input: megabytes for a large body).
+    """
+    assert isinstance(exc, RequestValidationError)
+    if isinstance(exc, BoundedValidationError):
+        detail = list(exc.errors())  # bounded by `market.api.body.parse`
+    else:
+        detail = bounded_errors(exc.errors(), located=())
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 def install(app: FastAPI) -> None:
-    """Register the handler on `app`."""
+    """Register the handlers on `app`."""
     app.add_exception_handler(MarketError, market_error_handler)
+    app.add_exception_handler(RequestValidationError, validation_error_handler)

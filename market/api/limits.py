@@ -1,4 +1,11 @@
-"""Request size limit as a pure ASGI middleware (checks Content-Length and streamed bodies)."""
+"""ASGI middleware of the market: the app-wide body size backstop and the security headers.
+
+Each JSON route caps its own body while reading it (`market.api.body`); `BodySizeLimit` refuses
+anything larger than the largest cap on any path (Content-Length or streamed), routes without a
+body included. `SecurityHeaders` adds to every response what a browser needs to keep the web
+order book and the API docs to this origin: a Content-Security-Policy with no external source,
+no framing, no MIME sniffing, no referrer.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,44 @@ import json
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""Scripts, styles, images and fetches from this origin only; nothing inline, no frames."""
+
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+)
+
+
+class SecurityHeaders:
+    """Add `SECURITY_HEADERS` to every HTTP response (keeping any the app set itself)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        """Wrap `app`."""
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on; add the headers to the response's start."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 class _TooLarge(Exception):

@@ -209,7 +209,22 @@ def attach(service: MarketService, deal_id: str, quote: Quote, key: str) -> None
     service.attach_quote(deal_id, QuoteAttach.model_validate(body))
 
 
+def fund(
+    world: ChainWorld, service: MarketService, *, provider: str, client: str, spend: int, stake: int
+) -> None:
+    """Put on the escrow what the market asks of orders (`market.funds`): the provider's stake
+    (the market's minimum, or the quote's if more) and the client's free balance for `spend`."""
+    need = max(stake, service.settings.min_provider_stake)
+    have = world.escrow.stake_of(address_of(provider))
+    if have < need:
+        world.escrow.stake(provider, need - have)
+    balance = world.escrow.balance_of(address_of(client))
+    if balance < spend:
+        world.escrow.deposit(client, spend - balance)
+
+
 def match(
+    world: ChainWorld,
     service: MarketService,
     provider: Trader,
     client: Trader,
@@ -219,10 +234,19 @@ def match(
     plan: Plan = METERED,
     **terms: object,
 ) -> tuple[str, Quote]:
-    """Place an ask and a bid that fill; return the market deal id and the ask's quote."""
+    """Fund both sides, place an ask and a bid that fill; return the market deal id and the
+    ask's quote."""
     now = service.now()
     ask_quote = provider.quote(
         slo_ms=100, valid_until=now + 3_600, plan=plan, challenge_window=MIN_WINDOW, **terms
+    )
+    fund(
+        world,
+        service,
+        provider=provider.key,
+        client=client.key,
+        spend=price * quantity,
+        stake=ask_quote.stake,
     )
     body = provider.ask(now, price=price, quantity=quantity, quote=ask_quote, plan=plan_kind(plan))
     [ask] = service.place([OrderCreate.model_validate(body)])
@@ -250,8 +274,14 @@ def open_on_chain(
     record = service.deal(deal_id)
     assert record.quote is not None and record.quote_signature is not None
     quote = Quote.from_json(record.quote)
-    world.escrow.deposit(client_key, int(record.max_spend))
-    world.escrow.stake(provider_key, quote.stake)
+    fund(
+        world,
+        service,
+        provider=provider_key,
+        client=client_key,
+        spend=int(record.max_spend),
+        stake=quote.stake,
+    )
     signature = bytes.fromhex(record.quote_signature[2:])
     opened = world.escrow.open_deal(client_key, quote, signature, int(record.max_spend))
     return int(opened.event("DealOpened").args["dealId"])

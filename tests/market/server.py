@@ -23,6 +23,21 @@ ROOT = Path(__file__).resolve().parents[2]
 @contextmanager
 def market_server(data_dir: Path, *extra: str) -> Iterator[str]:
     """Start the market on a free port; yield its base URL; stop it by PID."""
+    with market_process(data_dir, *extra) as (url, _):
+        yield url
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Return a process's peak resident memory so far (`VmHWM`), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
+@contextmanager
+def market_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, int]]:
+    """Start the market on a free port; yield its base URL and PID; stop it by PID."""
     port = free_port()
     log = (data_dir.parent / f"server-{port}.log").open("wb")
     process = subprocess.Popen(
@@ -62,7 +77,7 @@ def market_server(data_dir: Path, *extra: str) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError("market did not start within 30 s")
             time.sleep(0.05)  # readiness poll of an external process
-        yield url
+        yield url, process.pid
     finally:
         if process.poll() is None:
             os.kill(process.pid, signal.SIGTERM)

@@ -26,6 +26,7 @@ from .chain import (
     attach,
     claim_of,
     deal_quote,
+    fund,
     match,
     open_on_chain,
     task_request,
@@ -45,6 +46,8 @@ def test_one_ask_fills_two_clients_and_each_opens_with_the_quote_of_its_fill(
     now = market.now()
     terms = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
     ask = provider.ask(now, price=1_000, quantity=8, quote=terms)
+    for client in (first, second):
+        fund(world, market, provider=provider.key, client=client.key, spend=4_000, stake=0)
     market.place([OrderCreate.model_validate(ask)])
     deals = []
     for client in (first, second):
@@ -68,7 +71,7 @@ def test_attach_quote_when_its_nonce_was_used_on_chain_then_409(
     """The provider signed this client a quote it opened outside the market; its calldata is
     public. Posting it to the client's market deal would leave that deal unopenable."""
     provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    deal_id, terms = match(market, provider, client)
+    deal_id, terms = match(world, market, provider, client)
     direct = deal_quote(provider, terms, client.address, 10_000, market.now() + 600)
     world.escrow.deposit(client.key, 10_000)
     world.escrow.stake(provider.key, direct.stake)
@@ -84,7 +87,7 @@ def test_attach_quote_when_the_held_quote_expired_but_opened_a_deal_then_409(
     """Expired "unused" is checked on chain: a quote used before its expiry, not yet indexed,
     keeps the deal's record, so the indexer can still link the deal it opened."""
     provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    deal_id, terms = match(market, provider, client)
+    deal_id, terms = match(world, market, provider, client)
     first = deal_quote(provider, terms, client.address, 10_000, market.now() + 30)
     attach(market, deal_id, first, provider.key)
     chain_deal = open_on_chain(world, market, deal_id, client.key, provider.key)
@@ -104,6 +107,7 @@ def test_ask_when_window_below_the_escrows_minimum_then_refused_with_the_chains_
     provider = world.trader(world.providers[0])
     now = market.now()
     short = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW - 1)
+    world.escrow.stake(provider.key, market.settings.min_provider_stake)
     with TestClient(create_app(service=market)) as api:
         response = api.post("/v1/orders", json=provider.ask(now, quote=short))
         assert response.status_code == 422, response.text
@@ -133,6 +137,7 @@ def test_ask_when_the_chain_is_down_then_503_and_accepted_once_it_answers(
         with TestClient(create_app(service=service)) as api:
             assert api.post("/v1/orders", json=provider.ask(service.now())).status_code == 503
             service.settings.rpc_url = world.anvil.url
+            world.escrow.stake(provider.key, settings.min_provider_stake)
             assert api.post("/v1/orders", json=body).status_code == 201
         with pytest.raises(ChallengeWindowTooShortError):
             short = provider.quote(

@@ -53,7 +53,7 @@ def _indexer(world: ChainWorld, service: MarketService, **kwargs: object) -> Ind
 def _market_deal(world: ChainWorld, service: MarketService) -> tuple[str, int]:
     """Match an ask and a bid, attach the provider's quote for the fill, open it on chain."""
     provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    deal_id, terms = match(service, provider, client)
+    deal_id, terms = match(world, service, provider, client)
     fill = deal_quote(provider, terms, client.address, 10_000, service.now() + 600)
     attach(service, deal_id, fill, provider.key)
     return deal_id, open_on_chain(world, service, deal_id, client.key, provider.key)
@@ -102,7 +102,9 @@ def test_indexer_stores_every_term_and_credit_the_v2_events_carry(
 ) -> None:
     provider, client = world.trader(world.providers[1]), world.trader(world.clients[1])
     reserved = Plan(inference_price=400, reservation_fee=300, reserved_discount_bps=500)
-    deal_id, terms = match(market, provider, client, plan=reserved, penalty=7_000, stake=90_000)
+    deal_id, terms = match(
+        world, market, provider, client, plan=reserved, penalty=7_000, stake=90_000
+    )
     fill = deal_quote(provider, terms, client.address, 10_000, market.now() + 600)
     attach(market, deal_id, fill, provider.key)
     chain_deal = open_on_chain(world, market, deal_id, client.key, provider.key)

@@ -24,7 +24,9 @@ market = fixtures.market
 ALL_TASKS = (2**256 - 1,) * 256  # every bit of every word: tasks 0 to 65,535
 
 
-def _register(service: MarketService, provider: Trader) -> None:
+def _register(world: ChainWorld, service: MarketService, provider: Trader) -> None:
+    """Stake the market's minimum (a provider registers only with stake), then advertise."""
+    world.escrow.stake(provider.key, service.settings.min_provider_stake)
     body = provider.heartbeat(service.now())
     service.heartbeat(HeartbeatCreate.model_validate(body), body["advert"])
 
@@ -64,7 +66,7 @@ def test_reputation_when_provider_self_pays_a_65536_task_voucher_then_one_unit_f
     world: ChainWorld, market: MarketService
 ) -> None:
     provider = world.trader(world.providers[0])
-    _register(market, provider)
+    _register(world, market, provider)
     throwaway = "0x" + os.urandom(32).hex()
     world.fund(throwaway)
     deal, _ = _open(world, provider, throwaway, 1, stake=0, penalty=0)
@@ -89,7 +91,7 @@ def test_reputation_when_value_comes_from_one_client_then_the_breakdown_shows_it
     """Two providers each paid 10,000: one by two clients, one by a client it funded."""
     honest, faker = world.trader(world.providers[0]), world.trader(world.providers[1])
     for provider in (honest, faker):
-        _register(market, provider)
+        _register(world, market, provider)
     for client in world.clients[:2]:
         deal, _ = _open(world, honest, client, 5_000)
         _pay(world, honest, client, deal, 5_000, task_bitmap(range(5)))
@@ -113,7 +115,7 @@ def test_reputation_counts_claims_disputes_refunds_and_penalties_by_value(
     world: ChainWorld, market: MarketService
 ) -> None:
     provider, client = world.trader(world.providers[2]), world.clients[2]
-    _register(market, provider)
+    _register(world, market, provider)
     plan = Plan(inference_price=500, reservation_fee=300, reserved_discount_bps=0)
     deal, _ = _open(world, provider, client, 100_000, plan=plan, penalty=7_000, stake=100_000)
     deadline = world.now() + 40

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -10,12 +11,16 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 
 from market.api.deps import ServiceDep
+from market.errors import RateLimitedError
 from market.models import LABEL, BookPublic, FillPublic
+from market.service import MarketService
 
 router = APIRouter(prefix="/v1", tags=["market data"])
 
 STREAM_POLL_S = 0.2
 STREAM_KEEPALIVE_S = 15.0
+STREAM_LIFETIME_S = 600.0
+"""A stream ends after this long; the browser's EventSource reconnects (`retry: 1000`)."""
 OVERVIEW_HISTORY_S = 3 * 3600
 """The page's price chart covers the last three hours in one-minute bars."""
 
@@ -106,25 +111,91 @@ def overview(service: ServiceDep) -> dict[str, Any]:
     }
 
 
+class Changes:
+    """One poller of the market's change counter that wakes every live-update stream.
+
+    An idle stream waits on a condition and costs nothing until the market changes (or its
+    keep-alive is due); the counter is read every `STREAM_POLL_S` by one task, however many
+    streams are open. At most `max_streams` are served at once (429 beyond).
+    """
+
+    def __init__(self, service: MarketService, *, max_streams: int) -> None:
+        """Watch `service.version`; serve at most `max_streams` streams."""
+        self._service = service
+        self.max_streams = max_streams
+        self.open = 0
+        self._condition: asyncio.Condition | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    def check(self) -> None:
+        """Raise `RateLimitedError` when `max_streams` streams are open."""
+        if self.open >= self.max_streams:
+            raise RateLimitedError("live-update streams", STREAM_KEEPALIVE_S)
+
+    async def wait(self, seen: int, timeout: float) -> int:
+        """Return the version once it differs from `seen`, or after `timeout` seconds."""
+        condition = self._start()
+        async with condition:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    condition.wait_for(lambda: self._service.version != seen), timeout
+                )
+        return self._service.version
+
+    def close(self) -> None:
+        """Stop the poller."""
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    def _start(self) -> asyncio.Condition:
+        if self._condition is None or self._poller is None or self._poller.done():
+            self._condition = asyncio.Condition()
+            self._poller = asyncio.get_running_loop().create_task(self._poll(self._condition))
+        return self._condition
+
+    async def _poll(self, condition: asyncio.Condition) -> None:
+        last = self._service.version
+        while True:
+            await asyncio.sleep(STREAM_POLL_S)  # one poll of an in-memory counter for all
+            version = self._service.version
+            if version != last:
+                last = version
+                async with condition:
+                    condition.notify_all()
+
+
+def _changes(request: Request, service: MarketService) -> Changes:
+    changes: Changes | None = getattr(request.app.state, "changes", None)
+    if changes is None:  # an app used without its lifespan (schema tools)
+        changes = request.app.state.changes = Changes(
+            service, max_streams=service.settings.max_streams
+        )
+    return changes
+
+
 @router.get("/stream", response_class=StreamingResponse)
 async def stream(request: Request, service: ServiceDep) -> StreamingResponse:
     """Server-sent events: an `update` event carrying the version whenever the market changes."""
+    changes = _changes(request, service)
+    changes.check()
+    loop = asyncio.get_running_loop()
 
     async def events() -> AsyncIterator[str]:
-        seen = -1
-        idle = 0.0
-        yield "retry: 1000\n\n"
-        while not await request.is_disconnected():
-            version = service.version
-            if version != seen:
-                seen = version
-                idle = 0.0
-                yield f"event: update\ndata: {version}\n\n"
-            elif idle >= STREAM_KEEPALIVE_S:
-                idle = 0.0
-                yield ": keepalive\n\n"
-            await asyncio.sleep(STREAM_POLL_S)  # server-side poll of an in-memory counter
-            idle += STREAM_POLL_S
+        changes.open += 1  # counted here: a stream never started never ends either
+        try:
+            ends = loop.time() + STREAM_LIFETIME_S
+            seen = service.version
+            yield f"retry: 1000\n\nevent: update\ndata: {seen}\n\n"
+            while loop.time() < ends:
+                version = await changes.wait(seen, STREAM_KEEPALIVE_S)
+                if version != seen:
+                    seen = version
+                    yield f"event: update\ndata: {version}\n\n"
+                else:
+                    yield ": keepalive\n\n"
+        finally:
+            changes.open -= 1
 
     return StreamingResponse(
         events(),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
+from starlette.concurrency import run_in_threadpool
 
+from market.api.body import JsonBody, Parsed, json_body, small_limits
 from market.api.deps import ServiceDep
 from market.models import ADDRESS, DealPublic, QuoteAttach
 
@@ -31,13 +33,16 @@ def get_deal(deal_id: Annotated[str, Path(pattern=DEAL_ID)], service: ServiceDep
     return service.deal(deal_id)
 
 
-@router.post("/{deal_id}/quote")
-def attach_quote(
-    deal_id: Annotated[str, Path(pattern=DEAL_ID)], attach: QuoteAttach, service: ServiceDep
+AttachBody = Annotated[Parsed[QuoteAttach], Depends(JsonBody(QuoteAttach, small_limits))]
+
+
+@router.post("/{deal_id}/quote", openapi_extra=json_body(QuoteAttach))
+async def attach_quote(
+    deal_id: Annotated[str, Path(pattern=DEAL_ID)], body: AttachBody, service: ServiceDep
 ) -> DealPublic:
     """Attach a fresh provider-signed quote to a matched deal not yet open on chain.
 
     An ask's quote has one nonce, so it opens one deal; when an ask fills several bids, the
     provider signs a quote per further deal (same plan and SLO, spend at least the deal's).
     """
-    return service.attach_quote(deal_id, attach)
+    return await run_in_threadpool(service.attach_quote, deal_id, body.model)

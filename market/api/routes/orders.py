@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Response, status
+from starlette.concurrency import run_in_threadpool
 
-from market.api.body import RawBody, json_body, parse
+from market.api.body import JsonBody, Parsed, batch_limits, json_body, order_limits, small_limits
 from market.api.deps import ServiceDep
 from market.models import (
     ADDRESS,
@@ -23,10 +24,14 @@ from market.models import (
 router = APIRouter(prefix="/v1/orders", tags=["orders"])
 
 
-# The placement routes read their body as bytes and validate it in one step (`market.api.body`);
-# the body schema is published all the same. They are `async def`: verifying a batch on the
-# event loop costs less than a hop to a worker thread and back (secp256k1 recovery releases the
-# interpreter lock, so the writer thread still runs meanwhile), and the commit is awaited.
+# Every body is read within its route's limits and validated in one step (`market.api.body`);
+# the body schemas are published all the same. The placement routes are `async def`: verifying
+# one order on the event loop costs less than a hop to a worker thread and back, a batch is
+# verified in a worker thread (`MarketService.place_batch_async`), and the commit is awaited.
+
+OrderBody = Annotated[Parsed[OrderCreate], Depends(JsonBody(OrderCreate, order_limits))]
+BatchBody = Annotated[Parsed[OrderBatch], Depends(JsonBody(OrderBatch, batch_limits))]
+CancelBody = Annotated[Parsed[CancelCreate], Depends(JsonBody(CancelCreate, small_limits))]
 
 
 @router.post(
@@ -35,9 +40,9 @@ router = APIRouter(prefix="/v1/orders", tags=["orders"])
     response_model=PlaceResult,
     openapi_extra=json_body(OrderCreate),
 )
-async def place_order(body: RawBody, service: ServiceDep) -> Response:
+async def place_order(body: OrderBody, service: ServiceDep) -> Response:
     """Place one signed ask or bid (`OrderCreate`); answer after it is matched and stored."""
-    result = (await service.place_async([parse(OrderCreate, body)]))[0]
+    result = (await service.place_async([body.model]))[0]
     return _json(result.model_dump_json())
 
 
@@ -47,9 +52,9 @@ async def place_order(body: RawBody, service: ServiceDep) -> Response:
     response_model=BatchResult,
     openapi_extra=json_body(OrderBatch),
 )
-async def place_batch(body: RawBody, service: ServiceDep) -> Response:
+async def place_batch(body: BatchBody, service: ServiceDep) -> Response:
     """Place several signed orders (`OrderBatch`) atomically (all or none), in the given order."""
-    orders = parse(OrderBatch, body).orders
+    orders = body.model.orders
     result = BatchResult.model_construct(results=await service.place_batch_async(orders))
     return _json(result.model_dump_json())
 
@@ -59,10 +64,10 @@ def _json(body: str) -> Response:
     return Response(body, status_code=201, media_type="application/json")
 
 
-@router.post("/cancel")
-def cancel_order(cancel: CancelCreate, service: ServiceDep) -> OrderPublic:
+@router.post("/cancel", openapi_extra=json_body(CancelCreate))
+async def cancel_order(body: CancelBody, service: ServiceDep) -> OrderPublic:
     """Cancel a live order on its owner's signed `CancelOrder`."""
-    return service.cancel(cancel)
+    return await run_in_threadpool(service.cancel, body.model)
 
 
 @router.get("")

@@ -1,0 +1,230 @@
+"""Funds behind orders: what a signer must hold on the escrow before the market takes its word.
+
+A signature costs nothing to make; escrow balances and stakes do. When the market knows its
+escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `FundsGuard` admits:
+
+- a **bid** only if its signer's free escrow balance (`balanceOf`) covers the bid's spend
+  (price x quantity) on top of what the signer already committed on this market: the unfilled
+  part of its live bids and the spend of its matched deals not yet open on chain (for
+  `unopened_deal_hold_s` after the match; an opened deal's funds are locked on chain instead);
+- an **ask** only if its signer's free stake (`stakeOf`) covers both the market's minimum
+  (`min_provider_stake`) and the stake its quote promises, and the signer keeps at most
+  `max_classes_per_provider` device classes in live asks;
+- a **heartbeat** only if the provider's stake, free or locked in its open deals (indexed),
+  reaches `min_provider_stake`;
+- an **order** of either side only in a device class that exists: one with a book (an ask from
+  a staked provider made it) or advertised by a registered (so staked) provider; and at most
+  `max_live_orders_per_owner` live orders per signer.
+
+Balances and stakes are read from the escrow and cached for `funds_cache_s`; a refusal is
+decided on a fresh read. What a request reserves is held in memory until its orders are
+committed (then the database shows them), so two requests of one signer racing each other
+cannot both spend the same balance. Refusals are `UnfundedError` or `QuotaError` (403), with
+the figures that decided them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from sqlmodel import Session
+
+from contracts.binding import Escrow
+from market import storage
+from market.engine import Side
+from market.errors import QuotaError, UnfundedError
+from market.verify import CheckedOrder
+
+_FRESH_S = 0.25
+"""A cached figure younger than this decides a refusal without another read."""
+
+
+class _Cache:
+    """Escrow figures by address, each kept `ttl` seconds."""
+
+    def __init__(self, read: Callable[[str], int], ttl: float) -> None:
+        self._read = read
+        self._ttl = ttl
+        self._values: dict[str, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str, *, fresh: bool = False) -> int:
+        """Return the figure of `address`, read again if older than the cache allows (or, with
+        `fresh`, older than `_FRESH_S`)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._values.get(address)
+        limit = _FRESH_S if fresh else self._ttl
+        if cached is not None and now - cached[1] <= limit:
+            return cached[0]
+        value = self._read(address)
+        with self._lock:
+            self._values[address] = (value, time.monotonic())
+            if len(self._values) > 100_000:
+                self._values.clear()
+        return value
+
+
+class Reservation:
+    """What one request's orders hold of their signers' funds until they are committed."""
+
+    def __init__(self, guard: FundsGuard) -> None:
+        """Hold nothing yet."""
+        self._guard = guard
+        self.held: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders)
+
+    def release(self) -> None:
+        """Give the held funds back (the committed orders now count from the database)."""
+        held, self.held = self.held, {}
+        self._guard._release(held)
+
+
+class FundsGuard:
+    """Admit orders and heartbeats that have escrow funds behind them (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        read_escrow: Callable[[Callable[[Escrow], Any]], Any],
+        session: Callable[[], AbstractContextManager[Session]],
+        book_classes: Callable[[], list[str]],
+        min_provider_stake: int,
+        max_live_orders: int,
+        max_classes_per_provider: int,
+        unopened_deal_hold_s: int,
+        cache_s: float,
+    ) -> None:
+        """Read the escrow with `read_escrow`, the market's records with `session`."""
+        self._session = session
+        self._book_classes = book_classes
+        self.min_provider_stake = min_provider_stake
+        self.max_live_orders = max_live_orders
+        self.max_classes_per_provider = max_classes_per_provider
+        self.unopened_deal_hold_s = unopened_deal_hold_s
+        self.balances = _Cache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), cache_s)
+        self.stakes = _Cache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
+        self._lock = threading.Lock()
+        self._reserved: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders) in flight
+
+    # -- orders ---------------------------------------------------------------------------------
+
+    def reserve(self, orders: Sequence[CheckedOrder], now: int) -> Reservation:
+        """Check `orders` (one request, verified) against their signers' funds and hold what
+        they commit; release the reservation once they are committed (or failed). Raise
+        `UnfundedError` or `QuotaError` if they are not covered."""
+        by_owner: dict[str, list[CheckedOrder]] = {}
+        for checked in orders:
+            by_owner.setdefault(checked.order.owner, []).append(checked)
+        known = self._known_classes()
+        for owner, mine in sorted(by_owner.items()):
+            self._check_asks(owner, [c for c in mine if c.order.side is Side.ASK], now, known)
+        for checked in orders:
+            name = checked.order.device_class
+            if checked.order.side is Side.BID and name not in known:
+                raise UnfundedError(
+                    f"device class {name!r} is advertised by no staked provider: no bid can "
+                    "match in it"
+                )
+        reservation = Reservation(self)
+        try:
+            for owner, mine in sorted(by_owner.items()):
+                reservation.held[owner] = self._reserve(owner, mine, now)
+        except BaseException:
+            reservation.release()
+            raise
+        return reservation
+
+    def _release(self, held: dict[str, tuple[int, int]]) -> None:
+        with self._lock:
+            for owner, (spend, count) in held.items():
+                left_spend, left_count = self._reserved[owner]
+                if left_count == count:
+                    del self._reserved[owner]
+                else:
+                    self._reserved[owner] = (left_spend - spend, left_count - count)
+
+    def _known_classes(self) -> set[str]:
+        with self._session() as session:
+            advertised = storage.advertised_classes(session=session)
+        return set(self._book_classes()) | set(advertised)
+
+    def _check_asks(self, owner: str, asks: list[CheckedOrder], now: int, known: set[str]) -> None:
+        """Refuse asks whose signer lacks the stake they promise, or would hold too many
+        device classes; add their classes to `known`."""
+        if not asks:
+            return
+        need = max([self.min_provider_stake, *(_quote_stake(c) for c in asks)])
+        stake = self.stakes.get(owner)
+        if stake < need:
+            stake = self.stakes.get(owner, fresh=True)
+        if stake < need:
+            raise UnfundedError(
+                f"ask signer {owner} has {stake} free stake on the escrow; its asks need "
+                f"{need} (the market's minimum {self.min_provider_stake} and each quote's stake)"
+            )
+        with self._session() as session:
+            classes = set(storage.live_ask_classes(session=session, owner=owner, now=now))
+        classes.update(c.order.device_class for c in asks)
+        if len(classes) > self.max_classes_per_provider:
+            raise QuotaError(
+                f"{owner} would ask in {len(classes)} device classes; at most "
+                f"{self.max_classes_per_provider}"
+            )
+        known.update(classes)
+
+    def _reserve(self, owner: str, orders: list[CheckedOrder], now: int) -> tuple[int, int]:
+        """Check one signer's orders of a request against its funds; reserve and return their
+        (spend, count). A shortfall on a cached balance is decided again on a fresh read."""
+        spend = sum(c.order.price * c.order.quantity for c in orders if c.order.side is Side.BID)
+        balance = self.balances.get(owner) if spend else 0
+        for fresh in (False, True):
+            if fresh:
+                balance = self.balances.get(owner, fresh=True)  # not under the lock: a read
+            with self._lock:  # held across the check and the reservation: no double spend
+                with self._session() as session:
+                    live, committed = storage.commitments(
+                        session=session,
+                        owner=owner,
+                        now=now,
+                        deals_since=now - self.unopened_deal_hold_s,
+                    )
+                flying_spend, flying_count = self._reserved.get(owner, (0, 0))
+                count = live + flying_count + len(orders)
+                if count > self.max_live_orders:
+                    raise QuotaError(
+                        f"{owner} would hold {count} live orders; at most {self.max_live_orders}"
+                    )
+                needed = committed + flying_spend + spend
+                if needed <= balance or not spend:
+                    self._reserved[owner] = (flying_spend + spend, flying_count + len(orders))
+                    return spend, len(orders)
+        raise UnfundedError(
+            f"bids of {owner} need {spend} on top of {needed - spend} committed (live bids, "
+            f"unopened deals); its free escrow balance is {balance}"
+        )
+
+    # -- providers ------------------------------------------------------------------------------
+
+    def check_provider(self, provider: str) -> None:
+        """Raise `UnfundedError` unless `provider`'s stake on the escrow, free or locked in its
+        open deals, reaches the market's minimum."""
+        with self._session() as session:
+            locked = storage.open_deal_stakes(session=session, provider=provider)
+        stake = self.stakes.get(provider) + locked
+        if stake < self.min_provider_stake:
+            stake = self.stakes.get(provider, fresh=True) + locked
+        if stake < self.min_provider_stake:
+            raise UnfundedError(
+                f"provider {provider} has {stake} staked on the escrow (free and in open "
+                f"deals); the market registers providers from {self.min_provider_stake}"
+            )
+
+
+def _quote_stake(checked: CheckedOrder) -> int:
+    quote: dict[str, Any] = json.loads(checked.quote_json or "{}")
+    return int(quote.get("stake", 0))
