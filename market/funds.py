@@ -17,10 +17,11 @@ escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `Funds
   `max_live_orders_per_owner` live orders per signer.
 
 Balances and stakes are read from the escrow and cached for `funds_cache_s`; a refusal is
-decided on a fresh read. What a request reserves is held in memory until its orders are
-committed (then the database shows them), so two requests of one signer racing each other
-cannot both spend the same balance. Refusals are `UnfundedError` or `QuotaError` (403), with
-the figures that decided them.
+decided on a figure read for it (a client that just deposited is never refused on a stale one;
+a flood of unfunded orders costs one read each, within the signer's and the IP's rate limits).
+What a request reserves is held in memory until its orders are committed (then the database
+shows them), so two requests of one signer racing each other cannot both spend one balance.
+Refusals are `UnfundedError` or `QuotaError` (403), with the figures that decided them.
 """
 
 from __future__ import annotations
@@ -40,9 +41,6 @@ from market.engine import Side
 from market.errors import QuotaError, UnfundedError
 from market.verify import CheckedOrder
 
-_FRESH_S = 0.25
-"""A cached figure younger than this decides a refusal without another read."""
-
 
 class _Cache:
     """Escrow figures by address, each kept `ttl` seconds."""
@@ -53,15 +51,22 @@ class _Cache:
         self._values: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, address: str, *, fresh: bool = False) -> int:
-        """Return the figure of `address`, read again if older than the cache allows (or, with
-        `fresh`, older than `_FRESH_S`)."""
-        now = time.monotonic()
+    def get(self, address: str) -> tuple[int, bool]:
+        """Return the figure of `address` and whether it was read now: the cached one if
+        younger than the cache allows, else read from the escrow."""
         with self._lock:
             cached = self._values.get(address)
-        limit = _FRESH_S if fresh else self._ttl
-        if cached is not None and now - cached[1] <= limit:
-            return cached[0]
+        if cached is not None and time.monotonic() - cached[1] <= self._ttl:
+            return cached[0], False
+        return self.read(address), True
+
+    def at_least(self, address: str, need: int) -> int:
+        """Return the figure of `address`, read afresh if the cached one is below `need`."""
+        value, read = self.get(address)
+        return value if read or value >= need else self.read(address)
+
+    def read(self, address: str) -> int:
+        """Read the figure of `address` from the escrow and cache it."""
         value = self._read(address)
         with self._lock:
             self._values[address] = (value, time.monotonic())
@@ -159,9 +164,7 @@ class FundsGuard:
         if not asks:
             return
         need = max([self.min_provider_stake, *(_quote_stake(c) for c in asks)])
-        stake = self.stakes.get(owner)
-        if stake < need:
-            stake = self.stakes.get(owner, fresh=True)
+        stake = self.stakes.at_least(owner, need)
         if stake < need:
             raise UnfundedError(
                 f"ask signer {owner} has {stake} free stake on the escrow; its asks need "
@@ -181,10 +184,12 @@ class FundsGuard:
         """Check one signer's orders of a request against its funds; reserve and return their
         (spend, count). A shortfall on a cached balance is decided again on a fresh read."""
         spend = sum(c.order.price * c.order.quantity for c in orders if c.order.side is Side.BID)
-        balance = self.balances.get(owner) if spend else 0
-        for fresh in (False, True):
-            if fresh:
-                balance = self.balances.get(owner, fresh=True)  # not under the lock: a read
+        balance, read = self.balances.get(owner) if spend else (0, True)
+        for again in (False, True):
+            if again:
+                if read:
+                    break
+                balance = self.balances.read(owner)  # not under the lock: a chain read
             with self._lock:  # held across the check and the reservation: no double spend
                 with self._session() as session:
                     live, committed = storage.commitments(
@@ -215,9 +220,7 @@ class FundsGuard:
         open deals, reaches the market's minimum."""
         with self._session() as session:
             locked = storage.open_deal_stakes(session=session, provider=provider)
-        stake = self.stakes.get(provider) + locked
-        if stake < self.min_provider_stake:
-            stake = self.stakes.get(provider, fresh=True) + locked
+        stake = self.stakes.at_least(provider, self.min_provider_stake - locked) + locked
         if stake < self.min_provider_stake:
             raise UnfundedError(
                 f"provider {provider} has {stake} staked on the escrow (free and in open "
