@@ -3,9 +3,10 @@
 The script starts anvil, the market and two provider daemons, opens a deal with each through
 the market and runs 30 tasks with `tpumarket job run` subprocesses while it kills a daemon
 (-9) and restarts it, stops anvil (SIGSTOP) for 3 s, kills a client run (-9) and runs it
-again, and interrupts a client run twice (SIGINT); one of p2's tasks runs past its deadline. Then it settles everything and reads every
-figure back from the chain and the daemons' journals. The full run (200 tasks, 10 s freezes,
-each fault twice) is `scripts/soak`; its figures are in docs/benchmarks.md.
+again, and interrupts a client run twice (SIGINT); one of p2's tasks runs past its deadline.
+Then it settles everything and reads every figure back from the chain and the daemons'
+journals. The full run (200 tasks, 10 s freezes, each fault twice) is `scripts/soak`; its
+figures are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
