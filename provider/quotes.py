@@ -77,10 +77,16 @@ class QuoteJob:
             self.metrics.quotes.labels("market_unreachable").inc()
             log.warning("cannot list the market's deals", extra={"error": str(exc)})
             return []
+        pending = [r for r in records if self._needs_quote(r)]
+        if not pending:
+            return []
+        try:
+            self.clock.chain_now()  # validUntil is judged by the chain's clock
+        except (ChainError, ContractRevert) as exc:
+            log.warning("cannot read the chain's clock", extra={"error": str(exc)})
+            return []
         sent = []
-        for record in records:
-            if not self._needs_quote(record):
-                continue
+        for record in pending:
             deal_id = str(record["deal_id"])
             try:
                 quote = self._quote_for(record)

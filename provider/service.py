@@ -23,7 +23,7 @@ from typing import Any
 
 import coincurve
 
-from contracts.binding import DEAL_OPEN
+from contracts.binding import DEAL_OPEN, DealState
 from contracts.errors import SignatureError
 from contracts.hashing import keccak256
 from contracts.messages import (
@@ -208,42 +208,71 @@ class TaskService:
             raise self._reject(
                 "price_above_max", f"the plan charges {price}, above maxPrice {request.max_price}"
             )
-        with self._lock:
-            existing = self.journal.ack(key)
-            if existing is not None:
-                return self._existing(existing, request_hash)
-            book = self.journal.deal(request.deal_id)
-            unpaid = 0 if book is None else book.unpaid_ack_total()
-            available = deal.max_spend - deal.committed - deal.pending
-            if book is not None and available >= request.max_price and available - unpaid < price:
-                # Refunds the journal has not seen are in `committed` already: read the
-                # chain's settlement of the overdue tasks before refusing.
-                unpaid = self._refreshed_unpaid(request.deal_id, unpaid)
-            if available < request.max_price or available - unpaid < price:
-                raise self._reject(
-                    "insufficient_budget",
-                    f"deal {request.deal_id} has {available} left with {unpaid} acked but "
-                    f"unpaid; this task needs {price} (maxPrice {request.max_price})",
-                )
-            ack = Ack(
-                deal_id=request.deal_id,
-                task_index=request.task_index,
-                request_hash=request_hash,
-                price=price,
-            )
-            record = AckRecord(
-                request=request,
-                request_sig=sig,
-                request_hash=request_hash,
-                target=target,
-                ack=ack,
-                ack_sig=self._sign(ack.struct_hash()),
-                acked_at=now,
-            )
-            self.journal.record_ack(record, envelope, defer=defer_ack)
-            self._start(record, plan, envelope, decoded)
+        for attempt in (0, 1):
+            with self._lock:
+                existing = self.journal.ack(key)
+                if existing is not None:
+                    return self._existing(existing, request_hash)
+                short = self._budget_short(request, deal, price, final=attempt == 1)
+                if not short:
+                    record = self._ack(request, sig, request_hash, target, price, now)
+                    self.journal.record_ack(record, envelope, defer=defer_ack)
+                    self._start(record, plan, envelope, decoded)
+                    break
+            # Refunds the journal has not seen are in `committed` already: read the chain's
+            # settlement of the deal's overdue tasks (outside the lock), then check again.
+            self._refresh(request.deal_id)
         self._acked[request.kind].inc()
         return Submission(record, created=True)
+
+    def _budget_short(
+        self, request: TaskRequest, deal: DealState, price: int, *, final: bool
+    ) -> bool:
+        """Return whether the deal's budget may be short only for refunds the journal has not
+        seen (worth a refresh); raise ``insufficient_budget`` when it is short for sure."""
+        book = self.journal.deal(request.deal_id)
+        unpaid = 0 if book is None else book.unpaid_ack_total()
+        available = deal.max_spend - deal.committed - deal.pending
+        if available >= request.max_price and available - unpaid >= price:
+            return False
+        if (
+            final
+            or book is None
+            or self._refresh_settled is None
+            or (available < request.max_price)
+        ):
+            raise self._reject(
+                "insufficient_budget",
+                f"deal {request.deal_id} has {available} left with {unpaid} acked but "
+                f"unpaid; this task needs {price} (maxPrice {request.max_price})",
+            )
+        return True
+
+    def _ack(
+        self,
+        request: TaskRequest,
+        sig: bytes,
+        request_hash: bytes,
+        target: str | None,
+        price: int,
+        now: float,
+    ) -> AckRecord:
+        """Return the signed ack of an accepted request, as the journal records it."""
+        ack = Ack(
+            deal_id=request.deal_id,
+            task_index=request.task_index,
+            request_hash=request_hash,
+            price=price,
+        )
+        return AckRecord(
+            request=request,
+            request_sig=sig,
+            request_hash=request_hash,
+            target=target,
+            ack=ack,
+            ack_sig=self._sign(ack.struct_hash()),
+            acked_at=now,
+        )
 
     def _check_deadline(self, request: TaskRequest, expiry: int, now: float) -> None:
         """Refuse a deadline this provider cannot meet, or one past the deal's expiry."""
@@ -260,17 +289,14 @@ class TaskService:
                 f"deadline {request.deadline} is after deal {request.deal_id}'s expiry {expiry}",
             )
 
-    def _refreshed_unpaid(self, deal_id: int, unpaid: int) -> int:
-        """Return the deal's unpaid ack total after reading its overdue tasks' chain state."""
+    def _refresh(self, deal_id: int) -> None:
+        """Read the chain's state of a deal's tasks past their settlement instant."""
         if self._refresh_settled is None:
-            return unpaid
+            return
         try:
             self._refresh_settled(deal_id)
         except ProviderError as exc:
             log.warning("cannot refresh settled tasks", extra={"deal": deal_id, "error": str(exc)})
-            return unpaid
-        book = self.journal.deal(deal_id)
-        return unpaid if book is None else book.unpaid_ack_total()
 
     def _digest(self, struct_hash: bytes) -> bytes:
         """Return the EIP-712 digest of a struct hash under our domain (separator cached)."""

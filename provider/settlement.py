@@ -282,11 +282,10 @@ class SettlementJobs:
     def sync_overdue(self, deal_id: int) -> None:
         """Read the chain's state of a deal's tasks past their settlement instant; journal
         refunds (the task service calls this before refusing a task for budget)."""
-        with self._lock:
-            book = self.journal.deal(deal_id)
-            state = self._state(deal_id)
-            if book is not None and state is not None:
-                self._sync_overdue(deal_id, book, state, self.clock.chain_now())
+        book = self.journal.deal(deal_id)  # no job lock: a pass in progress may hold it long
+        state = self._state(deal_id)
+        if book is not None and state is not None:
+            self._sync_overdue(deal_id, book, state, self.clock.chain_now())
 
     def _sync_overdue(self, deal_id: int, book: DealBook, state: DealState, now: int) -> None:
         overdue = []

@@ -147,7 +147,8 @@ def post_ask(world: ChainWorld, market_url: str, key: str, quantity: int, **term
 
 
 def bid(world: ChainWorld, market_url: str, client: str) -> dict[str, Any]:
-    """As a client: bid for one unit; return the deal record of the match."""
+    """As a client with the funds in escrow: bid for one unit; return the deal record."""
+    world.escrow.deposit(client, PRICE)  # the market admits bids the escrow balance covers
     domain = market_domain(world.domain.chain_id, world.escrow.address)
     order = Bid(
         owner=address_of(client),
@@ -199,7 +200,6 @@ def test_matched_deal_then_daemon_attaches_a_quote_naming_its_client_who_opens_i
     assert quote.valid_until > world.chain_time()
     assert quoting.quotes.run() == []  # one quote per deal
     signature = bytes.fromhex(attached["quote_signature"][2:])
-    world.escrow.deposit(world.client, int(record["max_spend"]))
     opened = world.escrow.open_deal(world.client, quote, signature, int(record["max_spend"]))
     deal = world.escrow.get_deal(int(opened.event("DealOpened").args["dealId"]))
     assert deal.client == address_of(world.client)
