@@ -135,6 +135,17 @@ class Daemon:
             self.jobs.discover_deals()
         except (ChainError, ValueError) as exc:
             log.error("cannot scan the chain for our deals", extra={"error": str(exc)})
+        needed = self.config.settlement.min_window_s()
+        try:
+            allowed = self.escrow.min_challenge_window()
+        except (ChainError, ContractRevert):
+            allowed = needed
+        if allowed < needed:
+            log.warning(
+                "the escrow admits shorter challenge windows than this daemon serves: quotes "
+                "and tasks of such deals are refused",
+                extra={"escrow_min_window_s": allowed, "daemon_min_window_s": needed},
+            )
         problems = self.jobs.window_problems()
         if problems:
             raise ConfigError(
