@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from client.demo import CLIENT_FUNDS
+from client.demo.terms import CHALLENGE_WINDOW
 from contracts.binding import DEAL_CLOSED, TASK_NONE, TASK_REFUNDED, TASK_VOUCHED, Chain, Escrow
 from contracts.chain import Anvil, dev_keys
 from contracts.messages import address_of
@@ -66,7 +67,7 @@ def demo() -> Iterator[DemoRun]:
         )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         lines = done.stdout.strip().splitlines()
-        escrow = re.search(r"^escrow\s+(0x[0-9a-fA-F]{40})$", done.stdout, re.MULTILINE)
+        escrow = re.search(r"^escrow\s+(0x[0-9a-fA-F]{40})\b", done.stdout, re.MULTILINE)
         assert escrow is not None, done.stdout
         urls = re.findall(
             r"^(?:market|provider)\s+(?:\w+\s+)?(http://127\.0\.0\.1:\d+)",
@@ -120,6 +121,22 @@ def test_demo_figures_equal_the_chain(demo: DemoRun) -> None:
     token = Chain(w3.provider.endpoint_uri).token(escrow.token())  # type: ignore[attr-defined]
     held = token.balance_of(client) + escrow.balance_of(client)
     assert held == CLIENT_FUNDS - f["total_spent"] + penalties
+
+
+def test_demo_deals_open_with_per_fill_quotes_and_a_window_the_daemons_meet(
+    demo: DemoRun,
+) -> None:
+    escrow = demo.escrow
+    w3 = escrow.tx.w3
+    logs = w3.eth.get_logs({"address": escrow.address, "fromBlock": 0, "toBlock": "latest"})
+    opened = [e.args for e in escrow.decode_events(logs) if e.name == "DealOpened"]
+    client = address_of(dev_keys(2)[1])
+    assert len(opened) == 2
+    assert escrow.min_challenge_window() == CHALLENGE_WINDOW == 10
+    for args in opened:
+        assert args["client"] == client  # each fill's quote named the client
+        assert args["challengeWindow"] == CHALLENGE_WINDOW
+    assert len({args["quoteHash"] for args in opened}) == 2
 
 
 def test_demo_deals_are_closed_by_their_providers_after_the_clients_agreement(
