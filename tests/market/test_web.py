@@ -179,3 +179,41 @@ def test_page_when_deal_settles_on_chain_then_shows_status_and_tx_hashes(
     assert "12,345,678 (1) / 500 + 50,000" in seller.inner_text()
     assert errors == []
     page.close()
+
+
+def test_docs_when_loaded_under_the_pages_csp_then_every_route_shows_without_errors(
+    server: str, browser: Any
+) -> None:
+    """The API reference is the market's own page (no CDN): it runs under the same
+    Content-Security-Policy, and a CSP violation would be a console error."""
+    page = browser.new_page()
+    errors: list[str] = []
+    external: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: None if r.url.startswith(server) else external.append(r.url))
+    response = page.goto(server + "/docs")
+    assert response is not None
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    page.wait_for_selector("[data-testid=operations] section")
+    shown = page.locator("[data-testid=operations]").inner_text()
+    paths = httpx.get(server + "/openapi.json", timeout=10).json()["paths"]
+    for path in paths:
+        assert path in shown
+    assert page.locator("[data-testid=schemas] details").count() >= 10
+    assert errors == [] and external == []
+    page.close()
+
+
+def test_page_when_framed_by_another_origin_then_the_browser_refuses(
+    server: str, browser: Any, tmp_path: Path
+) -> None:
+    framing = tmp_path / "frame.html"
+    framing.write_text(f'<iframe id="f" src="{server}/"></iframe>')
+    page = browser.new_page()
+    with page.expect_event(
+        "console", predicate=lambda m: "frame-ancestors 'none'" in m.text, timeout=15_000
+    ) as refused:
+        page.goto(framing.as_uri())
+    assert "has been blocked" in refused.value.text
+    page.close()
