@@ -182,7 +182,8 @@ def test_job_run_refunds_a_slow_providers_late_tasks_with_the_penalty_and_it_can
         state=tmp_path,
     )
     assert [t["state"] for t in result["tasks"]] == ["refunded", "refunded"]
-    assert all("after the deadline" in t["detail"] for t in result["tasks"])
+    details = [str(t["detail"]) for t in result["tasks"]]
+    assert all("deadline" in d for d in details), details  # delivered after it, or not by it
     summary = result["summary"]
     assert (summary["tasks_refunded"], summary["refunded"], summary["penalties"]) == (
         2,
