@@ -5,7 +5,9 @@ The HTTP API (:mod:`provider.api`) serves a :class:`Daemon`; the CLI builds one 
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +31,44 @@ from provider.settlement import SettlementJobs
 
 log = logging.getLogger("provider.daemon")
 JOURNAL_FILE = "journal.sqlite3"
+LOCK_FILE = "daemon.lock"
+
+
+class DataDirLockedError(ConfigError):
+    """Raised when another daemon holds the data dir's lock (its PID in the message)."""
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data_dir>/daemon.lock``, held for the daemon's life.
+
+    Two daemons on one data dir would sign two receipt chains for the same deals; the second
+    one refuses at start instead. The kernel drops the lock when its holder exits, however it
+    exits (``kill -9`` included), so a restart after a crash finds the dir free. The file
+    holds the holder's PID, for the error message only: the lock, not the file, decides.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        """Take the lock or raise :class:`DataDirLockedError` naming the holder's PID."""
+        self.path = data_dir / LOCK_FILE
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirLockedError(
+                f"data dir {data_dir} is in use by another provider daemon (pid {holder}); "
+                "stop it first, or give this daemon its own data_dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); the file stays, its PID is stale and ignored."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the only descriptor releases the flock
 
 
 class Daemon:
@@ -56,7 +96,12 @@ class Daemon:
         self.deals = DealCache(self.escrow, self.plans, ttl_s=config.deal_cache_ttl_s)
         self.clock = ChainClock(self._latest_block_time)
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal(config.data_dir / JOURNAL_FILE, self.address, self.domain)
+        self.lock = DataDirLock(config.data_dir)
+        try:
+            self.journal = Journal(config.data_dir / JOURNAL_FILE, self.address, self.domain)
+        except BaseException:
+            self.lock.release()
+            raise
         self.jobs = SettlementJobs(
             private_key=config.private_key,
             escrow=self.escrow,
@@ -67,12 +112,17 @@ class Daemon:
             clock=self.clock,
         )
         self._owns_sandbox = sandbox is None
-        self.sandbox = sandbox or Sandbox(
-            config.pool_size,
-            SandboxLimits(max_envelope_bytes=config.max_envelope_bytes),
-            Path(config.data_dir) / "compile-cache",
-            jax_platforms=config.jax_platforms,
-        )
+        try:
+            self.sandbox = sandbox or Sandbox(
+                config.pool_size,
+                SandboxLimits(max_envelope_bytes=config.max_envelope_bytes),
+                Path(config.data_dir) / "compile-cache",
+                jax_platforms=config.jax_platforms,
+            )
+        except BaseException:
+            self.journal.close()
+            self.lock.release()
+            raise
         self.service = TaskService(
             private_key=config.private_key,
             address=self.address,
@@ -197,3 +247,4 @@ class Daemon:
         if self.market is not None:
             self.market.close()
         self.journal.close()
+        self.lock.release()
