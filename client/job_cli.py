@@ -51,7 +51,7 @@ from client.cli import (
     print_table,
     tokens,
 )
-from client.errors import ClientError
+from client.errors import ClientError, ProviderRejected, ProviderUnavailable
 from client.jobs import (
     JobRunner,
     TaskResult,
@@ -69,7 +69,7 @@ from client.market_http import MarketHttp
 from client.provider_http import ProviderHttp
 from client.session import DealSession, chain_states, settle_by
 from client.vouchers import VoucherBook
-from client.watch import WatchReport, deal_logs, find_open_block
+from client.watch import ClaimWatcher, WatchReport, deal_logs, find_open_block
 from contracts.binding import DEAL_OPEN, Chain, Escrow
 from contracts.errors import ChainError
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
@@ -207,6 +207,19 @@ def _tasks(args: argparse.Namespace, plan: Plan) -> list[Any]:
 
 
 @contextmanager
+def _signal(handler: Any) -> Iterator[None]:
+    """Install a SIGINT handler for the command's duration (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
 def _ctrl_c(runner: JobRunner, in_flight: Any) -> Iterator[None]:
     """Route Ctrl-C to the runner: the first stops sending, the second stops waiting."""
 
@@ -219,14 +232,8 @@ def _ctrl_c(runner: JobRunner, in_flight: Any) -> Iterator[None]:
         else:
             _note("interrupted again: stopping now; the ledger keeps what is pending")
 
-    if threading.current_thread() is not threading.main_thread():
+    with _signal(handler):
         yield
-        return
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def _job_run(args: argparse.Namespace) -> int:
@@ -456,17 +463,31 @@ def _job_refund(args: argparse.Namespace) -> int:
 
 def _job_watch(args: argparse.Namespace) -> int:
     with _deal(args) as (escrow, ledger):
-        runner, _ = _open_runner(args, None, ledger, escrow)
+        key = key_from(args)
+        account = ClientAccount(escrow, Chain(args.rpc_url).token(escrow.token()), key)
+        deal = escrow.get_deal(args.deal)
+        if deal.client.lower() != account.address.lower():
+            raise ClientError(f"deal {args.deal} belongs to {deal.client}, not {account.address}")
+        try:
+            runner, _ = _open_runner(args, None, ledger, escrow)
+            watch = runner.watch
+        except (UsageError, ProviderUnavailable, ProviderRejected) as exc:
+            # Without the provider a task the ledger has not seen verified cannot be asked for
+            # once more: its claim is judged from the ledger alone (and disputed).
+            _warn(f"no provider to ask ({exc}): claims are judged from the ledger alone")
+            watch = ClaimWatcher(account, ledger, say=_warn, lowest_block=args.from_block).scan
         stop = threading.Event()
-        with _ctrl_c(runner, lambda: 0):
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        with _signal(handler):
             while True:
-                report = runner.watch()
+                report = watch()
                 _print_watch(args, report)
-                deal = escrow.get_deal(args.deal)
-                if not args.follow or deal.status != DEAL_OPEN or runner.stop_sending.is_set():
+                if not args.follow or escrow.get_deal(args.deal).status != DEAL_OPEN:
                     break
-                stop.wait(args.interval)  # the next look at the chain
-                if runner.stop_sending.is_set():
+                if stop.wait(args.interval):  # the next look at the chain, or Ctrl-C
                     break
     return 0
 

@@ -35,7 +35,6 @@ from client.errors import (
 from client.ledger import OPEN_STATES, ChainState, DealLedger, TaskRecord, TaskState
 from client.provider_http import TaskView
 from client.session import (
-    DEADLINE_SLACK_S,
     POLL_BACKOFF_S,
     DealSession,
     TaskOutcome,
@@ -575,13 +574,8 @@ class JobRunner:
             self._await(outcome, wait_s)
 
     def _send(self, result: TaskResult, outcome: TaskOutcome) -> None:
-        """Send a stored request; a lost answer is asked for again until the deadline.
-
-        A provider whose clock is ahead of ours refuses the deadline as too soon: the request
-        is signed once more, with the chain's clock read again and twice the slack.
-        """
+        """Send a stored request; a lost answer is asked for again until the deadline."""
         pause = POLL_BACKOFF_S[0]
-        resigned = False
         while True:
             try:
                 self.session.send(outcome)
@@ -592,12 +586,6 @@ class JobRunner:
                 result.error = outcome.rejected
                 return
             except ProviderRejected as exc:
-                if exc.error == "deadline_too_soon" and not resigned:
-                    resigned = True
-                    self.session.resync_clock()
-                    self.session.resign(outcome, self.session.now() + DEADLINE_SLACK_S)
-                    self._record(outcome)
-                    continue
                 if exc.status < 500:
                     self.ledger.update(outcome.index, state=TaskState.REFUSED, reason=str(exc))
                     result.error = f"not accepted: {exc}"
@@ -809,6 +797,15 @@ class JobRunner:
                 self.refresh(index)
             elif result.kind == "refunded" and result.refund is not None:
                 refund, penalty = result.refund
+                if result.view is not None:  # delivered, but it did not verify: say why
+                    self.ledger.update(
+                        index,
+                        state=TaskState.REJECTED,
+                        reason=result.detail,
+                        **self._view_fields(index, result.view),
+                    )
+                    if outcome is not None:
+                        outcome.view, outcome.rejected = result.view, result.detail
                 self.ledger.update(index, chain=ChainState.REFUNDED, refund=result.refund)
                 with self.session._lock:
                     self.session.book.mark_claimed(index)

@@ -139,6 +139,8 @@ class BreachResult:
     ``kind``: ``delivered`` (the provider had the result after all, verified: pay it),
     ``refunded`` (with ``refund``), ``settled`` (already settled on chain: ``chain``),
     ``not_due`` (its settlement instant has not passed on chain) or ``failed`` (``detail``).
+    A delivery that came but failed verification on the last look is in ``view``, and why in
+    ``detail``.
     """
 
     kind: str
@@ -263,14 +265,27 @@ class DealSession:
         return outcome
 
     def send(self, outcome: TaskOutcome) -> TaskOutcome:
-        """Send a signed request to the provider (again, idempotently) and accept its ack."""
-        view = self.provider.submit(
-            outcome.request,
-            outcome.request_signature,
-            encode_envelope(outcome.spec.envelope),
-            target=outcome.spec.target,
-        )
-        self.accept_ack(outcome, view)
+        """Send a signed request to the provider (again, idempotently) and accept its ack.
+
+        A provider whose clock runs ahead of ours refuses the deadline as too soon: the task
+        is signed once more (same index), with the chain's clock read again and twice the
+        slack, and sent again.
+        """
+        envelope = encode_envelope(outcome.spec.envelope)
+        for attempt in (0, 1):
+            try:
+                view = self.provider.submit(
+                    outcome.request, outcome.request_signature, envelope, target=outcome.spec.target
+                )
+            except ProviderRejected as exc:
+                if exc.error != "deadline_too_soon" or attempt:
+                    raise
+                self.resync_clock()
+                self.resign(outcome, self.now() + DEADLINE_SLACK_S)
+                self._updated(outcome)
+                continue
+            self.accept_ack(outcome, view)
+            break
         return outcome
 
     def check_ack(self, request: TaskRequest, ack: Ack, signature: bytes) -> None:
@@ -505,6 +520,7 @@ class DealSession:
         if chain_now <= settle_by(request.deadline, expiry, self.challenge_window):
             return BreachResult("not_due")
         detail = ""
+        late: TaskView | None = None
         if ask_provider:
             try:
                 view = self.provider.fetch(self.deal_id, index, wait_s=0)
@@ -515,19 +531,19 @@ class DealSession:
                     try:
                         receipt = self.verify_view(request, ack, view, spec)
                     except DeliveryRejected as exc:
-                        detail = exc.reason
+                        detail, late = exc.reason, view
                     else:
                         return BreachResult("delivered", view=view, receipt=receipt)
         try:
             refunded = self.account.refund_breach(request, ack, ack_signature)
         except EscrowTaskAlreadySettled:
             state = self.chain_states([index]).get(index)
-            return BreachResult("settled", chain=state, detail=detail)
+            return BreachResult("settled", chain=state, view=late, detail=detail)
         except EscrowDeadlineNotPassed:
             return BreachResult("not_due")
         except (ContractRevert, ChainError) as exc:
             return BreachResult("failed", detail=str(exc))
-        return BreachResult("refunded", refund=refunded, detail=detail)
+        return BreachResult("refunded", refund=refunded, view=late, detail=detail)
 
     def breached(self, chain_now: int) -> list[TaskOutcome]:
         """Return acked tasks not verified (undelivered, late or wrong) past their instant."""
@@ -545,8 +561,9 @@ class DealSession:
     def refund_breaches(self, chain_now: int) -> list[TaskOutcome]:
         """Refund every breached task on chain with the penalty; return those refunded.
 
-        A task the provider delivered after all (asked once more) is paid instead; one it
-        already claimed on chain is left for the dispute watcher (`client.watch`).
+        A task the provider delivered after all (asked once more) enters the voucher book
+        instead (call `pay` again); one it already claimed on chain is left for the dispute
+        watcher (`client.watch`).
         """
         refunded = []
         for outcome in self.breached(chain_now):
@@ -558,6 +575,8 @@ class DealSession:
                 self._take_view(outcome, result.view)
             elif result.kind == "refunded":
                 outcome.refunded = result.refund
+                if result.view is not None:
+                    outcome.view, outcome.rejected = result.view, result.detail
                 with self._lock:
                     self.book.mark_claimed(outcome.index)
                 refunded.append(outcome)

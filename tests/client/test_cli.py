@@ -192,6 +192,7 @@ def _post_ask(world: World, market: str, provider: str, quantity: int, price: in
     """Post an ask with its signed terms (a quote naming nobody); return those terms."""
     from client.market_http import MarketHttp
 
+    world.escrow.stake(provider, 10**6)  # the market lists asks of staked providers only
     q = quote(world, provider, world.clients[0], stake=0, max_spend=quantity * price)
     q = replace(q, client=ZERO_ADDRESS, valid_until=world.now() + 3_600)
     ask = Ask(
@@ -228,6 +229,8 @@ def test_bid_fills_and_deals_list(
     plan = plan_kind(quote(world, provider, world.clients[0]).plan)
     bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.02"]
     bid += ["--plan", plan, "--slo-ms", "5000", "--memory", "0", "--expiry-s", "600"]
+    assert _cli(world, "deposit", "1", key=client_key) == 0  # the market lists funded bids only
+    capsys.readouterr()
     assert _cli(world, "bid", *bid, "--json", key=client_key, market=market) == 0
     placed = _last_json(capsys.readouterr().out)
     assert placed["order_id"].startswith("0x") and placed["remaining"] == 0
@@ -324,6 +327,9 @@ def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
 ) -> None:
     bid = ["--device-class", "tpu-v5e", "--quantity", "3", "--price", "0.001"]
     bid += ["--slo-ms", "5000", "--expiry-s", "600", "--json"]
+    assert _cli(world, "deposit", "1", key=client_key) == 0  # the market lists funded bids only
+    capsys.readouterr()
+    _post_ask(world, market, world.providers[0], quantity=1, price=100_000)  # far above the bid
     assert _cli(world, "bid", *bid, key=client_key, market=market) == 0
     mine = _last_json(capsys.readouterr().out)["order_id"]
     assert [(lv.price, lv.quantity) for lv in _book(market).bids] == [(1_000, 3)]

@@ -267,3 +267,31 @@ def test_failed_voucher_handover_then_the_providers_claim_leaves_later_runs_work
     ]
     assert [b["verdict"] for b in status["batches"]] == ["accepted"]
     assert ledger_of(st, tmp_path, deal_id).tasks[2].chain == ChainState.VOUCHED
+
+
+def test_refund_asks_the_provider_once_more_and_pays_the_delivery_the_crashed_run_missed(
+    world: tuple[Stack, Provider], files: JobFiles, tmp_path: Path
+) -> None:
+    st, provider = world
+    deal_id = _deal(st, provider, window=60)  # the daemon would claim 30 s before settleBy
+    run = JobProcess(st, tmp_path, *run_args(deal_id, provider, files, "slow3"))
+    try:
+        wait_ledger(st, tmp_path, deal_id, _acked(1), "the ack", client=run)
+    finally:
+        run.kill9()
+    [task] = ledger_of(st, tmp_path, deal_id).tasks.values()
+    assert task.state == TaskState.ACKED  # killed before it saw the result
+    wait_until(lambda: provider_deal(provider, deal_id)["delivered"] == 1, 60, "the delivery")
+    deal = st.escrow.get_deal(deal_id)
+    instant = min(task.request.deadline, deal.expiry) + deal.challenge_window
+    st.anvil.increase_time(instant + 1 - st.anvil.latest_timestamp())
+
+    refund, _ = job(st, tmp_path, "refund", "--deal", str(deal_id), "--provider-url", provider.url)
+    assert (refund["refunds"], refund["pending_refunds"]) == ([], [])
+    assert ledger_of(st, tmp_path, deal_id).tasks[0].state == TaskState.VERIFIED
+    wait_until(
+        lambda: st.escrow.get_deal(deal_id).vouched == PLAN.inference_price,
+        60,
+        "the provider redeeming the voucher for the delivery",
+    )
+    assert st.escrow.get_deal(deal_id).stake == UNIT  # no penalty for work delivered in time

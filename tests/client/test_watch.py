@@ -8,13 +8,17 @@ requests); the client's side is its real ledger and watcher.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from client.accounts import ClientAccount
+from client.cli import main
 from client.ledger import ChainState, DealLedger, TaskRecord, TaskState
 from client.watch import ClaimWatcher, find_open_block
 from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, BATCH_REJECTED
-from contracts.chain import rpc
+from contracts.chain import free_port, rpc
 from tests.contracts.builders import SignedTask, claim, open_deal, signed_task
 from tests.contracts.conftest import World
 
@@ -166,3 +170,27 @@ def test_watcher_finds_the_deal_s_open_block_by_a_bounded_backward_scan_and_keep
     assert ledger.open_block is None
     assert _watcher(world, client, ledger).scan().to_block == opened + 120
     assert (ledger.open_block, ledger.scanned_block) == (opened, opened + 120)
+
+
+def test_job_watch_disputes_from_the_ledger_alone_when_the_provider_is_gone(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider)
+    task = signed_task(world, deal_id, 0, client, provider)
+    ledger = _ledger(world, tmp_path, deal_id)
+    ledger.put(_record(task, TaskState.ACKED))  # the run crashed waiting for it
+    ledger.close()
+    claim(world, provider, deal_id, [task])
+    argv = ["job", "watch", "--deal", str(deal_id), "--rpc-url", world.anvil.url]
+    argv += ["--escrow", world.escrow.address, "--key", client, "--state-dir", str(tmp_path)]
+    argv += ["--provider-url", f"http://127.0.0.1:{free_port()}", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "claims are judged from the ledger alone" in captured.err
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert (report["batches_seen"], report["disputed"]) == (1, [0])
+    assert world.escrow.get_batch(deal_id, 0).status == BATCH_DISPUTED
+    assert main(argv) == 0  # a second look finds nothing new and judges nothing twice
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (again["batches_seen"], again["disputed"]) == (0, [])
