@@ -554,6 +554,15 @@ def _job_status(args: argparse.Namespace) -> int:
         ledger.close()
 
 
+def _status_detail(ledger: DealLedger, record: TaskRecord) -> str:
+    """Return why a task stands where it does: its reason, and its claim's verdict."""
+    batch = ledger.batches.get(record.batch) if record.batch is not None else None
+    parts = [record.reason or ""]
+    if batch is not None:
+        parts.append(f"claim {batch.verdict}" + (f" ({batch.outcome})" if batch.outcome else ""))
+    return "; ".join(p for p in parts if p)
+
+
 def _print_status(
     args: argparse.Namespace,
     ledger: DealLedger,
@@ -573,7 +582,7 @@ def _print_status(
             "amount": r.receipt.amount if r.receipt is not None else 0,
             "deadline": r.request.deadline,
             "settle_by": settle_by(r.request.deadline, expiry, window),
-            "detail": r.reason or "",
+            "detail": _status_detail(ledger, r),
         }
         for r in records
     ]

@@ -194,3 +194,11 @@ def test_job_watch_disputes_from_the_ledger_alone_when_the_provider_is_gone(
     assert main(argv) == 0  # a second look finds nothing new and judges nothing twice
     again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (again["batches_seen"], again["disputed"]) == (0, [])
+    status = ["job", "status", "--deal", str(deal_id), "--rpc-url", world.anvil.url]
+    status += ["--escrow", world.escrow.address, "--key", client, "--state-dir", str(tmp_path)]
+    assert main(status) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == ["task", "run", "what", "state", "on", "chain"]
+    assert table[1].split()[:5] == ["0", "1", "task", "0", "acked"]
+    assert table[1].split()[5:7] == ["claimed", "0"] and table[1].endswith("claim disputed")
+    assert any(line.split()[-2:] == ["disputed", "-"] for line in table)  # the batches table
