@@ -865,7 +865,8 @@ class JobRunner:
             if fetch:
                 for index in indices:
                     record = self.ledger.tasks[index]
-                    if record.state != TaskState.VERIFIED and record.state != TaskState.REFUSED:
+                    settled = record.chain in (ChainState.REFUNDED, ChainState.VOUCHED)
+                    if record.state not in (TaskState.VERIFIED, TaskState.REFUSED) and not settled:
                         self.refresh(index)
             self.ledger.save()
         return [self.ledger.tasks[i] for i in indices]

@@ -387,7 +387,8 @@ class DealLedger:
         """
         backup = self.path.with_suffix(".format1.bak")
         try:
-            shutil.copyfile(self.path, backup)
+            if not self.read_only:  # the migrated snapshot replaces it on open: keep the old one
+                shutil.copyfile(self.path, backup)
             paid = {str(int(k)): int(v) for k, v in data["paid"].items()}
             settled = sorted({int(i) for i in data["claimed"]} | {int(k) for k in data["refunded"]})
             return {
