@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 
 
@@ -19,6 +21,10 @@ class SandboxLimits:
     execute_timeout_s: float = 60.0
     max_tasks_per_worker: int = 10_000
     compiled_cache_entries: int = 32
+    open_files: int = 4096
+    file_size_bytes: int = 8 << 30
+    processes: int = 4096
+    cpu_seconds_per_task: int = 3600
 
     def __post_init__(self) -> None:
         """Reject limits that cannot work."""
@@ -29,6 +35,10 @@ class SandboxLimits:
             "address_space_bytes",
             "max_tasks_per_worker",
             "compiled_cache_entries",
+            "open_files",
+            "file_size_bytes",
+            "processes",
+            "cpu_seconds_per_task",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -40,3 +50,8 @@ class SandboxLimits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+
+def limits_to_json(limits: SandboxLimits) -> str:
+    """Return ``limits`` as the JSON argument a worker process reads."""
+    return json.dumps(dataclasses.asdict(limits), sort_keys=True)

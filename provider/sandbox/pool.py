@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
+import contextlib
+import os
 import queue
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import Pipe
 from pathlib import Path
 
 from provider.diagnosis import Diagnosis, Stage, crash, timeout
 from provider.errors import SandboxClosedError, WorkerStartError
 from provider.sandbox.channel import PipeChannel
-from provider.sandbox.limits import SandboxLimits
+from provider.sandbox.isolation import IsolationMode, host_pid, worker_command
+from provider.sandbox.limits import SandboxLimits, limits_to_json
 from provider.sandbox.wire import FrameError, Header, pack, unpack
-from provider.sandbox.worker import worker_main
+
+WORKER_MODULE = "provider.sandbox.worker"
 
 StageObserver = Callable[[int, Stage], None]
 _FRAME_OVERHEAD = 1 << 20
@@ -45,28 +50,72 @@ class WorkerInfo:
     start_s: float
     platform: str
     device_kind: str
+    isolation: str = IsolationMode.RLIMITS.value
+    seccomp: bool = False
+
+
+class _Process:
+    """A worker's launcher process (bwrap, unshare or the interpreter itself).
+
+    ``pid`` is the interpreter's host pid once the worker said ready; ``exitcode`` is
+    negative for a death by signal, as :mod:`multiprocessing` reports it.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], mode: IsolationMode) -> None:
+        self.popen = popen
+        self.mode = mode
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        code = self.popen.poll()
+        if code is not None and self.mode is not IsolationMode.RLIMITS and code > 128:
+            return 128 - code  # the launcher reports a signalled worker as 128 + signal
+        return code
+
+    def join(self, timeout_s: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout_s)
+
+    def kill(self) -> None:
+        for pid in {self.pid, self.popen.pid}:
+            if self.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 class _Worker:
-    """One spawned worker process and the parent's end of its pipe."""
+    """One worker process and the parent's end of its socket pair."""
 
     def __init__(
         self,
         limits: SandboxLimits,
         cache_root: Path | None,
         env: dict[str, str],
+        module: str = WORKER_MODULE,
     ) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_conn = context.Pipe(duplex=True)
-        self.process: BaseProcess = context.Process(
-            target=worker_main,
-            args=(child_conn, limits, None if cache_root is None else str(cache_root), env),
-            name="tpumarket-sandbox-worker",
-            daemon=True,
-        )
+        self.conn, child_conn = Pipe(duplex=True)
+        fd = child_conn.fileno()
+        argv = [str(fd), limits_to_json(limits), "-" if cache_root is None else str(cache_root)]
+        if cache_root is not None:
+            cache_root.mkdir(parents=True, exist_ok=True)
+        command, child_env, mode = worker_command(module, argv, env, cache_root)
         self._spawned_at = time.perf_counter()
-        self.process.start()
-        child_conn.close()
+        try:
+            popen = subprocess.Popen(
+                command,
+                env=child_env,
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            child_conn.close()
+        self.process = _Process(popen, mode)
         self.info: WorkerInfo | None = None
         self.tasks = 0
         self.warm: set[bytes] = set()
@@ -88,11 +137,14 @@ class _Worker:
         if header.get("type") != "ready":
             self.kill()
             raise WorkerStartError(f"sandbox worker sent {header.get('type')!r} instead of ready")
+        self.process.pid = host_pid(self.process.popen.pid, int(header["pid"]))
         self.info = WorkerInfo(
-            pid=int(header["pid"]),
+            pid=self.process.pid,
             start_s=time.perf_counter() - self._spawned_at,
             platform=str(header["platform"]),
             device_kind=str(header["device_kind"]),
+            isolation=self.process.mode.value,
+            seccomp=bool(header.get("seccomp", False)),
         )
         return self.info
 
@@ -127,13 +179,20 @@ class WorkerPool:
         cache_root: Path | None,
         env: dict[str, str],
         on_stage: StageObserver | None = None,
+        *,
+        module: str = WORKER_MODULE,
     ) -> None:
-        """Spawn ``size`` workers and wait until each has imported JAX."""
+        """Spawn ``size`` workers and wait until each has imported JAX.
+
+        ``env`` is each worker's whole environment (see
+        :func:`provider.sandbox.isolation.worker_env`); ``module`` its entry point.
+        """
         if size < 1:
             raise ValueError("pool size must be at least 1")
         self.limits = limits
         self._cache_root = cache_root
         self._env = dict(env)
+        self._module = module
         self._on_stage = on_stage
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
@@ -148,7 +207,7 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         try:
-            worker = _Worker(self.limits, self._cache_root, self._env)
+            worker = _Worker(self.limits, self._cache_root, self._env, self._module)
         except OSError as exc:
             raise WorkerStartError(f"cannot spawn a sandbox worker: {exc}") from exc
         with self._lock:

@@ -13,6 +13,7 @@ from contracts.program import ProgramEnvelope, ProgramFormatError, encode_envelo
 from provider.capacity import Capacity, capacity_from_wire
 from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
+from provider.sandbox.isolation import isolation_mode, worker_env
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.pool import StageObserver, WarmCall, WorkerInfo, WorkerPool
 from provider.sandbox.results import (
@@ -51,7 +52,7 @@ class Sandbox:
             # libtpu only compiles ahead of time here and opens no chip, so several workers and
             # daemons on one host may load it; its single-process lockfile would refuse them.
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-        self._pool = WorkerPool(pool_size, self.limits, cache_dir, env, on_stage)
+        self._pool = WorkerPool(pool_size, self.limits, cache_dir, worker_env(env), on_stage)
 
     def __enter__(self) -> Sandbox:
         """Return the sandbox itself."""
@@ -74,6 +75,11 @@ class Sandbox:
     def replacements(self) -> int:
         """How many workers were replaced after a crash, timeout or recycle."""
         return self._pool.replacements
+
+    @property
+    def isolation(self) -> str:
+        """Which isolation walls the workers in: ``bwrap``, ``unshare`` or ``rlimits``."""
+        return isolation_mode().value
 
     def workers(self) -> list[WorkerInfo]:
         """Return the pid, start time and devices of each live worker."""

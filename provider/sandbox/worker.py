@@ -1,15 +1,19 @@
-"""Entry point of a spawned sandbox worker process.
+"""Entry point of a sandbox worker process: ``python -m provider.sandbox.worker FD LIMITS CACHE``.
 
-The parent starts it with the ``spawn`` context (never ``fork``: a forked JAX runtime is
-unsafe), so this module must not import JAX at import time. The worker limits its own
-address space before importing JAX, says ``ready``, then serves one task at a time.
+The parent starts it as a fresh interpreter (never a fork: a forked JAX runtime is unsafe)
+inside the isolation of :mod:`provider.sandbox.isolation`, with one end of a socket pair as
+file descriptor ``FD``, the limits as JSON and the compile cache dir (or ``-``). This module
+must not import JAX at import time. The worker sets its rlimits and syscall filter before
+importing JAX, says ``ready``, then serves one task at a time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
+import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -19,9 +23,39 @@ from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.wire import FrameError, pack, unpack
 
 
-def _limit_resources(limits: SandboxLimits) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _cap(kind: int, value: int) -> None:
+    """Lower both the soft and the hard limit of ``kind`` to ``value`` (never raise them)."""
+    _soft, hard = resource.getrlimit(kind)
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(kind, (value, value))
+
+
+def limit_resources(limits: SandboxLimits) -> None:
+    """Cap the worker's memory, files, file sizes, processes and core dumps."""
+    _cap(resource.RLIMIT_AS, limits.address_space_bytes)
+    _cap(resource.RLIMIT_CORE, 0)
+    _cap(resource.RLIMIT_NOFILE, limits.open_files)
+    _cap(resource.RLIMIT_FSIZE, limits.file_size_bytes)
+    _cap(resource.RLIMIT_NPROC, limits.processes)
+
+
+def _limit_cpu(limits: SandboxLimits) -> None:
+    """Allow the next task ``cpu_seconds_per_task`` of CPU time (SIGXCPU ends it after)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    used = int(usage.ru_utime + usage.ru_stime) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = used + limits.cpu_seconds_per_task
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def main(argv: list[str]) -> None:
+    """Start a worker from its command line (see the module docstring)."""
+    fd, limits_json, cache_root = argv
+    limits = SandboxLimits(**json.loads(limits_json))
+    worker_main(Connection(int(fd)), limits, None if cache_root == "-" else cache_root, {})
 
 
 def worker_main(
@@ -31,7 +65,10 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     started = time.perf_counter()
-    _limit_resources(limits)
+    limit_resources(limits)
+    from provider.sandbox.seccomp import install_filter
+
+    filtered = install_filter()
     from provider.sandbox.runtime import WorkerRuntime
 
     runtime = WorkerRuntime(limits, None if cache_root is None else Path(cache_root))
@@ -44,6 +81,7 @@ def worker_main(
                 "start_s": time.perf_counter() - started,
                 "platform": str(runtime.local_device.platform),
                 "device_kind": runtime.local_kind,
+                "seccomp": filtered,
             }
         )
     )
@@ -60,6 +98,7 @@ def worker_main(
             conn.send_bytes(pack({"type": "error", "message": "bad request frame"}))
             continue
         op = header.get("op")
+        _limit_cpu(limits)
         if op == "exit":
             return
         if op == "compile":
@@ -86,3 +125,7 @@ def worker_main(
         else:
             reply, body = {"type": "error", "message": f"unknown op {op!r}"}, b""
         conn.send_bytes(pack(reply, body))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
