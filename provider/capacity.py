@@ -19,6 +19,50 @@ _PLATFORM_ORDER: Final = ("tpu", "gpu", "cpu")
 _HBM_AVAILABLE = re.compile(r"exceeds available HBM \(([0-9.]+\s*[KMGT]?)\)")
 
 
+_TPU_KINDS: Final = {
+    "tpu v2": "tpu-v2",
+    "tpu v3": "tpu-v3",
+    "tpu v4": "tpu-v4",
+    "tpu v4 lite": "tpu-v4i",
+    "tpu v5": "tpu-v5p",
+    "tpu v5p": "tpu-v5p",
+    "tpu v5 lite": "tpu-v5e",
+    "tpu v5e": "tpu-v5e",
+    "tpu v6 lite": "tpu-v6e",
+    "tpu v6e": "tpu-v6e",
+    "tpu7x": "tpu-v7x",
+}
+_GPU_MODEL = re.compile(r"\b([a-z]{1,4})\s?(\d{1,4})([a-z]?)\b")
+_GPU_VENDOR_WORDS = re.compile(r"\b(nvidia|geforce|tesla|quadro|amd|radeon|instinct)\b")
+
+
+def device_class(platform: str, device_kind: str) -> str:
+    """Return the market's device class of a device: ``cpu``, ``tpu-v5e``, ``gpu-h100``, ...
+
+    TPUs by generation (JAX calls a v5e ``TPU v5 lite``), GPUs by model (``NVIDIA H100 80GB
+    HBM3`` is ``gpu-h100``); a device this table does not know keeps its platform's name with
+    its kind's first model token, or the bare platform.
+    """
+    kind = " ".join(device_kind.lower().split())
+    if platform == "cpu":
+        return "cpu"
+    if platform == "tpu":
+        known = _TPU_KINDS.get(kind)
+        if known is not None:
+            return known
+        match = re.search(r"v(\d+)\s*(lite|[a-z])?", kind)
+        if match is None:
+            return "tpu"
+        suffix = "e" if match.group(2) == "lite" else (match.group(2) or "")
+        return f"tpu-v{match.group(1)}{suffix}"
+    if platform in ("gpu", "cuda", "rocm"):
+        model = _GPU_MODEL.search(_GPU_VENDOR_WORDS.sub(" ", kind))
+        if model is None:
+            return "gpu"
+        return "gpu-" + "".join(model.groups())
+    return re.sub(r"[^a-z0-9-]", "", platform.lower()) or "unknown"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """The local devices JAX serves tasks on."""
@@ -27,6 +71,11 @@ class DeviceInfo:
     device_kind: str
     count: int
     memory_bytes: int | None
+
+    @property
+    def device_class(self) -> str:
+        """Return the device class this host sells (see :func:`device_class`)."""
+        return device_class(self.platform, self.device_kind)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,8 @@
 """``tpumarket provider run --config FILE``: serve the daemon's API with uvicorn.
 
+The operator's other commands (``stake``, ``unstake``, ``ask``, ``asks``, ``deals``,
+``earnings``, ``status``) live in :mod:`provider.operator`.
+
 Registered through the ``tpumarket.commands`` entry point ``provider = "provider.cli:register"``;
 ``python -m provider.cli run ...`` works without it.
 """
@@ -15,7 +18,9 @@ from provider.errors import ProviderError
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``tpumarket provider ...``."""
-    provider = commands.add_parser("provider", help="run the provider daemon")
+    from provider import operator
+
+    provider = commands.add_parser("provider", help="run and operate the provider daemon")
     actions = provider.add_subparsers(dest="action", required=True)
     run = actions.add_parser("run", help="serve tasks, sign receipts, settle on chain")
     run.add_argument("--config", type=Path, default=None, help="TOML file (env vars override)")
@@ -25,6 +30,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--no-jobs", action="store_true", help="do not schedule settlement jobs (debugging)"
     )
     run.set_defaults(handler=_run)
+    operator.register(actions)
 
 
 def _run(args: argparse.Namespace) -> int:

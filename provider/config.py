@@ -24,6 +24,18 @@ Example ``provider.toml``::
     redeem_threshold = 100000    # redeem early once this much is vouched but unredeemed
     quote_valid_s = 600          # per-fill quotes are valid this long
 
+    [ask]                        # optional: the daemon posts this ask and keeps it live
+    price = 1000                 # base units per unit, at least
+    quantity = 100               # units offered by each posted ask
+    stake = 1000000              # stake each deal locks (base units)
+    penalty = 50000              # paid to the client per breached task (base units)
+    challenge_window = 120       # seconds after each task's deadline to settle it
+    duration = 3600              # seconds a deal lasts once opened
+    arbiter = "0x..."            # who resolves disputes
+    expiry_s = 1800              # each posted ask trades this long, then a fresh one is posted
+    device_class = "cpu"         # default: the class of the devices this host runs on
+    memory = 0                   # bytes offered (0: not stated)
+
 Settlement follows each deal's windows: every delivered task is put on chain (its latest
 acceptable voucher redeemed, else the task claimed) by ``settleBy - margin``, with
 ``settleBy = min(request.deadline, expiry) + challengeWindow`` and ``margin =
@@ -34,7 +46,12 @@ deals and quotes with a shorter window are refused. The retired keys ``redeem_ma
 ``silent_after_s`` and ``expiry_margin_s`` are ignored with a warning.
 
 Every top-level key can be set by ``TPUMARKET_PROVIDER_<KEY>`` (upper case); settlement keys
-by ``TPUMARKET_PROVIDER_SETTLEMENT_<KEY>``; the plan by ``TPUMARKET_PROVIDER_PLAN`` (JSON).
+by ``TPUMARKET_PROVIDER_SETTLEMENT_<KEY>``, ask keys by ``TPUMARKET_PROVIDER_ASK_<KEY>``; the
+plan by ``TPUMARKET_PROVIDER_PLAN`` (JSON).
+
+With ``[ask]`` and ``market_url`` set, the daemon posts the ask at start and posts a fresh
+one whenever none of its asks is live for at least a fifth of ``expiry_s`` more
+(:class:`provider.asks.AskJob`); ``tpumarket provider ask`` posts the same ask by hand.
 """
 
 from __future__ import annotations
@@ -55,6 +72,8 @@ from contracts.pricing import plan_is_valid
 from provider.errors import ConfigError
 
 ENV_PREFIX = "TPUMARKET_PROVIDER_"
+LOCK_FILE = "daemon.lock"
+"""The data dir's lock file (:class:`provider.daemon.DataDirLock`)."""
 log = logging.getLogger("provider.config")
 
 
@@ -123,6 +142,45 @@ class SettlementConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AskConfig:
+    """The terms of the ask the daemon keeps on the market (amounts in base units)."""
+
+    price: int
+    quantity: int
+    stake: int
+    penalty: int
+    arbiter: str
+    challenge_window: int = 120
+    duration: int = 3_600
+    expiry_s: int = 1_800
+    device_class: str | None = None
+    memory: int = 0
+
+    def __post_init__(self) -> None:
+        """Reject terms that cannot work."""
+        for name in ("price", "quantity", "duration", "expiry_s", "challenge_window"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"ask.{name} must be positive")
+        for name in ("stake", "penalty", "memory"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"ask.{name} must not be negative")
+        try:
+            address_of_arbiter = to_address(self.arbiter)
+        except ValueError as exc:
+            raise ConfigError(f"ask.arbiter: {exc}") from exc
+        object.__setattr__(self, "arbiter", address_of_arbiter)
+
+
+def to_address(text: str) -> str:
+    """Return ``text`` as a checksummed address; raise ValueError when it is not one."""
+    from eth_utils.address import is_address, to_checksum_address
+
+    if not isinstance(text, str) or not is_address(text):
+        raise ValueError(f"not an address: {text!r}")
+    return str(to_checksum_address(text))
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderConfig:
     """Everything the daemon needs; build with :func:`load_config` or directly in tests."""
 
@@ -145,6 +203,8 @@ class ProviderConfig:
     jax_platforms: str | None = None
     log_level: str = "INFO"
     settlement: SettlementConfig = field(default_factory=SettlementConfig)
+    ask: AskConfig | None = None
+    log_scheduler: bool = False
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work."""
@@ -154,6 +214,12 @@ class ProviderConfig:
             raise ConfigError("pool_size must be at least 1")
         if not plan_is_valid(self.plan):
             raise ConfigError("plan has a discount above 100% or unordered tiers")
+        digits = str(self.private_key).removeprefix("0x")
+        if len(digits) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise ConfigError(
+                "private key is not a secp256k1 key: expected 64 hex digits (0x optional), "
+                f"got {len(digits)} characters"
+            )
         try:
             address_of(self.private_key)
         except (ValueError, TypeError) as exc:
@@ -213,6 +279,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             raise ConfigError(f"cannot read config {path}: {exc}") from exc
     settlement_raw: dict[str, Any] = dict(raw.pop("settlement", {}))
     plan_raw: dict[str, Any] = dict(raw.pop("plan", {}))
+    ask_raw: dict[str, Any] = dict(raw.pop("ask", {}))
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
@@ -221,6 +288,8 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             plan_raw = json.loads(value)
         elif name.startswith("settlement_"):
             settlement_raw[name[len("settlement_") :]] = value
+        elif name.startswith("ask_"):
+            ask_raw[name[len("ask_") :]] = value
         else:
             raw[name] = value
     key_file = raw.pop("private_key_file", None)
@@ -250,4 +319,16 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     settlement = SettlementConfig(
         **{n: _coerce(s_fields[n].type, v, n) for n, v in settlement_raw.items()}
     )
-    return ProviderConfig(**kwargs, plan=_plan_from(plan_raw), settlement=settlement)
+    ask = None
+    if ask_raw:
+        a_fields = {f.name: f for f in dataclasses.fields(AskConfig)}
+        a_unknown = sorted(set(ask_raw) - set(a_fields))
+        if a_unknown:
+            raise ConfigError(f"unknown ask keys {a_unknown}")
+        a_missing = sorted(
+            n for n, f in a_fields.items() if f.default is dataclasses.MISSING and n not in ask_raw
+        )
+        if a_missing:
+            raise ConfigError(f"ask lacks {a_missing}")
+        ask = AskConfig(**{n: _coerce(a_fields[n].type, v, n) for n, v in ask_raw.items()})
+    return ProviderConfig(**kwargs, plan=_plan_from(plan_raw), settlement=settlement, ask=ask)

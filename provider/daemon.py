@@ -16,9 +16,10 @@ from contracts.binding import Chain, Escrow
 from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Plan
 from provider.access import ResultAccess
+from provider.asks import AskJob
 from provider.capacity import Capacity
 from provider.clock import ChainClock
-from provider.config import ProviderConfig
+from provider.config import LOCK_FILE, ProviderConfig
 from provider.deals import DealCache
 from provider.errors import ConfigError, RejectedError
 from provider.heartbeat import Heartbeat, build_advert
@@ -31,7 +32,6 @@ from provider.settlement import SettlementJobs
 
 log = logging.getLogger("provider.daemon")
 JOURNAL_FILE = "journal.sqlite3"
-LOCK_FILE = "daemon.lock"
 
 
 class DataDirLockedError(ConfigError):
@@ -142,6 +142,7 @@ class Daemon:
         self.heartbeat: Heartbeat | None = None
         self.market: MarketHttp | None = None
         self.quotes: QuoteJob | None = None
+        self.asks: AskJob | None = None
         if config.market_url:
             self.market = MarketHttp(config.market_url)
             self.quotes = QuoteJob(
@@ -224,6 +225,20 @@ class Daemon:
             self.heartbeat.beat()
             extra.append((self.heartbeat.beat, self.config.heartbeat_interval_s))
             extra.append((self.quotes.run, self.config.quote_poll_s))
+            if self.config.ask is not None:
+                self.asks = AskJob(
+                    market=self.market,
+                    private_key=self.config.private_key,
+                    terms=self.config.ask,
+                    device_class=self.config.ask.device_class or self.capacity.devices.device_class,
+                    plan=self.config.plan,
+                    slo_ms=self.config.slo_ms,
+                    domain=self.domain,
+                    clock=self.clock,
+                    metrics=self.metrics,
+                )
+                self.asks.run()
+                extra.append((self.asks.run, max(5.0, self.config.ask.expiry_s / 10)))
         if schedule:
             self.jobs.start(extra)
         log.info(

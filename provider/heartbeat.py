@@ -31,13 +31,21 @@ def build_advert(
     endpoint: str,
     domain: Domain,
 ) -> dict[str, Any]:
-    """Return the advert: device figures the market indexes, plus terms and measured capacity."""
+    """Return the advert: device figures the market indexes, plus terms and measured capacity.
+
+    ``device_class`` is what this host runs tasks on (``cpu``, ``tpu-v5e``, ``gpu-h100``, ...);
+    ``compile_targets`` apart, the TPU topologies it compiles for ahead of time without a chip
+    (``v5e:1x1``, ...): a CPU host with libtpu sells v5e compile checks, not v5e time.
+    """
     devices = capacity.devices if capacity is not None else None
     throughput = 0.0
     if capacity is not None and capacity.benchmark is not None:
         throughput = capacity.benchmark.gflops
     return {
-        "device_class": (devices.platform if devices else "cpu"),
+        "device_class": (devices.device_class if devices else "cpu"),
+        "compile_targets": (
+            [t.name for t in capacity.compile_targets] if capacity is not None else []
+        ),
         "device_kind": (devices.device_kind if devices else "unknown")[:64],
         "device_count": devices.count if devices else 0,
         "price": plan.inference_price,

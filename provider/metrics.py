@@ -65,6 +65,12 @@ class ProviderMetrics:
             ["result"],
             registry=r,
         )
+        self.asks = Counter(
+            "tpumarket_provider_asks",
+            "Asks posted to the market, by outcome",
+            ["result"],
+            registry=r,
+        )
         self.heartbeats = Counter(
             "tpumarket_provider_heartbeats", "Adverts sent to the market", ["result"], registry=r
         )

@@ -1,0 +1,615 @@
+"""``tpumarket provider stake | unstake | ask | asks | deals | earnings | status``.
+
+An operator's commands, read from the daemon's own config (``--config FILE`` and the
+``TPUMARKET_PROVIDER_*`` environment): the key, chain, escrow, market and ask terms. Tables
+show amounts in tokens; ``--json`` prints one JSON object on the last line, amounts in base
+units (decimal strings). Every failure is one ``error: ...`` line on stderr: exit 2 for a bad
+config or input, 1 for a chain or market that refuses or cannot be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import httpx
+from web3.exceptions import Web3Exception
+
+from client.errors import ClientError
+from client.market_http import MarketHttp
+from contracts.binding import DEAL_CLOSED, DEAL_OPEN, Chain, DealState, Escrow, Token
+from contracts.errors import EscrowError
+from provider.asks import live_asks, post_ask, signed_ask
+from provider.config import LOCK_FILE, ProviderConfig, load_config, to_address
+from provider.errors import ConfigError, ProviderError
+
+Handler = Callable[[argparse.Namespace], int]
+CONFIG_ENV = "TPUMARKET_PROVIDER_CONFIG"
+_SCAN_CHUNK = 10_000
+_DEAL_STATUS = {DEAL_OPEN: "open", DEAL_CLOSED: "closed"}
+
+
+class UsageError(Exception):
+    """Bad input found after parsing: exit code 2."""
+
+
+# ---- formatting --------------------------------------------------------------------------
+
+
+def tokens(units: int, decimals: int) -> str:
+    """Format base units as tokens with all their decimals (``1.500000``)."""
+    sign = "-" if units < 0 else ""
+    whole, frac = divmod(abs(units), 10**decimals)
+    return f"{sign}{whole}.{frac:0{decimals}d}" if decimals else f"{sign}{whole}"
+
+
+def parse_tokens(text: str, decimals: int) -> int:
+    """Parse a positive amount of tokens (``1.5``) into base units."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise UsageError(f"not an amount of tokens: {text!r}") from None
+    if not value.is_finite() or value <= 0:
+        raise UsageError(f"amount must be a positive number of tokens: {text!r}")
+    units = value * 10**decimals
+    if units != units.to_integral_value():
+        raise UsageError(f"amount has more than {decimals} decimals: {text!r}")
+    return int(units)
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print rows under a header, columns aligned."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def emit_json(value: dict[str, Any]) -> None:
+    """Print one JSON object on one line."""
+    print(json.dumps(value, sort_keys=True), flush=True)
+
+
+# ---- connections -------------------------------------------------------------------------
+
+
+@dataclass
+class Operator:
+    """The config and what it names on chain, connected and checked."""
+
+    config: ProviderConfig
+    chain: Chain
+    escrow: Escrow
+    token: Token
+    decimals: int
+
+    @property
+    def address(self) -> str:
+        """Return the provider's address."""
+        return self.config.address
+
+    def fmt(self, units: int) -> str:
+        """Format base units as tokens."""
+        return tokens(units, self.decimals)
+
+    def market(self) -> MarketHttp:
+        """Return a client of the configured market (a usage error when none is)."""
+        if not self.config.market_url:
+            raise UsageError("the config names no market: set market_url")
+        return MarketHttp(self.config.market_url)
+
+
+def config_from(args: argparse.Namespace) -> ProviderConfig:
+    """Load the config of ``--config`` (or ``$TPUMARKET_PROVIDER_CONFIG``) and the env."""
+    path = args.config or os.environ.get(CONFIG_ENV)
+    return load_config(None if path is None else Path(path))
+
+
+def connect(args: argparse.Namespace) -> Operator:
+    """Connect to the config's chain; check that its escrow is a deployed escrow."""
+    config = config_from(args)
+    try:
+        address = to_address(config.escrow)
+    except ValueError as exc:
+        raise ConfigError(f"escrow: {exc}") from exc
+    chain = Chain(config.rpc_url)
+    escrow = chain.escrow(address)
+    if not chain.w3.eth.get_code(escrow.address):
+        raise ConfigError(
+            f"no contract at escrow {escrow.address} on chain {chain.tx.chain_id} "
+            f"({config.rpc_url}): check the config's escrow"
+        )
+    try:
+        token = chain.token(escrow.token())
+        decimals = token.decimals()
+    except (EscrowError, Web3Exception, ValueError) as exc:
+        raise ConfigError(
+            f"the contract at {escrow.address} is not a tpumarket escrow: {exc}"
+        ) from exc
+    return Operator(config=config, chain=chain, escrow=escrow, token=token, decimals=decimals)
+
+
+def our_deals(op: Operator) -> list[int]:
+    """Return the ids of every deal opened with this provider (``DealOpened`` logs)."""
+    topic = op.escrow.contract.events.DealOpened.topic
+    provider_topic = "0x" + bytes.fromhex(op.address[2:]).rjust(32, b"\0").hex()
+    ids = []
+    for logs in _logs(op, [topic, None, None, provider_topic]):
+        ids += [int(e.args["dealId"]) for e in op.escrow.decode_events(logs)]
+    return ids
+
+
+def _logs(op: Operator, topics: list[Any] | None) -> Iterator[Any]:
+    w3 = op.chain.w3
+    latest = int(w3.eth.block_number)
+    start = op.config.settlement.start_block
+    while start <= latest:
+        end = min(latest, start + _SCAN_CHUNK - 1)
+        query: dict[str, Any] = {"address": op.escrow.address, "fromBlock": start, "toBlock": end}
+        if topics is not None:
+            query["topics"] = topics
+        yield w3.eth.get_logs(query)  # type: ignore[arg-type]
+        start = end + 1
+
+
+@dataclass
+class DealMoney:
+    """What one deal paid the provider, holds for it, and cost it (base units)."""
+
+    deal_id: int
+    paid: int = 0
+    pending: int = 0
+    penalties: int = 0
+    refunded: int = 0
+    tasks_refunded: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Encode with amounts as decimal strings."""
+        return {
+            "deal_id": self.deal_id,
+            "paid": str(self.paid),
+            "pending": str(self.pending),
+            "penalties": str(self.penalties),
+            "refunded": str(self.refunded),
+            "tasks_refunded": self.tasks_refunded,
+            "net": str(self.paid - self.penalties),
+        }
+
+
+def earnings(op: Operator, deals: Sequence[int]) -> dict[int, DealMoney]:
+    """Sum the escrow's money events of ``deals``: paid, pending claims, penalties, refunds."""
+    money = {d: DealMoney(d) for d in deals}
+    for logs in _logs(op, None):
+        for event in op.escrow.decode_events(logs):
+            deal = money.get(int(event.args.get("dealId", -1)))
+            if deal is None:
+                continue
+            args = event.args
+            if event.name == "VoucherRedeemed":
+                deal.paid += int(args["paid"])
+            elif event.name == "ReservationFeePaid":
+                deal.paid += int(args["fee"])
+            elif event.name == "ReceiptsClaimed":
+                deal.pending += int(args["amount"])
+            elif event.name == "ClaimFinalized":
+                deal.pending -= int(args["amount"])
+                deal.paid += int(args["amount"])
+            elif event.name == "DisputeResolved":
+                deal.pending -= int(args["amount"])
+                if args["providerWins"]:
+                    deal.paid += int(args["amount"])
+                else:
+                    deal.penalties += int(args["penalty"])
+                    deal.refunded += int(args["refund"])
+            elif event.name == "BreachRefunded":
+                deal.penalties += int(args["penalty"])
+                deal.refunded += int(args["refund"])
+                deal.tasks_refunded += 1
+    return money
+
+
+def daemon_pid(data_dir: Path) -> int | None:
+    """Return the PID of the daemon holding ``data_dir``'s lock, or None when none does."""
+    path = data_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            # a shared probe: it fails only while a daemon holds the exclusive lock
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+# ---- handlers ----------------------------------------------------------------------------
+
+
+def _balances(op: Operator) -> dict[str, int]:
+    return {
+        "wallet": op.token.balance_of(op.address),
+        "escrow_balance": op.escrow.balance_of(op.address),
+        "free_stake": op.escrow.stake_of(op.address),
+    }
+
+
+def _move(args: argparse.Namespace, action: str) -> int:
+    op = connect(args)
+    amount = parse_tokens(args.amount, op.decimals)
+    key = op.config.private_key
+    if action == "stake":
+        wallet = op.token.balance_of(op.address)
+        if wallet < amount:
+            raise UsageError(
+                f"cannot stake {op.fmt(amount)} tokens: the wallet holds {op.fmt(wallet)}"
+            )
+        if op.token.allowance(op.address, op.escrow.address) < amount:
+            op.token.approve(key, op.escrow.address, amount)
+        result = op.escrow.stake(key, amount)
+    else:
+        free = op.escrow.stake_of(op.address)
+        if free < amount:
+            raise UsageError(
+                f"cannot unstake {op.fmt(amount)} tokens: the free stake is {op.fmt(free)} "
+                "(stake locked by open deals returns when they close)"
+            )
+        result = op.escrow.unstake(key, amount)
+    after = _balances(op)
+    if args.json:
+        emit_json(
+            {
+                "action": action,
+                "amount": str(amount),
+                "tx": result.tx_hash,
+                **{k: str(v) for k, v in after.items()},
+            }
+        )
+        return 0
+    print(f"{action}d {op.fmt(amount)} tokens: tx {result.tx_hash}")
+    print_table(["balance", "tokens"], [[k, op.fmt(v)] for k, v in after.items()])
+    return 0
+
+
+def _stake(args: argparse.Namespace) -> int:
+    return _move(args, "stake")
+
+
+def _unstake(args: argparse.Namespace) -> int:
+    return _move(args, "unstake")
+
+
+def _ask(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    op = connect(args)
+    terms = op.config.ask
+    if terms is None:
+        raise UsageError("the config has no [ask] section: set the ask's terms there")
+    changes: dict[str, Any] = {}
+    if args.price is not None:
+        changes["price"] = parse_tokens(args.price, op.decimals)
+    if args.quantity is not None:
+        changes["quantity"] = args.quantity
+    if args.expiry_s is not None:
+        changes["expiry_s"] = args.expiry_s
+    terms = dataclasses.replace(terms, **changes)
+    device_class = args.device_class or terms.device_class
+    if device_class is None:
+        raise UsageError(
+            "the config's [ask] names no device_class: pass --device-class (the daemon "
+            "posts the class of the devices it runs on)"
+        )
+    problem = op.config.settlement.window_problem(terms.challenge_window)
+    if problem is not None:
+        raise UsageError(f"the daemon would refuse every fill of this ask: {problem}")
+    free = op.escrow.stake_of(op.address)
+    if free < terms.stake:
+        raise UsageError(
+            f"the free stake ({op.fmt(free)} tokens) cannot cover one deal's stake "
+            f"({op.fmt(terms.stake)}): run `tpumarket provider stake` first"
+        )
+    now = int(op.chain.w3.eth.get_block("latest")["timestamp"])
+    signed = signed_ask(
+        private_key=op.config.private_key,
+        terms=terms,
+        device_class=device_class,
+        plan=op.config.plan,
+        slo_ms=op.config.slo_ms,
+        domain=op.escrow.domain,
+        now=now,
+    )
+    market = op.market()
+    try:
+        reply = post_ask(market, signed)
+    finally:
+        market.close()
+    order = reply.get("order") or reply
+    fills = reply.get("fills") or []
+    summary = {
+        "order_id": str(order.get("order_id")),
+        "state": str(order.get("state")),
+        "device_class": device_class,
+        "quantity": terms.quantity,
+        "price": str(terms.price),
+        "expiry": signed.ask.expiry,
+        "fills": len(fills),
+    }
+    if args.json:
+        emit_json(summary)
+        return 0
+    print(f"ask {summary['order_id']} ({summary['state']}, {len(fills)} fills)")
+    print_table(
+        ["class", "units", "price", "stake", "penalty", "window", "expires in"],
+        [
+            [
+                device_class,
+                str(terms.quantity),
+                op.fmt(terms.price),
+                op.fmt(terms.stake),
+                op.fmt(terms.penalty),
+                f"{terms.challenge_window} s",
+                f"{terms.expiry_s} s",
+            ]
+        ],
+    )
+    return 0
+
+
+def _asks(args: argparse.Namespace) -> int:
+    op = connect(args)
+    if not op.config.market_url:
+        raise UsageError("the config names no market: set market_url")
+    now = int(op.chain.w3.eth.get_block("latest")["timestamp"])
+    asks = live_asks(op.config.market_url, op.address)
+    if args.json:
+        emit_json(
+            {
+                "provider": op.address,
+                "asks": [
+                    {
+                        "order_id": a["order_id"],
+                        "device_class": a["device_class"],
+                        "state": a["state"],
+                        "quantity": int(a["quantity"]),
+                        "remaining": int(a["remaining"]),
+                        "price": str(a["price"]),
+                        "expiry": int(a["expiry"]),
+                    }
+                    for a in asks
+                ],
+            }
+        )
+        return 0
+    if not asks:
+        print(f"no live asks of {op.address} on {op.config.market_url}")
+        return 0
+    print_table(
+        ["order", "class", "state", "left/units", "price", "expires in"],
+        [
+            [
+                str(a["order_id"])[:18],
+                str(a["device_class"]),
+                str(a["state"]),
+                f"{a['remaining']}/{a['quantity']}",
+                op.fmt(int(a["price"])),
+                f"{int(a['expiry']) - now} s",
+            ]
+            for a in asks
+        ],
+    )
+    return 0
+
+
+def _deal_json(deal_id: int, deal: DealState) -> dict[str, Any]:
+    return {
+        "deal_id": deal_id,
+        "client": deal.client,
+        "status": _DEAL_STATUS.get(deal.status, str(deal.status)),
+        "expiry": deal.expiry,
+        "challenge_window": deal.challenge_window,
+        "max_spend": str(deal.max_spend),
+        "committed": str(deal.committed),
+        "pending": str(deal.pending),
+        "stake": str(deal.stake),
+        "penalty": str(deal.penalty),
+    }
+
+
+def _deals(args: argparse.Namespace) -> int:
+    op = connect(args)
+    ids = our_deals(op)
+    if not args.all:
+        states = {d: op.escrow.get_deal(d) for d in ids}
+        ids = [d for d in ids if states[d].status == DEAL_OPEN]
+    else:
+        states = {d: op.escrow.get_deal(d) for d in ids}
+    ids = ids[-args.limit :]
+    if args.json:
+        emit_json({"provider": op.address, "deals": [_deal_json(d, states[d]) for d in ids]})
+        return 0
+    if not ids:
+        print(f"no {'' if args.all else 'open '}deals of {op.address}")
+        return 0
+    now = int(op.chain.w3.eth.get_block("latest")["timestamp"])
+    print_table(
+        ["deal", "client", "status", "ends in", "max spend", "committed", "pending", "stake"],
+        [
+            [
+                str(d),
+                states[d].client[:10],
+                _DEAL_STATUS.get(states[d].status, str(states[d].status)),
+                f"{states[d].expiry - now} s" if states[d].status == DEAL_OPEN else "-",
+                op.fmt(states[d].max_spend),
+                op.fmt(states[d].committed),
+                op.fmt(states[d].pending),
+                op.fmt(states[d].stake),
+            ]
+            for d in ids
+        ],
+    )
+    return 0
+
+
+def _earnings(args: argparse.Namespace) -> int:
+    op = connect(args)
+    money = earnings(op, our_deals(op))
+    total = DealMoney(0)
+    for deal in money.values():
+        total.paid += deal.paid
+        total.pending += deal.pending
+        total.penalties += deal.penalties
+        total.refunded += deal.refunded
+        total.tasks_refunded += deal.tasks_refunded
+    if args.json:
+        totals = total.to_json()
+        del totals["deal_id"]
+        emit_json(
+            {
+                "provider": op.address,
+                "deals": [m.to_json() for m in money.values()],
+                "total": totals,
+            }
+        )
+        return 0
+
+    def row(label: str, m: DealMoney) -> list[str]:
+        return [
+            label,
+            op.fmt(m.paid),
+            op.fmt(m.pending),
+            op.fmt(m.penalties),
+            f"{op.fmt(m.refunded)} ({m.tasks_refunded} tasks)",
+            op.fmt(m.paid - m.penalties),
+        ]
+
+    print_table(
+        ["deal", "paid", "pending claims", "penalties", "refunded to clients", "net"],
+        [*(row(str(d), m) for d, m in money.items()), row("total", total)],
+    )
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    op = connect(args)
+    config = op.config
+    block = op.chain.w3.eth.get_block("latest")
+    head_age = int(time.time()) - int(block["timestamp"])
+    pid = daemon_pid(config.data_dir)
+    url = config.public_url or f"http://{config.host}:{config.port}"
+    health: str
+    try:
+        reply = httpx.get(url + "/v1/health", timeout=3)
+        health = "ok" if reply.is_success else f"answers {reply.status_code}"
+    except httpx.HTTPError:
+        health = "unreachable"
+    ids = our_deals(op)
+    open_deals = sum(1 for d in ids if op.escrow.get_deal(d).status == DEAL_OPEN)
+    balances = _balances(op)
+    market: str | None = None
+    asks: int | None = None
+    if config.market_url:
+        try:
+            asks = len(live_asks(config.market_url, op.address))
+            market = "ok"
+        except ClientError as exc:
+            market = f"unreachable: {exc}"
+    status = {
+        "provider": op.address,
+        "chain_id": op.chain.tx.chain_id,
+        "escrow": op.escrow.address,
+        "block": int(block["number"]),
+        "block_age_s": head_age,
+        "daemon_pid": pid,
+        "daemon_url": url,
+        "daemon_health": health,
+        "deals": len(ids),
+        "open_deals": open_deals,
+        "market": market,
+        "live_asks": asks,
+        **{k: str(v) for k, v in balances.items()},
+    }
+    if args.json:
+        emit_json(status)
+        return 0
+    running = "not running" if pid is None else f"running, pid {pid}"
+    rows = [
+        ["provider", op.address],
+        ["chain", f"{status['chain_id']} block {status['block']} ({head_age} s old)"],
+        ["escrow", op.escrow.address],
+        ["daemon", f"{running}; {url} {health}"],
+        ["deals", f"{open_deals} open of {len(ids)}"],
+        ["wallet", op.fmt(balances["wallet"]) + " tokens"],
+        ["escrow balance", op.fmt(balances["escrow_balance"]) + " tokens"],
+        ["free stake", op.fmt(balances["free_stake"]) + " tokens"],
+    ]
+    if market is not None:
+        rows.append(["market", f"{config.market_url} {market}; {asks} live asks"])
+    print_table(["", ""], rows)
+    return 0
+
+
+def guarded(handler: Handler) -> Handler:
+    """Wrap a handler: one ``error: ...`` line, exit 2 for usage or config, 1 otherwise."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except (UsageError, ConfigError) as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        except (ProviderError, ClientError, EscrowError, Web3Exception, OSError) as exc:
+            line = " ".join(str(exc).split()) or type(exc).__name__
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            return 1
+
+    return run
+
+
+def register(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the operator's commands under ``tpumarket provider``."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=None, help=f"the daemon's TOML file (env {CONFIG_ENV})")
+    common.add_argument("--json", action="store_true", help="one JSON object, base units")
+    for name, handler, what in (
+        ("stake", _stake, "move tokens from the wallet into the free stake"),
+        ("unstake", _unstake, "move free stake back to the wallet"),
+    ):
+        move = actions.add_parser(name, parents=[common], help=what)
+        move.add_argument("amount", help="tokens (1.5)")
+        move.set_defaults(handler=guarded(handler))
+    ask = actions.add_parser(
+        "ask", parents=[common], help="post the config's ask on the market now"
+    )
+    ask.add_argument("--price", default=None, help="tokens per unit (default: the config's)")
+    ask.add_argument("--quantity", type=int, default=None, help="units (default: the config's)")
+    ask.add_argument("--expiry-s", type=int, default=None, help="seconds the ask trades")
+    ask.add_argument("--device-class", default=None, help="default: the config's")
+    ask.set_defaults(handler=guarded(_ask))
+    asks = actions.add_parser("asks", parents=[common], help="this provider's live asks")
+    asks.set_defaults(handler=guarded(_asks))
+    deals = actions.add_parser("deals", parents=[common], help="this provider's deals on chain")
+    deals.add_argument("--all", action="store_true", help="closed deals too")
+    deals.add_argument("--limit", type=int, default=50, help="the latest this many")
+    deals.set_defaults(handler=guarded(_deals))
+    earnings_ = actions.add_parser(
+        "earnings", parents=[common], help="paid, pending, penalties and refunds per deal"
+    )
+    earnings_.set_defaults(handler=guarded(_earnings))
+    status = actions.add_parser(
+        "status", parents=[common], help="chain, daemon, stake, deals and market at a glance"
+    )
+    status.set_defaults(handler=guarded(_status))
