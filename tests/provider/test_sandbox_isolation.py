@@ -116,7 +116,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         }
 
 
-def _run_compromised(world: dict[str, Any]) -> dict[str, Any]:
+def _run_compromised(
+    world: dict[str, Any], code_dir: Path = Path(__file__).parent
+) -> dict[str, Any]:
     limits = SandboxLimits(start_timeout_s=60)
     env = worker_env({"JAX_PLATFORMS": "cpu"})
     pool = WorkerPool(1, limits, world["data_dir"] / "compile-cache", env, module=__name__)
@@ -127,7 +129,7 @@ def _run_compromised(world: dict[str, Any]) -> dict[str, Any]:
                 "daemon_pid": os.getpid(),
                 "data_dir": str(world["data_dir"]),
                 "host_tmp_file": world["host_tmp_file"],
-                "code_dir": str(Path(__file__).parent),
+                "code_dir": str(code_dir),
                 "port": world["port"],
             },
             b"",
@@ -195,7 +197,7 @@ def test_unshare_fallback_still_hides_the_key_and_the_network(
 ) -> None:
     """Without bwrap the key stays out and the network is cut; files stay visible (documented)."""
     monkeypatch.setenv("TPUMARKET_SANDBOX_ISOLATION", "unshare")
-    found = _run_compromised(world)
+    found = _run_compromised(world, code_dir=world["data_dir"])  # files are writable there
     assert found["info"].isolation == "unshare"
     assert found["env_key"] is None and not found["secret_in_env"]
     assert found["tcp_netns"].startswith("refused")  # its loopback is down
