@@ -9,6 +9,10 @@ Two proofs, either one per request (checked by :meth:`ResultAccess.check`):
   expiry)`` with an expiry at most :data:`MAX_ACCESS_TTL_S` ahead, sent as
   ``X-Tpumarket-Access-Expiry`` and ``X-Tpumarket-Access-Signature``; it must recover to the
   deal's client.
+
+A deal's summary (``GET /v1/deals/{id}``) is for its two parties: a signature by the deal's
+client or provider over the same digest with the task index :data:`DEAL_SCOPE` (no task has
+it: task indexes are ``uint32``), checked by :meth:`ResultAccess.check_deal`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from contracts.messages import Domain, recover_digest
 from provider.errors import RejectedError
 
 MAX_ACCESS_TTL_S = 3600
+DEAL_SCOPE = 2**256 - 1
+"""The task index in ``result_access_digest`` of a proof that reads a whole deal's summary."""
 Key = tuple[int, int]
 
 
@@ -63,35 +69,61 @@ class ResultAccess:
         """
         token = headers.get(ACCESS_TOKEN_HEADER.lower())
         if token is not None:
-            if not hmac.compare_digest(token.strip().lower(), self.token(key)):
+            sent = token.strip().lower().encode("utf-8", "replace")
+            if not hmac.compare_digest(sent, self.token(key).encode()):
                 raise RejectedError("access_denied", f"the access token is not for task {key}")
             return
-        expiry_text = headers.get(ACCESS_EXPIRY_HEADER.lower())
-        signature = headers.get(ACCESS_SIGNATURE_HEADER.lower())
-        if expiry_text is None or signature is None:
-            raise RejectedError(
-                "access_required",
-                f"results are for the deal's client: send {ACCESS_TOKEN_HEADER} (from the ack) "
-                f"or {ACCESS_EXPIRY_HEADER} and {ACCESS_SIGNATURE_HEADER}",
-            )
-        try:
-            expiry = int(expiry_text)
-            raw = bytes.fromhex(signature.strip().removeprefix("0x"))
-        except ValueError as exc:
-            raise RejectedError("access_denied", f"malformed access proof: {exc}") from exc
-        if expiry <= now:
-            raise RejectedError("access_denied", f"the access signature expired at {expiry}")
-        if expiry > now + MAX_ACCESS_TTL_S:
-            raise RejectedError(
-                "access_denied", f"the access expiry is more than {MAX_ACCESS_TTL_S} s ahead"
-            )
-        try:
-            signer = recover_digest(result_access_digest(self.domain, *key, expiry), raw)
-        except SignatureError as exc:
-            raise RejectedError("access_denied", f"bad access signature: {exc}") from exc
+        signer = self._signer(key, headers, now)
         client = client_of(key[0])
         if signer.lower() != client.lower():
             raise RejectedError(
                 "access_denied",
                 f"access signed by {signer}, but deal {key[0]}'s client is {client}",
             )
+
+    def check_deal(
+        self,
+        deal_id: int,
+        headers: Mapping[str, str],
+        *,
+        parties: Callable[[], tuple[str, str]],
+        now: float,
+    ) -> None:
+        """Return if ``headers`` prove the caller is the deal's client or provider.
+
+        The proof is a signature over ``result_access_digest(domain, deal, DEAL_SCOPE,
+        expiry)``; ``parties()`` returns (client, provider). Same codes as :meth:`check`.
+        """
+        signer = self._signer((deal_id, DEAL_SCOPE), headers, now)
+        if signer.lower() not in {party.lower() for party in parties()}:
+            raise RejectedError(
+                "access_denied", f"access signed by {signer}, not a party to deal {deal_id}"
+            )
+
+    def _signer(self, key: Key, headers: Mapping[str, str], now: float) -> str:
+        """Return who signed the access proof in ``headers`` for ``key``; raise if none or bad."""
+        expiry_text = headers.get(ACCESS_EXPIRY_HEADER.lower())
+        signature = headers.get(ACCESS_SIGNATURE_HEADER.lower())
+        if expiry_text is None or signature is None:
+            raise RejectedError(
+                "access_required",
+                f"results are for the deal's parties: send {ACCESS_TOKEN_HEADER} (from the ack) "
+                f"or {ACCESS_EXPIRY_HEADER} and {ACCESS_SIGNATURE_HEADER}",
+            )
+        try:
+            expiry = int(expiry_text.strip()[:24])
+            raw = bytes.fromhex(signature.strip().removeprefix("0x"))
+        except ValueError as exc:
+            raise RejectedError("access_denied", "malformed access proof") from exc
+        if expiry <= now:
+            raise RejectedError("access_denied", f"the access signature expired at {expiry}")
+        if expiry > now + MAX_ACCESS_TTL_S:
+            raise RejectedError(
+                "access_denied", f"the access expiry is more than {MAX_ACCESS_TTL_S} s ahead"
+            )
+        if not 0 <= key[0] < 2**256 or not 0 <= key[1] < 2**256:
+            raise RejectedError("access_denied", "the deal or task number is out of range")
+        try:
+            return recover_digest(result_access_digest(self.domain, *key, expiry), raw)
+        except SignatureError as exc:
+            raise RejectedError("access_denied", f"bad access signature: {exc}") from exc

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -53,6 +54,12 @@ from provider.sandbox import Sandbox
 log = logging.getLogger("provider.service")
 _KIND_NAMES = {KIND_COMPILE: "compile", KIND_INFERENCE: "inference"}
 _RECENT_OUTPUTS = 256  # delivered outputs kept in memory for the answer that follows
+MAX_JSON_DEPTH = 16
+"""The deepest JSON nesting a request header or voucher may have (they need 2)."""
+MAX_VOUCHER_WORDS = 256
+"""The most uint256 words of a voucher's task bitmap (65,536 task indexes)."""
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,16 +169,9 @@ class TaskService:
         together with the receipt, unless :meth:`view` is called first: the caller must answer
         only from :meth:`view`, which makes the ack durable when the receipt is not there.
         """
-        try:
-            request = TaskRequest.from_json(json.loads(request_json))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise self._reject("bad_request", f"malformed TaskRequest: {exc}") from exc
+        request, request_hash = self._parse_request(request_json)
         sig = parse_signature(signature)
         key = (request.deal_id, request.task_index)
-        request_hash = request.struct_hash()
-        existing = self.journal.ack(key)
-        if existing is not None:
-            return self._existing(existing, request_hash)
         deal = self.deals.get(request.deal_id)
         if deal.provider.lower() != self.address.lower():
             raise self._reject(
@@ -188,6 +188,11 @@ class TaskService:
                 f"{deal.client} (forged, or signed for another deal, chain or escrow "
                 f"than chain {self.domain.chain_id} escrow {self.domain.verifying_contract})",
             )
+        # Only now, the request proven to be the deal's client's: a repeat of it gets its
+        # ack (and result) back; a stranger gets the same refusal for used and unused indexes.
+        existing = self.journal.ack(key)
+        if existing is not None:
+            return self._existing(existing, request_hash)
         if deal.status != DEAL_OPEN:
             raise self._reject("deal_not_open", f"deal {request.deal_id} is closed")
         now = self._clock()
@@ -311,6 +316,18 @@ class TaskService:
         self.metrics.tasks_rejected.labels(code).inc()
         log.info("task rejected", extra={"code": code, "reason": reason})
         return RejectedError(code, reason)
+
+    def _parse_request(self, request_json: str) -> tuple[TaskRequest, bytes]:
+        """Parse a TaskRequest header and hash it; any malformed or out-of-range one is a 400."""
+        try:
+            if json_depth(request_json) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+            request = TaskRequest.from_json(json.loads(request_json))
+            if not 0 <= request.deal_id < 2**256 or not 0 <= request.task_index < 2**32:
+                raise ValueError("dealId or taskIndex out of range")
+            return request, request.struct_hash()
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            raise self._reject("bad_request", f"malformed TaskRequest: {_short(exc)}") from exc
 
     def _existing(self, existing: AckRecord, request_hash: bytes) -> Submission:
         if existing.request_hash != request_hash:
@@ -500,9 +517,18 @@ class TaskService:
         changes nothing: the next voucher is judged against the same accepted one.
         """
         try:
+            if json_depth(voucher_json) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
             voucher = Voucher.from_json(json.loads(voucher_json))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise self._voucher_reject("bad_request", f"malformed Voucher: {exc}") from exc
+            if not 0 <= voucher.deal_id < 2**256 or not 0 <= voucher.cumulative_amount < 2**256:
+                raise ValueError("dealId or cumulativeAmount out of range")
+            if len(voucher.tasks) > MAX_VOUCHER_WORDS or any(
+                not 0 <= word < 2**256 for word in voucher.tasks
+            ):
+                raise ValueError(f"the task bitmap is above {MAX_VOUCHER_WORDS} uint256 words")
+            voucher.struct_hash()
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            raise self._voucher_reject("bad_request", f"malformed Voucher: {_short(exc)}") from exc
         sig = parse_signature(signature)
         deal = self.deals.get(voucher.deal_id)
         if deal.provider.lower() != self.address.lower():
@@ -589,10 +615,41 @@ class TaskService:
         return RejectedError(code, reason)
 
 
+def json_depth(text: str | bytes) -> int:
+    """Return the deepest nesting of arrays and objects in a JSON text, without parsing it.
+
+    Linear and iterative: run before a recursive parser sees the text, it refuses what would
+    exhaust the stack (``[`` x 100,000) however high the recursion limit is.
+    """
+    data = text.encode("utf-8", "replace") if isinstance(text, str) else text
+    stripped = _JSON_STRING.sub(b"", data)
+    depth = deepest = 0
+    for byte in stripped.translate(None, _NOT_BRACKETS):
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def _short(exc: BaseException, most: int = 200) -> str:
+    """Return an exception's message cut to ``most`` characters (error answers stay small)."""
+    text = str(exc)
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def _brief(indexes: list[int], most: int = 20) -> str:
     """Return a list of task indexes for a message, cut after ``most``."""
     shown = ", ".join(str(i) for i in indexes[:most])
     return f"[{shown}{', ...' if len(indexes) > most else ''}] ({len(indexes)})"
 
 
-__all__ = ["ProviderError", "Submission", "TaskService", "TaskView", "parse_signature"]
+__all__ = [
+    "ProviderError",
+    "Submission",
+    "TaskService",
+    "TaskView",
+    "json_depth",
+    "parse_signature",
+]

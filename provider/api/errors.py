@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from provider.errors import NotFoundError, ProviderError, RejectedError
@@ -26,6 +27,8 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_not_cumulative": 409,
     "not_delivered": 409,
     "envelope_too_large": 413,
+    "body_too_large": 413,
+    "unsupported_media_type": 415,
     "envelope_malformed": 422,
     "hash_mismatch": 422,
     "price_above_max": 422,
@@ -45,6 +48,20 @@ def error_body(code: str, reason: str) -> dict[str, str]:
     return {"error": code, "reason": reason}
 
 
+MAX_REASON_CHARS = 600
+"""Error answers never echo what was sent: a validation reason names fields, cut to this."""
+
+
+def validation_reason(exc: RequestValidationError) -> str:
+    """Return where and why a request failed validation, without the input it carried."""
+    parts = []
+    for error in exc.errors()[:5]:
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        parts.append(f"{where}: {str(error.get('msg', 'invalid'))[:100]}")
+    text = "; ".join(parts)
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
+
+
 def install(app: FastAPI) -> None:
     """Map :class:`RejectedError`, :class:`NotFoundError` and other provider errors."""
 
@@ -58,6 +75,11 @@ def install(app: FastAPI) -> None:
     async def provider_error(_: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(error_body("provider_error", str(exc)), 500)
 
+    async def invalid(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return JSONResponse(error_body("bad_request", validation_reason(exc)), 422)
+
+    app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(RejectedError, rejected)
     app.add_exception_handler(NotFoundError, not_found)
     app.add_exception_handler(ProviderError, provider_error)

@@ -19,9 +19,14 @@ from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER,
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import NotFoundError, ProviderError, RejectedError
+from provider.service import MAX_JSON_DEPTH, json_depth
 
 MAX_WAIT_S = 60.0
+MAX_SMALL_BODY_BYTES = 64 * 1024
+"""The body cap of every route but ``POST /v1/tasks`` (a voucher of 256 bitmap words fits)."""
 _JSON = (b"content-type", b"application/json")
+_ENVELOPE_TYPES = frozenset({"", "application/octet-stream"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def parse_wait(text: str | None) -> float:
@@ -39,10 +44,30 @@ def parse_wait(text: str | None) -> float:
 
 def check_length(daemon: Daemon, headers: Mapping[str, str]) -> None:
     """Refuse a body whose declared length is above the envelope cap, before reading it."""
+    _check_declared(headers, daemon.config.max_envelope_bytes, "envelope_too_large")
+
+
+def _check_declared(headers: Mapping[str, str], cap: int, code: str) -> None:
     length = headers.get("content-length")
-    cap = daemon.config.max_envelope_bytes
-    if length is not None and length.isdigit() and int(length) > cap:
-        raise RejectedError("envelope_too_large", f"{length} bytes, cap {cap}")
+    if length is None:
+        return
+    if not length.strip().isdigit():
+        raise RejectedError("bad_request", "Content-Length is not a number")
+    if len(length.strip()) > 20 or int(length) > cap:
+        raise RejectedError(code, f"{length[:24]} bytes, cap {cap}")
+
+
+def media_type(headers: Mapping[str, str]) -> str:
+    """Return a request's media type, lowercase, without parameters ("" when none is sent)."""
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def check_envelope_type(headers: Mapping[str, str]) -> None:
+    """Refuse a task body sent as anything but raw bytes (``application/octet-stream``)."""
+    if media_type(headers) not in _ENVELOPE_TYPES:
+        raise RejectedError(
+            "unsupported_media_type", "the task body is the raw envelope: application/octet-stream"
+        )
 
 
 async def submit_answer(
@@ -73,10 +98,46 @@ class FastTasks:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Route one ASGI call."""
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/tasks":
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+        elif scope["method"] == "POST" and scope["path"] == "/v1/tasks":
             await self._submit(scope, receive, send)
         else:
-            await self.app(scope, receive, send)
+            await self._bounded(scope, receive, send)
+
+    async def _bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Hand a request to the app with its body read first, within the small cap.
+
+        The body is refused (413) on its declared length before reading, or as soon as the
+        bytes received pass the cap; a JSON body must say so (415) and be nested at most
+        ``MAX_JSON_DEPTH`` deep (400), checked before any parser sees it.
+        """
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            _check_declared(headers, MAX_SMALL_BODY_BYTES, "body_too_large")
+            body = await _read_body(receive, MAX_SMALL_BODY_BYTES, "body_too_large")
+            if body is None:
+                return
+            if scope["method"] in _BODY_METHODS or body:
+                if media_type(headers) != "application/json":
+                    raise RejectedError("unsupported_media_type", "send application/json")
+                if json_depth(body) > MAX_JSON_DEPTH:
+                    raise RejectedError(
+                        "bad_request", f"the JSON body is nested deeper than {MAX_JSON_DEPTH}"
+                    )
+        except RejectedError as exc:
+            await _answer(send, STATUS_BY_CODE.get(exc.code, 400), _error(exc.code, exc.reason))
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _submit(self, scope: Scope, receive: Receive, send: Send) -> None:
         daemon = self.daemon
@@ -85,6 +146,7 @@ class FastTasks:
             query = parse_qs(scope["query_string"].decode("latin-1"))
             wait = parse_wait(query["wait"][-1] if "wait" in query else None)
             check_length(daemon, headers)
+            check_envelope_type(headers)
             body = await _read_body(receive, daemon.config.max_envelope_bytes)
             if body is None:
                 return  # the client went away
@@ -96,17 +158,21 @@ class FastTasks:
             status, answer = 404, _error("not_found", str(exc))
         except ProviderError as exc:
             status, answer = 500, _error("provider_error", str(exc))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [_JSON, (b"content-length", str(len(answer)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": answer})
+        await _answer(send, status, answer)
 
 
-async def _read_body(receive: Receive, cap: int) -> bytes | None:
+async def _answer(send: Send, status: int, answer: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [_JSON, (b"content-length", str(len(answer)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def _read_body(receive: Receive, cap: int, code: str = "envelope_too_large") -> bytes | None:
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -116,7 +182,7 @@ async def _read_body(receive: Receive, cap: int) -> bytes | None:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > cap:
-            raise RejectedError("envelope_too_large", f"more than {cap} bytes, cap {cap}")
+            raise RejectedError(code, f"more than {cap} bytes, cap {cap}")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)

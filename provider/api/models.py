@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from provider.journal import Journal
@@ -15,6 +16,9 @@ INLINE_OUTPUTS_MAX = 4 * 1024 * 1024
 REQUEST_HEADER = "X-Tpumarket-Request"
 SIGNATURE_HEADER = "X-Tpumarket-Signature"
 TARGET_HEADER = "X-Tpumarket-Target"
+
+DealId = Annotated[int, Path(ge=0, lt=2**256, description="the escrow's deal id (uint256)")]
+TaskIndex = Annotated[int, Path(ge=0, lt=2**32, description="the task's index (uint32)")]
 
 
 class TaskPublic(BaseModel):
@@ -87,7 +91,7 @@ class VoucherIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     voucher: dict[str, Any]
-    signature: str
+    signature: str = Field(max_length=200)
 
 
 class VoucherPublic(BaseModel):

@@ -47,6 +47,7 @@ from provider.diagnosis import Category
 from provider.errors import ConfigError
 from provider.receipts import settle_by
 from provider.sandbox import Sandbox
+from tests.provider.access_support import deal_access
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     PLAN,
@@ -456,7 +457,7 @@ def test_voucher_when_valid_then_stored_and_redeemed_at_settle_by_minus_margin(
     assert world.escrow.get_deal(deal_id).vouched == total
     assert world.escrow.task_status(deal_id, 1) == TASK_VOUCHED
     assert daemon.jobs.redeem_due(force=True, deals=[deal_id]) == []
-    summary = api.get(f"/v1/deals/{deal_id}").json()
+    summary = api.get(f"/v1/deals/{deal_id}", headers=deal_access(world, deal_id)).json()
     assert summary["redeemed_amount"] == str(total)
 
 
@@ -508,7 +509,10 @@ def test_watch_when_deal_closed_on_chain_then_recorded(
     world.escrow.close_deal(world.provider, deal_id)
 
     assert deal_id in daemon.jobs.watch_deals()
-    assert api.get(f"/v1/deals/{deal_id}").json()["closed"] is True
+    assert (
+        api.get(f"/v1/deals/{deal_id}", headers=deal_access(world, deal_id)).json()["closed"]
+        is True
+    )
 
 
 def test_daemon_when_its_interval_cannot_meet_a_deals_window_then_start_and_tasks_refused(

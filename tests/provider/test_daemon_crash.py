@@ -19,6 +19,7 @@ from contracts.messages import ZERO_HASH, Ack, Receipt, address_of, verify
 from contracts.reverts import EscrowTaskAlreadySettled
 from provider.journal import Journal
 from provider.receipts import settle_by
+from tests.provider.access_support import deal_access
 from tests.provider.daemon_support import (
     PLAN,
     SLO_S,
@@ -169,7 +170,8 @@ def test_kill9_mid_task_then_restart_serves_results_reruns_acked_and_keeps_the_c
     )
     assert first.prev_receipt_hash == ZERO_HASH
     assert second.prev_receipt_hash == first.struct_hash()
-    summary = httpx.get(f"{url}/v1/deals/{deal_id}", timeout=30).json()
+    reply = httpx.get(f"{url}/v1/deals/{deal_id}", headers=deal_access(world, deal_id), timeout=30)
+    summary = reply.json()
     assert summary["acked"] == 2 and summary["delivered"] == 2
     assert summary["receipted_amount"] == str(first.amount + second.amount)
 

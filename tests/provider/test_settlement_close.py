@@ -10,6 +10,7 @@ from contracts.binding import DEAL_CLOSED, TASK_REFUNDED
 from contracts.messages import Ack, Claim, Receipt, Voucher, address_of, task_bitmap
 from provider.daemon import Daemon
 from provider.receipts import settle_by
+from tests.provider.access_support import deal_access
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     ChainWorld,
@@ -102,7 +103,10 @@ def test_client_agreed_close_then_provider_redeems_claims_and_closes(
     assert world.escrow.balance_of(provider) == balance + earned
     assert world.escrow.balance_of(client) == client_balance + deal.max_spend - earned
     assert daemon.jobs.close_deals([deal_id]) == []
-    assert api.get(f"/v1/deals/{deal_id}").json()["closed"] is True
+    assert (
+        api.get(f"/v1/deals/{deal_id}", headers=deal_access(world, deal_id)).json()["closed"]
+        is True
+    )
 
 
 def test_expired_deal_then_provider_redeems_and_closes_alone(

@@ -13,11 +13,13 @@ from contracts.access import (
     ACCESS_TOKEN_HEADER,
 )
 from provider.api.deps import DaemonDep, daemon_of
-from provider.api.fast import MAX_WAIT_S, check_length, submit_answer
+from provider.api.fast import MAX_WAIT_S, check_envelope_type, check_length, submit_answer
 from provider.api.models import (
     REQUEST_HEADER,
     SIGNATURE_HEADER,
     TARGET_HEADER,
+    DealId,
+    TaskIndex,
     TaskPublic,
     task_json,
 )
@@ -105,6 +107,7 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
     """
     daemon = daemon_of(request)
     check_length(daemon, request.headers)
+    check_envelope_type(request.headers)
     body = await request.body()
     answer = await submit_answer(daemon, request.headers, wait, body)
     return Response(answer, media_type="application/json")
@@ -112,7 +115,11 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
 
 @router.get("/{deal_id}/{task_index}", response_model=TaskPublic, openapi_extra=_ACCESS_DOC)
 async def get_task(
-    deal_id: int, task_index: int, request: Request, daemon: DaemonDep, wait: WaitQuery = 0.0
+    deal_id: DealId,
+    task_index: TaskIndex,
+    request: Request,
+    daemon: DaemonDep,
+    wait: WaitQuery = 0.0,
 ) -> Response:
     """Return a task's state to the deal's client; with ``wait``, long-poll until delivered."""
     key = (deal_id, task_index)
@@ -124,7 +131,7 @@ async def get_task(
 
 @router.get("/{deal_id}/{task_index}/outputs", openapi_extra=_ACCESS_DOC)
 async def get_outputs(
-    deal_id: int, task_index: int, request: Request, daemon: DaemonDep
+    deal_id: DealId, task_index: TaskIndex, request: Request, daemon: DaemonDep
 ) -> Response:
     """Return a delivered task's outputs as raw bytes (their sha256 is the receipt's hash)."""
     _authorize(daemon, request, (deal_id, task_index))

@@ -3,21 +3,57 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
 
+from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER
+from provider.access import DEAL_SCOPE
 from provider.api.deps import DaemonDep
-from provider.api.models import DealPublic, VoucherIn, VoucherPublic
+from provider.api.models import DealId, DealPublic, VoucherIn, VoucherPublic
 from provider.errors import NotFoundError
 from provider.receipts import voucher_tasks
 
 router = APIRouter(prefix="/v1", tags=["settlement"])
 
+_DEAL_ACCESS_DOC: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": ACCESS_EXPIRY_HEADER,
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "unix seconds, at most 3600 s ahead",
+        },
+        {
+            "name": ACCESS_SIGNATURE_HEADER,
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": (
+                "the deal's client's or provider's signature of result_access_digest(domain, "
+                f"deal, {DEAL_SCOPE:#x}, expiry)"
+            ),
+        },
+    ],
+    "responses": {
+        "401": {"description": "no proof of being a party to the deal"},
+        "403": {"description": "a wrong, expired or foreign proof"},
+    },
+}
+
 
 @router.post("/vouchers", response_model=VoucherPublic)
 async def post_voucher(body: VoucherIn, daemon: DaemonDep) -> VoucherPublic:
-    """Accept a signed cumulative voucher for delivered tasks."""
-    record, new = daemon.service.accept_voucher(json.dumps(body.voucher), body.signature)
+    """Accept a signed cumulative voucher for delivered tasks.
+
+    Checked in a worker thread: a large bitmap's checks never hold the event loop.
+    """
+    record, new = await run_in_threadpool(
+        daemon.service.accept_voucher, json.dumps(body.voucher), body.signature
+    )
     return VoucherPublic(
         deal_id=record.voucher.deal_id,
         cumulative_amount=str(record.voucher.cumulative_amount),
@@ -26,9 +62,15 @@ async def post_voucher(body: VoucherIn, daemon: DaemonDep) -> VoucherPublic:
     )
 
 
-@router.get("/deals/{deal_id}", response_model=DealPublic)
-async def get_deal(deal_id: int, daemon: DaemonDep) -> DealPublic:
-    """Summarize what the journal holds for a deal."""
+@router.get("/deals/{deal_id}", response_model=DealPublic, openapi_extra=_DEAL_ACCESS_DOC)
+async def get_deal(deal_id: DealId, request: Request, daemon: DaemonDep) -> DealPublic:
+    """Summarize what the journal holds for a deal, to the deal's client or provider."""
+
+    def parties() -> tuple[str, str]:
+        deal = daemon.deals.get(deal_id)
+        return deal.client, deal.provider
+
+    daemon.access.check_deal(deal_id, request.headers, parties=parties, now=time.time())
     book = daemon.journal.deal(deal_id)
     if book is None:
         raise NotFoundError(f"the journal has no deal {deal_id}")
