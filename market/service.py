@@ -109,8 +109,9 @@ class Settings:
     keep_alive_s: float = 5.0
     request_read_timeout_s: float = 10.0
     max_header_bytes: int = 32 << 10
-    max_connections: int = 2_048
-    max_streams: int = 512  # live-update streams (`/v1/stream`) served at once
+    max_connections: int = 4_096
+    max_streams: int = 2_048  # live-update streams (`/v1/stream`) served at once ...
+    max_streams_per_ip: int = 16  # ... and to one client address
     # Funds behind orders (`market.funds`), when the market knows its escrow: a bid needs its
     # signer's free escrow balance to cover it and its other commitments, an ask or a heartbeat
     # needs stake, an order needs a device class a staked provider advertises.

@@ -54,7 +54,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = service or MarketService(settings)
         app.state.service = svc
-        app.state.changes = book.Changes(svc, max_streams=settings.max_streams)
+        app.state.changes = book.Changes(
+            svc, max_streams=settings.max_streams, max_per_ip=settings.max_streams_per_ip
+        )
         indexer: Indexer | None = None
         if indexer_factory is not None:
             indexer = indexer_factory(svc)

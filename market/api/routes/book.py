@@ -114,32 +114,49 @@ def overview(service: ServiceDep) -> dict[str, Any]:
 class Changes:
     """One poller of the market's change counter that wakes every live-update stream.
 
-    An idle stream waits on a condition and costs nothing until the market changes (or its
+    An idle stream waits on an event and costs nothing until the market changes (or its
     keep-alive is due); the counter is read every `STREAM_POLL_S` by one task, however many
-    streams are open. At most `max_streams` are served at once (429 beyond).
+    streams are open. At most `max_streams` are served at once, `max_per_ip` to one address
+    (429 beyond).
     """
 
-    def __init__(self, service: MarketService, *, max_streams: int) -> None:
-        """Watch `service.version`; serve at most `max_streams` streams."""
+    def __init__(self, service: MarketService, *, max_streams: int, max_per_ip: int) -> None:
+        """Watch `service.version`; serve at most `max_streams` streams, `max_per_ip` each."""
         self._service = service
         self.max_streams = max_streams
+        self.max_per_ip = max_per_ip
         self.open = 0
-        self._condition: asyncio.Condition | None = None
+        self._by_ip: dict[str, int] = {}
+        self._changed = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
 
-    def check(self) -> None:
-        """Raise `RateLimitedError` when `max_streams` streams are open."""
+    def check(self, ip: str) -> None:
+        """Raise `RateLimitedError` when `max_streams` streams are open, or `max_per_ip` to
+        `ip`."""
         if self.open >= self.max_streams:
             raise RateLimitedError("live-update streams", STREAM_KEEPALIVE_S)
+        if self._by_ip.get(ip, 0) >= self.max_per_ip:
+            raise RateLimitedError(f"live-update streams of {ip}", STREAM_KEEPALIVE_S)
+
+    def enter(self, ip: str) -> None:
+        """Count a stream of `ip` opened."""
+        self.open += 1
+        self._by_ip[ip] = self._by_ip.get(ip, 0) + 1
+
+    def leave(self, ip: str) -> None:
+        """Count a stream of `ip` ended."""
+        self.open -= 1
+        left = self._by_ip.pop(ip, 1) - 1
+        if left:
+            self._by_ip[ip] = left
 
     async def wait(self, seen: int, timeout: float) -> int:
         """Return the version once it differs from `seen`, or after `timeout` seconds."""
-        condition = self._start()
-        async with condition:
+        changed = self._start()
+        if self._service.version == seen:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    condition.wait_for(lambda: self._service.version != seen), timeout
-                )
+                async with asyncio.timeout(timeout):  # no task, no lock: cheap to cancel
+                    await changed.wait()
         return self._service.version
 
     def close(self) -> None:
@@ -148,28 +165,31 @@ class Changes:
             self._poller.cancel()
             self._poller = None
 
-    def _start(self) -> asyncio.Condition:
-        if self._condition is None or self._poller is None or self._poller.done():
-            self._condition = asyncio.Condition()
-            self._poller = asyncio.get_running_loop().create_task(self._poll(self._condition))
-        return self._condition
+    def _start(self) -> asyncio.Event:
+        """Return the event the next change sets (starting the poller in this loop if none)."""
+        if self._poller is None or self._poller.done():
+            self._changed = asyncio.Event()
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+        return self._changed
 
-    async def _poll(self, condition: asyncio.Condition) -> None:
+    async def _poll(self) -> None:
         last = self._service.version
         while True:
             await asyncio.sleep(STREAM_POLL_S)  # one poll of an in-memory counter for all
             version = self._service.version
             if version != last:
                 last = version
-                async with condition:
-                    condition.notify_all()
+                changed, self._changed = self._changed, asyncio.Event()
+                changed.set()  # wakes every stream waiting on this change
 
 
 def _changes(request: Request, service: MarketService) -> Changes:
     changes: Changes | None = getattr(request.app.state, "changes", None)
     if changes is None:  # an app used without its lifespan (schema tools)
         changes = request.app.state.changes = Changes(
-            service, max_streams=service.settings.max_streams
+            service,
+            max_streams=service.settings.max_streams,
+            max_per_ip=service.settings.max_streams_per_ip,
         )
     return changes
 
@@ -178,11 +198,12 @@ def _changes(request: Request, service: MarketService) -> Changes:
 async def stream(request: Request, service: ServiceDep) -> StreamingResponse:
     """Server-sent events: an `update` event carrying the version whenever the market changes."""
     changes = _changes(request, service)
-    changes.check()
+    ip = request.client.host if request.client else "unknown"
+    changes.check(ip)
     loop = asyncio.get_running_loop()
 
     async def events() -> AsyncIterator[str]:
-        changes.open += 1  # counted here: a stream never started never ends either
+        changes.enter(ip)  # counted here: a stream never started never ends either
         try:
             ends = loop.time() + STREAM_LIFETIME_S
             seen = service.version
@@ -195,7 +216,7 @@ async def stream(request: Request, service: ServiceDep) -> StreamingResponse:
                 else:
                     yield ": keepalive\n\n"
         finally:
-            changes.open -= 1
+            changes.leave(ip)
 
     return StreamingResponse(
         events(),
