@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
+import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -209,11 +211,31 @@ def run_benchmark(device: Any, size: int = 512, min_seconds: float = 0.25) -> Be
     )
 
 
+def tpu_chips_present() -> bool:
+    """Whether this host has TPU chips (``/dev/accel*`` or ``/dev/vfio/<n>`` devices)."""
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def quiet_libtpu() -> None:
+    """On a host without TPU chips, keep libtpu from logging start-up errors.
+
+    libtpu, loaded only to compile for TPU topologies ahead of time, looks for TPU workers
+    and prints ``E0000 ... unexpected worker hostname`` lines when it finds none; naming the
+    local host as the only worker (``TPU_WORKER_HOSTNAMES``, unless set) silences them. A
+    host with chips is left as it is.
+    """
+    if not tpu_chips_present():
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
 def discover(
     *, benchmark: bool = True, aot_targets: tuple[str, ...] = DEFAULT_AOT_TARGETS
 ) -> Capacity:
     """Read devices and versions from JAX (TPU, then GPU, then CPU) and measure throughput."""
     import importlib
+
+    quiet_libtpu()
     from importlib.metadata import version
 
     jax: Any = importlib.import_module("jax")

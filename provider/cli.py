@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, host=args.host)
     if args.port is not None:
         config = dataclasses.replace(config, port=args.port)
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, scheduler=config.log_scheduler)
     try:
         daemon = Daemon(config)
     except ProviderError as exc:  # e.g. a journal whose receipt chain does not verify

@@ -102,6 +102,9 @@ class Daemon:
         except BaseException:
             self.lock.release()
             raise
+        self.metrics.restore(
+            (s.action, s.data) for _, book in self.journal.iter_books() for s in book.settlements
+        )
         self.jobs = SettlementJobs(
             private_key=config.private_key,
             escrow=self.escrow,

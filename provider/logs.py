@@ -33,12 +33,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Send the ``provider`` loggers (and uvicorn's) to stderr as JSON lines."""
+def configure_logging(level: str = "INFO", *, scheduler: bool = False) -> None:
+    """Send the ``provider`` loggers (and uvicorn's) to stderr as JSON lines.
+
+    The job scheduler's own lines (a line per job run, and "maximum number of running
+    instances reached" where the daemon logs what it means) show only with ``scheduler``
+    (config ``log_scheduler = true``); its errors always do.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     for name in ("provider", "uvicorn", "uvicorn.error", "apscheduler"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(level.upper())
+        logger.setLevel(level.upper() if scheduler or name != "apscheduler" else logging.ERROR)
         logger.propagate = False

@@ -1,8 +1,27 @@
-"""Prometheus metrics of one daemon, in their own registry (several daemons per test process)."""
+"""Prometheus metrics of one daemon, in their own registry (several daemons per test process).
+
+Money counters (``tpumarket_provider_money_events_total``, ``..._money_amount_total``,
+``..._paid_amount_total``, ``..._settlements_total``) are recomputed from the journal's
+settlement records when the daemon starts (:meth:`ProviderMetrics.restore`), so they survive
+restarts; the task counters count this process's life only.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+MONEY_AMOUNTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "redeem": (("paid", "paid"),),
+    "claim": (("amount", "claimed"),),
+    "finalize": (("amount", "paid"),),
+    "rejected": (("amount", "lost"),),
+    "refunded": (("refund", "refunded"), ("penalty", "penalty")),
+    "closed": (("returned_to_client", "returned_to_client"), ("stake_returned", "stake_returned")),
+}
+"""Per journaled settlement action: (data field, ``what`` label) of the amounts it moved."""
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
@@ -74,6 +93,50 @@ class ProviderMetrics:
         self.heartbeats = Counter(
             "tpumarket_provider_heartbeats", "Adverts sent to the market", ["result"], registry=r
         )
+
+        self.money_events = Counter(
+            "tpumarket_provider_money_events",
+            "Money events of this provider's deals (redeem, claim, finalize, rejected, "
+            "refunded, disputed, closed)",
+            ["event"],
+            registry=r,
+        )
+        self.money_amount = Counter(
+            "tpumarket_provider_money_amount",
+            "Base units moved by money events, by event and what (paid, claimed, lost, "
+            "refunded, penalty, returned_to_client, stake_returned)",
+            ["event", "what"],
+            registry=r,
+        )
+        self.chain_stalls = Counter(
+            "tpumarket_provider_chain_stalls",
+            "Settlement passes still running when the next was due (a slow or stalled chain)",
+            registry=r,
+        )
+        self.settlement_pass_seconds = Gauge(
+            "tpumarket_provider_settlement_pass_seconds",
+            "Duration of the last finished settlement pass",
+            registry=r,
+        )
+
+    def money(self, action: str, data: Mapping[str, Any]) -> None:
+        """Count one money event (a journaled settlement action) and the amounts it moved."""
+        fields = MONEY_AMOUNTS.get(action)
+        if fields is None and action != "disputed":
+            return
+        self.money_events.labels(action).inc()
+        for name, what in fields or ():
+            amount = int(data.get(name) or 0)
+            if amount:
+                self.money_amount.labels(action, what).inc(amount)
+                if what == "paid":
+                    self.paid.inc(amount)
+
+    def restore(self, settlements: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
+        """Recount the journal's settlement records (action, data), oldest first, at start."""
+        for action, data in settlements:
+            self.settlements.labels(action).inc()
+            self.money(action, data)
 
     def render(self) -> bytes:
         """Return the Prometheus text exposition of every metric."""

@@ -37,10 +37,12 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from contracts.binding import (
@@ -113,6 +115,8 @@ class SettlementJobs:
         self._lock = threading.RLock()
         self._scheduler: BackgroundScheduler | None = None
         self._warned: set[tuple[str, int, int]] = set()
+        self._disputed: set[tuple[int, int]] = set()  # (deal, batch) disputes logged
+        self._pass_started: float | None = None
 
     def _latest_block_time(self) -> int:
         return int(self.escrow.tx.w3.eth.get_block("latest")["timestamp"])
@@ -173,6 +177,7 @@ class SettlementJobs:
         record = self.journal.record_settlement(deal_id, action, data, tx_hash)
         self.deals.invalidate(deal_id)
         self.metrics.settlements.labels(action).inc()
+        self.metrics.money(action, data)
         return record
 
     def _statuses(self, deal_id: int, indexes: list[int]) -> list[int]:
@@ -274,6 +279,7 @@ class SettlementJobs:
                 self._reconcile(deal_id, book, state)
                 if state.status == DEAL_CLOSED:
                     self._record(deal_id, "closed", {}, None)
+                    log.info("deal found closed on chain", extra={"deal": deal_id})
                     closed.append(deal_id)
                     continue
                 self._sync_overdue(deal_id, book, state, chain_now)
@@ -302,8 +308,18 @@ class SettlementJobs:
             return
         refunded = [i for i, s in zip(overdue, statuses, strict=True) if s == TASK_REFUNDED]
         if refunded:
-            self._record(deal_id, "refunded", {"tasks": refunded}, None)
-            log.warning("tasks refunded on chain", extra={"deal": deal_id, "tasks": refunded})
+            refund = sum(book.acks[i].ack.price for i in refunded)
+            penalty = state.penalty * len(refunded)
+            self._record(
+                deal_id,
+                "refunded",
+                {"tasks": refunded, "refund": str(refund), "penalty": str(penalty)},
+                None,
+            )
+            log.warning(
+                "tasks refunded to the client, with the deal's penalty",
+                extra={"deal": deal_id, "tasks": refunded, "refund": refund, "penalty": penalty},
+            )
         for index, status in zip(overdue, statuses, strict=True):
             record = book.receipts.get(index)
             if status == TASK_NONE and record is not None and record.on_time:
@@ -473,8 +489,15 @@ class SettlementJobs:
             },
             tx_hash,
         )
-        self.metrics.paid.inc(paid)
-        log.info("voucher redeemed", extra={"deal": deal_id, "paid": paid})
+        log.info(
+            "voucher redeemed",
+            extra={
+                "deal": deal_id,
+                "paid": paid,
+                "cumulative": voucher.cumulative_amount,
+                "tx": tx_hash,
+            },
+        )
         return record
 
     # ---- claim -------------------------------------------------------------------------
@@ -611,7 +634,17 @@ class SettlementJobs:
             },
             tx.tx_hash,
         )
-        log.info("tasks claimed", extra={"deal": deal_id, "tasks": len(batch)})
+        log.info(
+            "tasks claimed",
+            extra={
+                "deal": deal_id,
+                "batch": int(event["batchId"]),
+                "tasks": len(batch),
+                "amount": int(event["amount"]),
+                "payable_at": int(event["deadline"]),
+                "tx": tx.tx_hash,
+            },
+        )
         return claimed
 
     def settle_due(self, *, force: bool = False, deals: Collection[int] | None = None) -> JobReport:
@@ -670,12 +703,37 @@ class SettlementJobs:
             else:  # disputed: the arbiter rules; try again later
                 if batch.status != BATCH_DISPUTED:
                     self._failed("finalize", deal_id, exc)
+                elif (deal_id, batch_id) not in self._disputed:
+                    self._disputed.add((deal_id, batch_id))
+                    self.metrics.money("disputed", {})
+                    log.warning(
+                        "claim disputed by the client: the arbiter rules by the deadline",
+                        extra={
+                            "deal": deal_id,
+                            "batch": batch_id,
+                            "amount": int(claim.data["amount"]),
+                            "arbitration_deadline": batch.deadline,
+                        },
+                    )
                 return None
         finished = self._record(
             deal_id, action, {"batch_id": batch_id, "amount": claim.data["amount"]}, tx_hash
         )
         if action == "finalize":
-            self.metrics.paid.inc(int(claim.data["amount"]))
+            log.info(
+                "claim finalized: paid",
+                extra={
+                    "deal": deal_id,
+                    "batch": batch_id,
+                    "paid": int(claim.data["amount"]),
+                    "tx": tx_hash,
+                },
+            )
+        else:
+            log.warning(
+                "claim rejected: the dispute went to the client",
+                extra={"deal": deal_id, "batch": batch_id, "lost": int(claim.data["amount"])},
+            )
         return finished
 
     # ---- close -------------------------------------------------------------------------
@@ -736,7 +794,16 @@ class SettlementJobs:
             },
             tx.tx_hash,
         )
-        log.info("deal closed", extra={"deal": deal_id, "expired": alone})
+        log.info(
+            "deal closed",
+            extra={
+                "deal": deal_id,
+                "expired": alone,
+                "returned_to_client": int(event["returnedToClient"]),
+                "stake_returned": int(event["stakeReturned"]),
+                "tx": tx.tx_hash,
+            },
+        )
         return True
 
     def _work_left(self, book: DealBook, state: DealState, chain_now: int) -> bool:
@@ -794,14 +861,37 @@ class SettlementJobs:
             scheduler.add_job(
                 job, "interval", seconds=seconds, max_instances=1, coalesce=True, id=f"extra-{i}"
             )
+        scheduler.add_listener(self._still_running, EVENT_JOB_MAX_INSTANCES)
         scheduler.start()
         self._scheduler = scheduler
 
+    def _still_running(self, event: JobSubmissionEvent) -> None:
+        """Say why a job was skipped: its previous run still waits on the chain."""
+        if event.job_id != "settlement":
+            return
+        self.metrics.chain_stalls.inc()
+        started = self._pass_started
+        running = 0.0 if started is None else time.monotonic() - started
+        log.warning(
+            "settlement pass still running when the next was due: the chain answers slowly "
+            "or not at all (stalled)",
+            extra={
+                "running_s": round(running, 1),
+                "interval_s": self.config.interval_s,
+                "rpc_url": self.escrow.tx.w3.provider.endpoint_uri,  # type: ignore[attr-defined]
+            },
+        )
+
     def _safe_run_all(self) -> None:
+        self._pass_started = time.monotonic()
         try:
             self.run_all()
         except Exception:  # a job must never kill the scheduler thread
             log.exception("settlement pass failed")
+        finally:
+            took = time.monotonic() - self._pass_started
+            self._pass_started = None
+            self.metrics.settlement_pass_seconds.set(took)
 
     def stop(self) -> None:
         """Stop the scheduler (jobs in progress finish)."""

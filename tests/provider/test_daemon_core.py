@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from contracts.messages import (
     Ack,
     Domain,
     Plan,
+    Receipt,
     TaskRequest,
     Voucher,
     address_of,
@@ -39,12 +41,22 @@ from contracts.program import (
     encode_envelope,
     request_input_hash,
 )
+from provider.api import create_app
 from provider.config import SettlementConfig, load_config
+from provider.daemon import Daemon
 from provider.errors import ConfigError, JournalCorruptError, JournalError
 from provider.heartbeat import Heartbeat, build_advert, heartbeat_message, signed_heartbeat
 from provider.journal import SCHEMA_VERSION, AckRecord, Journal
 from provider.metrics import ProviderMetrics
 from provider.receipts import ack_price, build_receipt, settle_by, voucher_tasks
+from provider.sandbox import Sandbox
+from tests.provider.daemon_support import (
+    PENALTY,
+    ChainWorld,
+    provider_config,
+    sign_task,
+    tiny_mlp_envelope,
+)
 
 KEY = "0x" + "11" * 32
 DOMAIN = Domain(chain_id=31337, verifying_contract="0x" + "22" * 20)
@@ -649,8 +661,8 @@ def test_heartbeat_when_market_configured_then_signed_advert_posted(market: str)
     assert path == "/v1/providers/heartbeat"
     assert body["advert"]["plan_hash"] == "0x" + PLAN.struct_hash().hex()
     message = heartbeat_message(body["provider"], body["timestamp"], body["advert"])
-    market = market_domain(DOMAIN.chain_id, DOMAIN.verifying_contract)
-    assert message.recover(market, bytes.fromhex(body["signature"][2:])) == address_of(KEY)
+    signed_under = market_domain(DOMAIN.chain_id, DOMAIN.verifying_contract)
+    assert message.recover(signed_under, bytes.fromhex(body["signature"][2:])) == address_of(KEY)
 
 
 def test_heartbeat_when_market_refuses_then_counted_not_raised(market: str) -> None:
@@ -697,3 +709,98 @@ def test_cli_when_config_invalid_then_exit_code_2(tmp_path: Path, capsys: Any) -
     path.write_text("bogus = 1\n")
     assert main(["run", "--config", str(path)]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+# ---- money: log lines and counters that survive restarts ---------------------------------
+
+
+def money_sample(daemon: Daemon, name: str, **labels: str) -> float:
+    value = daemon.metrics.registry.get_sample_value(f"tpumarket_provider_{name}_total", labels)
+    return 0.0 if value is None else value
+
+
+def test_money_events_when_redeemed_and_refunded_then_logged_counted_and_recounted_on_restart(
+    chain_world: ChainWorld,
+    sandbox: Sandbox,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal()
+    config = provider_config(world, tmp_path)
+    node = Daemon(config, chain=world.chain, sandbox=sandbox)
+    try:
+        node.start(schedule=False)
+        with TestClient(create_app(node)) as api:
+            answers = []
+            for index in range(2):
+                task = sign_task(world, world.client, deal_id, index, tiny_mlp_envelope()[0])
+                reply = api.post(
+                    "/v1/tasks", content=task.body, headers=task.headers(), params={"wait": 60}
+                )
+                answers.append((task, reply.json()))
+            paid = Receipt.from_json(answers[0][1]["receipt"])
+            voucher = Voucher(
+                deal_id=deal_id, cumulative_amount=paid.amount, tasks=task_bitmap([0])
+            )
+            body = {
+                "voucher": voucher.to_json(),
+                "signature": "0x" + voucher.sign(world.domain, world.client).hex(),
+            }
+            assert api.post("/v1/vouchers", json=body).status_code == 200
+        late, answer = answers[1]
+        ack = Ack.from_json(answer["ack"])
+        with caplog.at_level("INFO", logger="provider"):
+            assert len(node.jobs.redeem_due(force=True)) == 1
+            deal = world.escrow.get_deal(deal_id)
+            world.advance_to(
+                settle_by(late.request.deadline, deal.expiry, deal.challenge_window) + 1
+            )
+            world.escrow.refund_breach(
+                world.client, late.request, ack, bytes.fromhex(answer["ack_signature"][2:])
+            )
+            node.jobs.watch_deals([deal_id])
+        lines = {r.getMessage(): vars(r) for r in caplog.records if r.name.startswith("provider")}
+        assert lines["voucher redeemed"]["paid"] == paid.amount
+        refunded = lines["tasks refunded to the client, with the deal's penalty"]
+        assert (refunded["tasks"], refunded["refund"], refunded["penalty"]) == (
+            [1],
+            ack.price,
+            PENALTY,
+        )
+        live = {
+            "redeem": money_sample(node, "money_events", event="redeem"),
+            "refunded": money_sample(node, "money_events", event="refunded"),
+            "penalty": money_sample(node, "money_amount", event="refunded", what="penalty"),
+            "paid": money_sample(node, "paid_amount"),
+        }
+        assert live == {"redeem": 1, "refunded": 1, "penalty": PENALTY, "paid": paid.amount}
+    finally:
+        node.close()
+
+    restarted = Daemon(config, chain=world.chain, sandbox=sandbox)  # a fresh process's counters
+    try:
+        assert {
+            "redeem": money_sample(restarted, "money_events", event="redeem"),
+            "refunded": money_sample(restarted, "money_events", event="refunded"),
+            "penalty": money_sample(restarted, "money_amount", event="refunded", what="penalty"),
+            "paid": money_sample(restarted, "paid_amount"),
+        } == live
+        assert b'tpumarket_provider_money_events_total{event="redeem"} 1.0' in (
+            restarted.metrics.render()
+        )
+    finally:
+        restarted.close()
+
+
+def test_configure_logging_when_scheduler_chatter_not_asked_then_only_its_errors_show() -> None:
+    import logging
+
+    from provider.logs import configure_logging
+
+    configure_logging("INFO")
+    assert logging.getLogger("apscheduler").getEffectiveLevel() == logging.ERROR
+    assert logging.getLogger("provider").getEffectiveLevel() == logging.INFO
+    configure_logging("INFO", scheduler=True)
+    assert logging.getLogger("apscheduler").getEffectiveLevel() == logging.INFO
+    configure_logging("INFO")
