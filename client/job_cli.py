@@ -437,7 +437,13 @@ def _report(
 def _job_refund(args: argparse.Namespace) -> int:
     with _deal(args) as (escrow, ledger):
         runner, _ = _open_runner(args, None, ledger, escrow)
-        with _ctrl_c(runner, lambda: 0):
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            runner.stop_sending.set()
+            runner.abandon.set()
+            _note("interrupted: no more waiting; the ledger keeps the refunds still pending")
+
+        with _signal(handler):
             refunds = _refund(runner, args.wait)
             report = runner.watch()
         pending = sorted(ledger.pending)

@@ -262,9 +262,8 @@ class TaskResult:
             return self.error or ""
         resumed = " (resumed)" if self.resumed else ""
         if o.refunded is not None:
-            return (
-                f"refund {o.refunded[0]} + penalty {o.refunded[1]}; {o.rejected or 'no delivery'}"
-            )
+            why = o.rejected or f"no delivery by the deadline {o.request.deadline}"
+            return f"refund {o.refunded[0]} + penalty {o.refunded[1]}; {why}"
         if o.ack is None:
             return (o.rejected or "the provider's answer was lost") + "; see `job status`"
         if o.rejected:
@@ -273,7 +272,7 @@ class TaskResult:
         if view is None or view.receipt is None:
             if o.abandoned:
                 return f"awaited until the run stopped; deadline {o.request.deadline}"
-            return "no delivery by the deadline"
+            return f"no delivery by the deadline {o.request.deadline}"
         if view.diagnosis:
             return str(view.diagnosis.get("message") or "")[:100] + resumed
         if view.report:
