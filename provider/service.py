@@ -13,6 +13,7 @@ import asyncio
 import functools
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -45,7 +46,13 @@ from contracts.program import (
 )
 from provider.config import SettlementConfig
 from provider.deals import DealCache
-from provider.errors import NotFoundError, ProviderError, RejectedError, SandboxClosedError
+from provider.errors import (
+    ConfigError,
+    NotFoundError,
+    ProviderError,
+    RejectedError,
+    SandboxClosedError,
+)
 from provider.journal import AckRecord, DealBook, Journal, Key, ReceiptRecord, VoucherRecord
 from provider.metrics import ProviderMetrics
 from provider.receipts import ack_price, build_receipt, delivery, voucher_tasks
@@ -53,7 +60,10 @@ from provider.sandbox import Sandbox
 
 log = logging.getLogger("provider.service")
 _KIND_NAMES = {KIND_COMPILE: "compile", KIND_INFERENCE: "inference"}
-_RECENT_OUTPUTS = 256  # delivered outputs kept in memory for the answer that follows
+OUTPUT_MEMORY_BYTES = 256 * 1024 * 1024
+"""The default byte budget of delivered outputs kept in memory (see :class:`OutputMemory`)."""
+OUTPUT_MEMORY_ENV = "TPUMARKET_PROVIDER_OUTPUT_MEMORY_BYTES"
+"""Environment variable that sets the budget in bytes (0 keeps none in memory)."""
 MAX_JSON_DEPTH = 16
 """The deepest JSON nesting a request header or voucher may have (they need 2)."""
 MAX_VOUCHER_WORDS = 256
@@ -84,6 +94,68 @@ class TaskView:
         if self.receipt is None:
             return "acked"
         return str(self.receipt.detail.get("state", "failed"))
+
+
+class OutputMemory:
+    """Delivered outputs kept in memory for the answers that follow, within a byte budget.
+
+    Every delivered output is journaled (on disk, in the data dir) with its receipt; this keeps
+    the most recent ones in memory so the answer to ``wait=`` and the first fetch skip the
+    journal. Oldest first out once the budget (or ``max_items``) is full; an output larger than
+    a quarter of the budget is never kept (it is read back from the journal). Thread-safe.
+    """
+
+    def __init__(self, budget_bytes: int, max_items: int = 4096) -> None:
+        """Keep at most ``budget_bytes`` of outputs (0: none) of at most ``max_items`` tasks."""
+        if budget_bytes < 0:
+            raise ValueError(f"the output memory budget must be >= 0, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.max_items = max_items
+        self.held_bytes = 0
+        self.evicted = 0
+        self.not_kept = 0
+        self._items: OrderedDict[Key, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, key: Key, outputs: bytes) -> bool:
+        """Keep ``outputs`` of task ``key`` if they fit; return whether they are kept."""
+        size = len(outputs)
+        with self._lock:
+            if size * 4 > self.budget_bytes:
+                self.not_kept += 1
+                return False
+            old = self._items.pop(key, None)
+            self.held_bytes -= 0 if old is None else len(old)
+            self._items[key] = outputs
+            self.held_bytes += size
+            while self.held_bytes > self.budget_bytes or len(self._items) > self.max_items:
+                _, dropped = self._items.popitem(last=False)
+                self.held_bytes -= len(dropped)
+                self.evicted += 1
+            return True
+
+    def get(self, key: Key) -> bytes | None:
+        """Return the outputs of task ``key`` if they are in memory."""
+        with self._lock:
+            return self._items.get(key)
+
+    def __len__(self) -> int:
+        """Return how many outputs are in memory."""
+        return len(self._items)
+
+
+def output_memory_budget(default: int = OUTPUT_MEMORY_BYTES) -> int:
+    """Return the output memory budget: :data:`OUTPUT_MEMORY_ENV` when set, else ``default``."""
+    text = os.environ.get(OUTPUT_MEMORY_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        budget = int(text)
+    except ValueError as exc:
+        raise ConfigError(f"{OUTPUT_MEMORY_ENV} must be a number of bytes, got {text!r}") from exc
+    if budget < 0:
+        raise ConfigError(f"{OUTPUT_MEMORY_ENV} must be >= 0, got {budget}")
+    return budget
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -123,12 +195,15 @@ class TaskService:
         max_envelope_bytes: int = 256 * 1024 * 1024,
         clock: Callable[[], float] = time.time,
         refresh_settled: Callable[[int], None] | None = None,
+        output_memory_bytes: int | None = None,
     ) -> None:
         """Wire the service; :meth:`recover` re-runs what a previous process left unfinished.
 
         ``clock`` is the daemon's time (:class:`provider.clock.ChainClock`); ``settlement``
         says which challenge windows the settlement jobs can meet; ``refresh_settled(deal)``
         reads the chain's settlement of a deal's overdue tasks before a budget refusal.
+        ``output_memory_bytes`` bounds the delivered outputs kept in memory (default:
+        :func:`output_memory_budget`).
         """
         self._signer = coincurve.PrivateKey(bytes.fromhex(private_key.removeprefix("0x")))
         self.address = address
@@ -146,7 +221,9 @@ class TaskService:
         self._acked = {k: metrics.tasks_acked.labels(name) for k, name in _KIND_NAMES.items()}
         self._lock = threading.Lock()
         self._inflight: dict[Key, Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]] = {}
-        self._recent: OrderedDict[Key, bytes] = OrderedDict()
+        self.outputs = OutputMemory(
+            output_memory_budget() if output_memory_bytes is None else output_memory_bytes
+        )
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
         self._closed = False
 
@@ -449,9 +526,7 @@ class TaskService:
             stored = self.journal.record_receipt(
                 receipt, signature, outputs, detail, receipt_hash=receipt_hash
             )
-            self._recent[stored.key] = outputs
-            if len(self._recent) > _RECENT_OUTPUTS:
-                self._recent.popitem(last=False)
+        self.outputs.put(stored.key, outputs)
         kind = _KIND_NAMES.get(request.kind, "other")
         self.metrics.tasks_delivered.labels(kind, detail["state"]).inc()
         self.metrics.task_seconds.labels(kind).observe(max(0.0, finished - record.acked_at))
@@ -495,7 +570,7 @@ class TaskService:
         if receipt is None:
             self.journal.make_durable(key)
             receipt = self.journal.receipt(key)
-        return TaskView(ack, receipt, None if receipt is None else self._recent.get(key))
+        return TaskView(ack, receipt, None if receipt is None else self.outputs.get(key))
 
     def close(self) -> None:
         """Stop: drop queued tasks (journaled, so re-run on restart) and wait for running ones.

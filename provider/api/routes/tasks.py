@@ -138,4 +138,5 @@ async def get_outputs(
     view = daemon.service.view((deal_id, task_index))
     if view.receipt is None:
         raise RejectedError("not_delivered", "the task has no result yet")
-    return Response(daemon.journal.outputs(view.ack.key), media_type="application/octet-stream")
+    outputs = view.outputs if view.outputs is not None else daemon.journal.outputs(view.ack.key)
+    return Response(outputs, media_type="application/octet-stream")
