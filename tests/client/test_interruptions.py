@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from client.accounts import ClientAccount
-from client.jobs import JobRunner
+from client.errors import ProviderRejected
+from client.jobs import JobRunner, fit_under_cap, inference_tasks, read_envelope
 from client.ledger import ChainState, DealLedger, TaskState
 from client.provider_http import ProviderHttp
 from client.session import DealSession, request_deadline
@@ -232,8 +233,6 @@ def test_failed_voucher_handover_then_the_providers_claim_leaves_later_runs_work
         challenge_window=deal.challenge_window,
     )
     runner = JobRunner.resume(session, ledger)
-    from client.jobs import fit_under_cap, inference_tasks, read_envelope
-
     tasks = inference_tasks(
         read_envelope(files.program), [files.inputs["fast0"], files.inputs["fast1"]], 1_000
     )
@@ -295,3 +294,30 @@ def test_refund_asks_the_provider_once_more_and_pays_the_delivery_the_crashed_ru
         "the provider redeeming the voucher for the delivery",
     )
     assert st.escrow.get_deal(deal_id).stake == UNIT  # no penalty for work delivered in time
+
+
+def test_a_deadline_the_provider_finds_too_soon_is_signed_again_once_with_more_slack(
+    world: tuple[Stack, Provider], files: JobFiles
+) -> None:
+    st, provider = world
+    deal_id = _deal(st, provider)
+    deal = st.escrow.get_deal(deal_id)
+    session = DealSession(
+        provider=ProviderHttp(provider.url, client_key=st.client),
+        account=ClientAccount(st.escrow, st.token, st.client, min_challenge_window=10),
+        domain=st.escrow.domain,
+        deal_id=deal_id,
+        plan=PLAN,
+        provider_address=provider.address,
+        book=VoucherBook(deal_id=deal_id, cap=deal.max_spend),
+        challenge_window=deal.challenge_window,
+        slo_ms=provider.slo_ms - 3_500,  # our clock or our SLO a little behind the daemon's
+    )
+    [task] = inference_tasks(read_envelope(files.program), [files.inputs["fast3"]], 1_000)
+    outcome = session.submit(task.spec)
+    assert outcome.ack is not None and outcome.ack.request_hash == outcome.request.struct_hash()
+    # First signed with 57 + 2 s (too soon for the daemon's 60 s), then again with 57 + 2 + 2 s.
+    assert outcome.request.deadline - session.now() >= provider.slo_ms / 1000
+    with pytest.raises(ProviderRejected, match="deadline_too_soon"):  # only once, not forever
+        session.slo_ms = provider.slo_ms - 10_000
+        session.submit(task.spec)
