@@ -55,7 +55,9 @@ from tests.provider.daemon_support import (
     ChainWorld,
     provider_config,
     sign_task,
+    start_world,
     tiny_mlp_envelope,
+    wait_until,
 )
 
 KEY = "0x" + "11" * 32
@@ -714,6 +716,11 @@ def test_cli_when_config_invalid_then_exit_code_2(tmp_path: Path, capsys: Any) -
 # ---- money: log lines and counters that survive restarts ---------------------------------
 
 
+def sample(daemon: Daemon, name: str, **labels: str) -> float | None:
+    value: float | None = daemon.metrics.registry.get_sample_value(name, labels)
+    return value
+
+
 def money_sample(daemon: Daemon, name: str, **labels: str) -> float:
     value = daemon.metrics.registry.get_sample_value(f"tpumarket_provider_{name}_total", labels)
     return 0.0 if value is None else value
@@ -804,3 +811,42 @@ def test_configure_logging_when_scheduler_chatter_not_asked_then_only_its_errors
     configure_logging("INFO", scheduler=True)
     assert logging.getLogger("apscheduler").getEffectiveLevel() == logging.INFO
     configure_logging("INFO")
+
+
+def test_settlement_when_the_chain_stalls_then_named_as_such_and_counted(
+    sandbox: Sandbox, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+    import signal
+
+    world = start_world()  # its own chain: this test freezes it
+    node = Daemon(
+        provider_config(world, tmp_path, settlement=SettlementConfig(interval_s=0.2)),
+        chain=world.chain,
+        sandbox=sandbox,
+    )
+    stopped = False
+    try:
+        node.start(schedule=False)
+        world.open_deal()  # a deal to watch, so each pass reads the chain
+        node.jobs.discover_deals()
+        with caplog.at_level("WARNING", logger="provider"):
+            os.kill(world.anvil.pid, signal.SIGSTOP)  # the node answers nothing from now on
+            stopped = True
+            node.jobs.start()
+            wait_until(
+                lambda: (sample(node, "tpumarket_provider_chain_stalls_total") or 0) >= 1,
+                30,
+                "a stall",
+            )
+        os.kill(world.anvil.pid, signal.SIGCONT)
+        stopped = False
+        stall = [r for r in caplog.records if "stalled" in r.getMessage()]
+        assert stall and stall[0].levelname == "WARNING"
+        assert vars(stall[0])["rpc_url"] == world.anvil.url
+        assert vars(stall[0])["interval_s"] == 0.2
+    finally:
+        if stopped:
+            os.kill(world.anvil.pid, signal.SIGCONT)
+        node.close()
+        world.anvil.stop()
