@@ -44,6 +44,7 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         timeout=400,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    print(done.stderr[-6000:], done.stdout.strip().splitlines()[-1], sep="\n")  # on failures
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
 
