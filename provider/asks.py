@@ -124,7 +124,7 @@ def live_asks(market_url: str, owner: str, *, timeout_s: float = 10.0) -> list[d
 
 
 class AskJob:
-    """Keep one of this provider's asks live on the market, as the config states it."""
+    """Keep one of this provider's asks live on the market in each class it sells."""
 
     def __init__(
         self,
@@ -132,60 +132,71 @@ class AskJob:
         market: MarketHttp,
         private_key: str,
         terms: AskConfig,
-        device_class: str,
+        device_classes: tuple[str, ...],
         plan: Plan,
         slo_ms: int,
         domain: Domain,
         clock: ChainClock,
         metrics: ProviderMetrics,
     ) -> None:
-        """Post ``terms`` for ``device_class`` on ``market`` whenever no ask of ours is live."""
+        """Post ``terms`` in each of ``device_classes`` whenever no ask of ours is live there."""
         self.market = market
         self._key = private_key
         self.provider = address_of(private_key)
         self.terms = terms
-        self.device_class = device_class
+        self.device_classes = device_classes
         self.plan = plan
         self.slo_ms = slo_ms
         self.domain = domain
         self.clock = clock
         self.metrics = metrics
 
-    def run(self) -> dict[str, Any] | None:
-        """Post a fresh ask unless a live one has long enough left; return the posted order."""
+    def run(self) -> list[dict[str, Any]]:
+        """Post a fresh ask in each class without a live one that has long enough left;
+        return the orders posted."""
         try:
             now = self.clock.chain_now()
             keep = now + self.terms.expiry_s // REFRESH_FRACTION
-            live = [
-                o
+            live = {
+                str(o.get("device_class"))
                 for o in live_asks(self.market.base_url, self.provider)
-                if o.get("device_class") == self.device_class and int(o.get("expiry", 0)) > keep
-            ]
-            if live:
-                return None
+                if int(o.get("expiry", 0)) > keep
+            }
+        except MarketHttpError as exc:
+            self.metrics.asks.labels("failed").inc()
+            log.warning("cannot read our asks on the market", extra={"error": str(exc)})
+            return []
+        posted = []
+        for device_class in self.device_classes:
+            if device_class in live:
+                continue
             signed = signed_ask(
                 private_key=self._key,
                 terms=self.terms,
-                device_class=self.device_class,
+                device_class=device_class,
                 plan=self.plan,
                 slo_ms=self.slo_ms,
                 domain=self.domain,
                 now=now,
             )
-            order = post_ask(self.market, signed)
-        except MarketHttpError as exc:
-            self.metrics.asks.labels("failed").inc()
-            log.warning("cannot post the ask", extra={"error": str(exc)})
-            return None
-        self.metrics.asks.labels("posted").inc()
-        log.info(
-            "ask posted",
-            extra={
-                "device_class": self.device_class,
-                "quantity": self.terms.quantity,
-                "price": self.terms.price,
-                "expiry": signed.ask.expiry,
-                "order_id": (order.get("order") or order).get("order_id"),
-            },
-        )
-        return order
+            try:
+                order = post_ask(self.market, signed)
+            except MarketHttpError as exc:
+                self.metrics.asks.labels("failed").inc()
+                log.warning(
+                    "cannot post the ask", extra={"device_class": device_class, "error": str(exc)}
+                )
+                continue
+            self.metrics.asks.labels("posted").inc()
+            log.info(
+                "ask posted",
+                extra={
+                    "device_class": device_class,
+                    "quantity": self.terms.quantity,
+                    "price": self.terms.price,
+                    "expiry": signed.ask.expiry,
+                    "order_id": (order.get("order") or order).get("order_id"),
+                },
+            )
+            posted.append(order)
+        return posted

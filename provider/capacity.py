@@ -65,6 +65,16 @@ def device_class(platform: str, device_kind: str) -> str:
     return re.sub(r"[^a-z0-9-]", "", platform.lower()) or "unknown"
 
 
+def compile_class(target: str) -> str:
+    """Return the market class of compile checks for a TPU topology: ``v5e:2x2`` -> ``compile-v5e``.
+
+    A host sells run time in its device class and, apart, compile checks in one class per
+    TPU generation it compiles for ahead of time (a CPU host with libtpu sells
+    ``compile-v5e``, never ``tpu-v5e``).
+    """
+    return "compile-" + target.split(":", 1)[0].lower()
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """The local devices JAX serves tasks on."""

@@ -35,6 +35,7 @@ Example ``provider.toml``::
     expiry_s = 1800              # each posted ask trades this long, then a fresh one is posted
     device_class = "cpu"         # default: the class of the devices this host runs on
     memory = 0                   # bytes offered (0: not stated)
+    compile_checks = true        # also post one ask per compile-check class (compile-v5e, ...)
 
 Settlement follows each deal's windows: every delivered task is put on chain (its latest
 acceptable voucher redeemed, else the task claimed) by ``settleBy - margin``, with
@@ -51,7 +52,10 @@ plan by ``TPUMARKET_PROVIDER_PLAN`` (JSON).
 
 With ``[ask]`` and ``market_url`` set, the daemon posts the ask at start and posts a fresh
 one whenever none of its asks is live for at least a fifth of ``expiry_s`` more
-(:class:`provider.asks.AskJob`); ``tpumarket provider ask`` posts the same ask by hand.
+(:class:`provider.asks.AskJob`); ``tpumarket provider ask`` posts the same ask by hand. The
+ask goes to the class of the devices the host runs on (``cpu``, ``tpu-v5e``, ``gpu-h100``)
+and, with ``compile_checks``, the same terms to one ``compile-<generation>`` class per TPU
+topology it compiles for (``v5e:1x1`` -> ``compile-v5e``).
 """
 
 from __future__ import annotations
@@ -155,6 +159,7 @@ class AskConfig:
     expiry_s: int = 1_800
     device_class: str | None = None
     memory: int = 0
+    compile_checks: bool = True
 
     def __post_init__(self) -> None:
         """Reject terms that cannot work."""

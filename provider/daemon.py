@@ -17,9 +17,9 @@ from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Plan
 from provider.access import ResultAccess
 from provider.asks import AskJob
-from provider.capacity import Capacity
+from provider.capacity import Capacity, compile_class
 from provider.clock import ChainClock
-from provider.config import LOCK_FILE, ProviderConfig
+from provider.config import LOCK_FILE, AskConfig, ProviderConfig
 from provider.deals import DealCache
 from provider.errors import ConfigError, RejectedError
 from provider.heartbeat import Heartbeat, build_advert
@@ -160,6 +160,18 @@ class Daemon:
                 clock=self.clock,
             )
 
+    @staticmethod
+    def _ask_classes(terms: AskConfig, capacity: Capacity) -> tuple[str, ...]:
+        """Return the classes the ask goes to: the devices' (or the config's), then one
+        compile-check class per TPU generation the host compiles for."""
+        classes = [terms.device_class or capacity.devices.device_class]
+        if terms.compile_checks:
+            for target in capacity.compile_targets:
+                name = compile_class(target.name)
+                if name not in classes:
+                    classes.append(name)
+        return tuple(classes)
+
     def _latest_block_time(self) -> int:
         return int(self.chain.w3.eth.get_block("latest")["timestamp"])
 
@@ -233,7 +245,7 @@ class Daemon:
                     market=self.market,
                     private_key=self.config.private_key,
                     terms=self.config.ask,
-                    device_class=self.config.ask.device_class or self.capacity.devices.device_class,
+                    device_classes=self._ask_classes(self.config.ask, self.capacity),
                     plan=self.config.plan,
                     slo_ms=self.config.slo_ms,
                     domain=self.domain,

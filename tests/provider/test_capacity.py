@@ -19,6 +19,7 @@ from provider.capacity import (
     DeviceInfo,
     capacity_from_wire,
     capacity_to_wire,
+    compile_class,
     device_class,
     tpu_chips_present,
     tpu_compiler_available,
@@ -149,3 +150,13 @@ def test_discover_on_a_cpu_host_with_libtpu_then_no_libtpu_error_lines() -> None
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "['v5e:1x1'] cpu"
     assert "E0000" not in done.stderr and "unexpected worker hostname" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [("v5e:1x1", "compile-v5e"), ("v5e:2x2", "compile-v5e"), ("v4:2x2x1", "compile-v4")],
+)
+def test_compile_class_names_the_compile_checks_of_a_tpu_generation(
+    target: str, expected: str
+) -> None:
+    assert compile_class(target) == expected

@@ -318,22 +318,24 @@ def test_daemon_with_an_ask_in_its_config_posts_it_at_start_and_a_fresh_one_befo
     )
     try:
         node.start(schedule=False)  # posts the ask for the class of the devices it runs on
-        assert node.asks is not None
-        [first] = live_asks(market_url, address_of(provider_key))
-        assert first["device_class"] == "cpu" and int(first["quantity"]) == terms.quantity
-        assert node.asks.run() is None  # live long enough: nothing posted
+        assert node.asks is not None and node.capacity is not None
+        sold = ["cpu"] + (["compile-v5e"] if node.capacity.compile_targets else [])
+        assert list(node.asks.device_classes) == sold
+        first = {a["device_class"]: a for a in live_asks(market_url, address_of(provider_key))}
+        assert sorted(first) == sorted(sold)
+        assert {int(a["quantity"]) for a in first.values()} == {terms.quantity}
+        assert node.asks.run() == []  # live long enough: nothing posted
 
-        world.advance_to(int(first["expiry"]) - terms.expiry_s // REFRESH_FRACTION)
-        posted = node.asks.run()
-        assert posted is not None
-        fresh = posted["order"]
-        assert fresh["order_id"] != first["order_id"]
-        assert int(fresh["expiry"]) >= int(first["expiry"]) + terms.expiry_s // REFRESH_FRACTION
-        assert (
-            node.metrics.registry.get_sample_value(
-                "tpumarket_provider_asks_total", {"result": "posted"}
-            )
-            == 2
-        )
+        ends = min(int(a["expiry"]) for a in first.values())
+        world.advance_to(ends - terms.expiry_s // REFRESH_FRACTION)
+        posted = [o["order"] for o in node.asks.run()]
+        assert sorted(o["device_class"] for o in posted) == sorted(sold)
+        for order in posted:
+            old = first[order["device_class"]]
+            assert order["order_id"] != old["order_id"]
+            assert int(order["expiry"]) >= int(old["expiry"]) + terms.expiry_s // REFRESH_FRACTION
+        assert node.metrics.registry.get_sample_value(
+            "tpumarket_provider_asks_total", {"result": "posted"}
+        ) == 2 * len(sold)
     finally:
         node.close()
