@@ -213,6 +213,12 @@ class Daemon:
                 extra={"escrow_min_window_s": allowed, "daemon_min_window_s": needed},
             )
         problems = self.jobs.window_problems()
+        if self.config.ask is not None:
+            problem = self.config.settlement.window_problem(self.config.ask.challenge_window)
+            if problem is not None:
+                problems.append(f"the [ask] in the config: {problem}")
+            if self.market is None:
+                log.warning("the config has an [ask] but no market_url: no ask is posted")
         if problems:
             raise ConfigError(
                 "the settlement config cannot settle every deal in time: " + "; ".join(problems)

@@ -42,7 +42,7 @@ from contracts.program import (
     request_input_hash,
 )
 from provider.api import create_app
-from provider.config import SettlementConfig, load_config
+from provider.config import AskConfig, SettlementConfig, load_config, to_address
 from provider.daemon import Daemon
 from provider.errors import ConfigError, JournalCorruptError, JournalError
 from provider.heartbeat import Heartbeat, build_advert, heartbeat_message, signed_heartbeat
@@ -850,3 +850,41 @@ def test_settlement_when_the_chain_stalls_then_named_as_such_and_counted(
             os.kill(world.anvil.pid, signal.SIGCONT)
         node.close()
         world.anvil.stop()
+
+
+def test_daemon_when_its_ask_quotes_a_window_it_cannot_serve_then_start_refused(
+    chain_world: ChainWorld, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    world = chain_world
+    terms = AskConfig(
+        price=1_000,
+        quantity=1,
+        stake=10**6,
+        penalty=PENALTY,
+        arbiter=address_of(world.arbiter),
+        challenge_window=20,
+    )
+    node = Daemon(provider_config(world, tmp_path, ask=terms), chain=world.chain, sandbox=sandbox)
+    try:
+        with pytest.raises(ConfigError, match=r"the \[ask\] in the config: a challenge window"):
+            node.start(schedule=False)
+    finally:
+        node.close()
+
+
+def test_load_config_when_ask_section_then_terms_read_and_arbiter_checksummed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "provider.toml"
+    path.write_text(
+        f'private_key = "{KEY}"\nrpc_url = "http://x"\nescrow = "0x{"22" * 20}"\n'
+        'data_dir = "/tmp/x"\n[ask]\nprice = 7\nquantity = 3\nstake = 9\npenalty = 1\n'
+        f'arbiter = "0x{"ab" * 20}"\n'
+    )
+    ask = load_config(path, env={"TPUMARKET_PROVIDER_ASK_QUANTITY": "5"}).ask
+    assert ask is not None
+    assert (ask.price, ask.quantity, ask.stake, ask.compile_checks) == (7, 5, 9, True)
+    assert ask.arbiter == to_address("0x" + "ab" * 20)
+    path.write_text(path.read_text().replace("penalty = 1\n", ""))
+    with pytest.raises(ConfigError, match=r"ask lacks \['penalty'\]"):
+        load_config(path, env={})
