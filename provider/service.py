@@ -81,6 +81,16 @@ class Submission:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckedRequest:
+    """A TaskRequest proven to be its deal client's (:meth:`TaskService.check_request`)."""
+
+    request: TaskRequest
+    request_hash: bytes
+    signature: bytes
+    deal: DealState
+
+
+@dataclass(frozen=True, slots=True)
 class TaskView:
     """Everything the API returns about one task."""
 
@@ -229,26 +239,14 @@ class TaskService:
 
     # ---- submission --------------------------------------------------------------------
 
-    def submit(
-        self,
-        request_json: str,
-        signature: str,
-        target: str | None,
-        envelope: bytes,
-        *,
-        defer_ack: bool = False,
-    ) -> Submission:
-        """Check a signed task and its envelope; journal and sign an ack; start the task.
+    def check_request(self, request_json: str, signature: str) -> CheckedRequest:
+        """Parse a signed TaskRequest and check it is the deal's client's, for this provider.
 
-        Idempotent on (deal, task index): the same signed request gets the same ack back and
-        never runs twice; a different request for a used index is refused (``task_index_used``).
-        With ``defer_ack`` (the caller waits for the result before answering) the ack commits
-        together with the receipt, unless :meth:`view` is called first: the caller must answer
-        only from :meth:`view`, which makes the ack durable when the receipt is not there.
+        Cheap (no envelope needed): the API runs it before it reads a task's body, so a
+        stranger's upload is refused before a byte of it is read.
         """
         request, request_hash = self._parse_request(request_json)
         sig = parse_signature(signature)
-        key = (request.deal_id, request.task_index)
         deal = self.deals.get(request.deal_id)
         if deal.provider.lower() != self.address.lower():
             raise self._reject(
@@ -265,6 +263,33 @@ class TaskService:
                 f"{deal.client} (forged, or signed for another deal, chain or escrow "
                 f"than chain {self.domain.chain_id} escrow {self.domain.verifying_contract})",
             )
+        return CheckedRequest(request, request_hash, sig, deal)
+
+    def submit(
+        self,
+        request_json: str,
+        signature: str,
+        target: str | None,
+        envelope: bytes,
+        *,
+        defer_ack: bool = False,
+        checked: CheckedRequest | None = None,
+    ) -> Submission:
+        """Check a signed task and its envelope; journal and sign an ack; start the task.
+
+        Idempotent on (deal, task index), once the request is proven to be the deal client's:
+        the same signed request gets the same ack back and never runs twice; a different
+        request for a used index is refused (``task_index_used``). ``checked`` is what
+        :meth:`check_request` returned for these headers (else it runs here).
+        With ``defer_ack`` (the caller waits for the result before answering) the ack commits
+        together with the receipt, unless :meth:`view` is called first: the caller must answer
+        only from :meth:`view`, which makes the ack durable when the receipt is not there.
+        """
+        if checked is None:
+            checked = self.check_request(request_json, signature)
+        request, request_hash = checked.request, checked.request_hash
+        sig, deal = checked.signature, checked.deal
+        key = (request.deal_id, request.task_index)
         # Only now, the request proven to be the deal's client's: a repeat of it gets its
         # ack (and result) back; a stranger gets the same refusal for used and unused indexes.
         existing = self.journal.ack(key)
@@ -721,6 +746,7 @@ def _brief(indexes: list[int], most: int = 20) -> str:
 
 
 __all__ = [
+    "CheckedRequest",
     "ProviderError",
     "Submission",
     "TaskService",

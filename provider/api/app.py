@@ -36,6 +36,8 @@ def create_app(daemon: Daemon) -> FastTasks:
         title="tpumarket provider",
         version="1",
         description="Signed tasks in, signed acks and receipts out. See docs/provider-api.md.",
+        docs_url=None,  # the interactive pages load their scripts from a CDN: the schema
+        redoc_url=None,  # stays at /openapi.json, the reference is docs/provider-api.md
     )
     app.state.daemon = daemon
     errors.install(app)

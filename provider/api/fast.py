@@ -19,7 +19,7 @@ from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER,
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import NotFoundError, ProviderError, RejectedError
-from provider.service import MAX_JSON_DEPTH, json_depth
+from provider.service import MAX_JSON_DEPTH, CheckedRequest, json_depth
 
 MAX_WAIT_S = 60.0
 MAX_SMALL_BODY_BYTES = 64 * 1024
@@ -70,18 +70,34 @@ def check_envelope_type(headers: Mapping[str, str]) -> None:
         )
 
 
-async def submit_answer(
-    daemon: Daemon, headers: Mapping[str, str], wait: float, body: bytes
-) -> bytes:
-    """Submit a task from its HTTP pieces; return the JSON answer (``TaskPublic``)."""
+def check_headers(daemon: Daemon, headers: Mapping[str, str]) -> CheckedRequest:
+    """Check the signed request of a task submission before its body is read."""
     task_request = headers.get(REQUEST_HEADER.lower())
     signature = headers.get(SIGNATURE_HEADER.lower())
     if task_request is None or signature is None:
         raise RejectedError("bad_request", f"{REQUEST_HEADER} and {SIGNATURE_HEADER} are required")
+    return daemon.service.check_request(task_request, signature)
+
+
+async def submit_answer(
+    daemon: Daemon,
+    headers: Mapping[str, str],
+    wait: float,
+    body: bytes,
+    checked: CheckedRequest | None = None,
+) -> bytes:
+    """Submit a task from its HTTP pieces; return the JSON answer (``TaskPublic``)."""
+    if checked is None:
+        checked = check_headers(daemon, headers)
     # Waiting for the result: the ack may commit with the receipt (one commit); the
     # answer is built from settled_view, which makes a lone ack durable first.
     submission = daemon.service.submit(
-        task_request, signature, headers.get(TARGET_HEADER.lower()), body, defer_ack=wait > 0
+        "",
+        "",
+        headers.get(TARGET_HEADER.lower()),
+        body,
+        defer_ack=wait > 0,
+        checked=checked,
     )
     key = submission.record.key
     view = await settled_view(daemon, key, wait)
@@ -147,10 +163,11 @@ class FastTasks:
             wait = parse_wait(query["wait"][-1] if "wait" in query else None)
             check_length(daemon, headers)
             check_envelope_type(headers)
+            checked = check_headers(daemon, headers)  # a stranger's body is never read
             body = await _read_body(receive, daemon.config.max_envelope_bytes)
             if body is None:
                 return  # the client went away
-            status, answer = 200, await submit_answer(daemon, headers, wait, body)
+            status, answer = 200, await submit_answer(daemon, headers, wait, body, checked)
         except RejectedError as exc:
             status = STATUS_BY_CODE.get(exc.code, 400)
             answer = _error(exc.code, exc.reason)

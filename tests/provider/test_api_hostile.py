@@ -341,3 +341,25 @@ def test_voucher_when_bitmap_is_the_largest_allowed_then_answered_and_bounded(
     assert len(json.dumps(body)) < MAX_SMALL_BODY_BYTES
     assert reply.status_code == 422 and reply.json()["error"] == "voucher_covers_undelivered"
     assert api.get("/v1/health").json()["ok"] is True
+
+
+def test_task_upload_when_signed_by_a_stranger_then_refused_before_the_body_is_read(
+    api: TestClient, victim: Delivered
+) -> None:
+    pulled: list[int] = []
+
+    def upload() -> Iterator[bytes]:  # 160 MiB if anyone reads it
+        for chunk in range(10_000):
+            pulled.append(chunk)
+            yield b"\0" * 16_384
+
+    headers = {**victim.task.headers(), "X-Tpumarket-Signature": ZERO_SIGNATURE}
+    reply = api.post("/v1/tasks", content=upload(), headers=headers)
+
+    assert reply.status_code == 403 and reply.json()["error"] == "signature_invalid"
+    assert pulled == []
+
+
+def test_api_pages_when_requested_then_none_loads_scripts_from_elsewhere(api: TestClient) -> None:
+    assert api.get("/docs").status_code == 404 and api.get("/redoc").status_code == 404
+    assert api.get("/openapi.json").json()["info"]["title"] == "tpumarket provider"

@@ -13,7 +13,13 @@ from contracts.access import (
     ACCESS_TOKEN_HEADER,
 )
 from provider.api.deps import DaemonDep, daemon_of
-from provider.api.fast import MAX_WAIT_S, check_envelope_type, check_length, submit_answer
+from provider.api.fast import (
+    MAX_WAIT_S,
+    check_envelope_type,
+    check_headers,
+    check_length,
+    submit_answer,
+)
 from provider.api.models import (
     REQUEST_HEADER,
     SIGNATURE_HEADER,
@@ -108,8 +114,9 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
     daemon = daemon_of(request)
     check_length(daemon, request.headers)
     check_envelope_type(request.headers)
+    checked = check_headers(daemon, request.headers)
     body = await request.body()
-    answer = await submit_answer(daemon, request.headers, wait, body)
+    answer = await submit_answer(daemon, request.headers, wait, body, checked)
     return Response(answer, media_type="application/json")
 
 
