@@ -118,7 +118,7 @@ class Settings:
     require_funds: bool = True
     min_provider_stake: int = 1_000_000
     max_live_orders_per_owner: int = 1_000
-    max_classes_per_provider: int = 8
+    max_classes_per_provider: int = 16  # a run-time class and compile-<generation> classes
     unopened_deal_hold_s: int = 3_600  # a matched deal not opened on chain counts this long
     funds_cache_s: float = 2.0
     max_order_ttl_s: int = 30 * 24 * 3600
