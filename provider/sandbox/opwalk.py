@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from provider.sandbox.checks import check_op, check_op_count
+from provider.sandbox.checks import TensorType, check_custom_call, check_op, check_op_count
+
+_CONFIG_ENTRY = re.compile(r"(\w+) = (-?\d+) : (?:ui8|i8|i32|i64|ui32)\b")
 
 
 def walk_module(exported: Any, max_ops: int) -> int:
@@ -42,5 +45,32 @@ def _walk(module: Any, max_ops: int, ir: Any) -> int:
                         except (KeyError, ValueError):
                             target = None
                     check_op(name, target)
+                    if name == "stablehlo.custom_call":
+                        check_custom_call(
+                            target or "",
+                            [_tensor_type(v.type, ir) for v in op.operands],
+                            [_tensor_type(v.type, ir) for v in op.results],
+                            _backend_config(op),
+                        )
                     stack.append(op)
     return count
+
+
+def _tensor_type(value_type: Any, ir: Any) -> TensorType:
+    """Return (static shape or None, element type) of an operand or result type."""
+    try:
+        tensor = ir.RankedTensorType(value_type)
+    except (ValueError, TypeError):
+        return None, str(value_type)
+    if not tensor.has_static_shape:
+        return None, str(tensor.element_type)
+    return tuple(int(d) for d in tensor.shape), str(tensor.element_type)
+
+
+def _backend_config(op: Any) -> dict[str, int]:
+    """Return the integer entries of a custom call's ``mhlo.backend_config`` dictionary."""
+    try:
+        text = str(op.attributes["mhlo.backend_config"])
+    except (KeyError, ValueError):
+        return {}
+    return {name: int(value) for name, value in _CONFIG_ENTRY.findall(text)}

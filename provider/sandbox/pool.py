@@ -181,11 +181,16 @@ class WorkerPool:
         on_stage: StageObserver | None = None,
         *,
         module: str = WORKER_MODULE,
+        spares: int | None = None,
     ) -> None:
         """Spawn ``size`` workers and wait until each has imported JAX.
 
         ``env`` is each worker's whole environment (see
         :func:`provider.sandbox.isolation.worker_env`); ``module`` its entry point.
+        ``spares`` more workers start in the background once those are ready (default: enough
+        that 3 are ready in all), so that a worker retired after a malformed program is
+        replaced by a ready one at once: a replacement that is still starting is never handed
+        to a task while a ready worker exists.
         """
         if size < 1:
             raise ValueError("pool size must be at least 1")
@@ -200,14 +205,51 @@ class WorkerPool:
         self._closed = False
         self._waiters: ThreadPoolExecutor | None = None  # async callers waiting for a worker
         self.replacements = 0
+        self.start_waits = 0  # tasks that found no ready worker while replacements started
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawn")
+        self._starting = 0  # workers spawned and not yet ready, outside the idle queue
+        self._start_failure: WorkerStartError | None = None
         workers = [self._spawn() for _ in range(size)]
         for worker in workers:
             worker.wait_ready(limits.start_timeout_s)
             self._idle.put(worker)
+        for _ in range(max(0, 3 - size) if spares is None else spares):
+            self._start_in_background()
+
+    def _start_in_background(self) -> None:
+        """Spawn a worker and add it to the idle queue only once it is ready."""
+        with self._lock:
+            if self._closed:
+                return
+            self._starting += 1
+        threading.Thread(target=self._bring_up, daemon=True).start()
+
+    def _bring_up(self) -> None:
+        try:
+            worker = self._spawn()
+            worker.wait_ready(self.limits.start_timeout_s)
+        except WorkerStartError as exc:
+            with self._lock:
+                self._starting -= 1
+                self._start_failure = exc
+            return
+        with self._lock:
+            self._starting -= 1
+            closed = self._closed
+        if closed:
+            self._stop(worker)
+            return
+        self._idle.put(worker)
 
     def _spawn(self) -> _Worker:
         try:
-            worker = _Worker(self.limits, self._cache_root, self._env, self._module)
+            # One long-lived thread starts every worker: the launcher's parent-death signal
+            # (bwrap --die-with-parent) follows the thread that forked it, not the process.
+            worker = self._spawner.submit(
+                _Worker, self.limits, self._cache_root, self._env, self._module
+            ).result()
+        except RuntimeError as exc:  # the spawner is shut down: the pool is closing
+            raise WorkerStartError("the sandbox is closing") from exc
         except OSError as exc:
             raise WorkerStartError(f"cannot spawn a sandbox worker: {exc}") from exc
         with self._lock:
@@ -225,7 +267,12 @@ class WorkerPool:
             if not closed:
                 self.replacements += 1
         if not closed:
-            self._idle.put(self._spawn())
+            self._start_in_background()
+
+    def ready_count(self) -> int:
+        """Return how many workers are started (busy or idle)."""
+        with self._lock:
+            return sum(1 for w in self._all if w.info is not None)
 
     def worker_infos(self) -> list[WorkerInfo]:
         """Return what each started worker reported (workers still starting are left out)."""
@@ -233,12 +280,22 @@ class WorkerPool:
             return [w.info for w in self._all if w.info is not None]
 
     def _acquire(self) -> _Worker:
+        if self._idle.empty():
+            with self._lock:
+                if self._starting:
+                    self.start_waits += 1  # no ready worker while some are starting
         while True:
             if self._closed:
                 raise SandboxClosedError("the sandbox is closed")
             try:
                 worker = self._idle.get(timeout=_CLOSE_CHECK_S)
             except queue.Empty:
+                with self._lock:
+                    failure = self._start_failure if self._starting == 0 else None
+                    self._start_failure = None if failure is not None else self._start_failure
+                if failure is not None:
+                    self._start_in_background()  # keep the pool at size for the next caller
+                    raise failure from None
                 continue
             if worker.superseded:
                 threading.Thread(target=self._stop, args=(worker,), daemon=True).start()
@@ -284,6 +341,33 @@ class WorkerPool:
             pending.add_done_callback(self._give_back)
             raise
 
+    def _prefer(self, worker: _Worker, key: bytes | None) -> _Worker:
+        """Swap ``worker`` for an idle one that suits the task better, if there is one.
+
+        A task whose program a worker already ran goes to that worker (the warm path); any
+        other task, a malformed one included, goes to the worker with the fewest warm
+        programs, so that retiring it costs the other clients no warm worker.
+        """
+        others: list[_Worker] = []
+        while True:
+            try:
+                others.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        if not others:
+            return worker
+        candidates = [worker, *others]
+        if key is not None and key in worker.warm:
+            best = worker
+        elif key is not None and any(key in w.warm for w in others):
+            best = next(w for w in others if key in w.warm)
+        else:
+            best = min(candidates, key=lambda w: len(w.warm))
+        for other in candidates:
+            if other is not best:
+                self._idle.put(other)
+        return best
+
     def _give_back(self, acquired: Future[_Worker]) -> None:
         if not acquired.cancelled() and acquired.exception() is None:
             self._idle.put(acquired.result())
@@ -301,7 +385,7 @@ class WorkerPool:
         With ``warm``, a worker that ran the same program and weights gets the shorter
         request (execute deadline only); on a ``miss`` it gets the full one.
         """
-        worker = self._acquire()
+        worker = self._prefer(self._acquire(), None if warm is None else warm.key)
         if warm is not None and warm.key in worker.warm:
             reply = self._exchange(worker, warm.request, warm.payload, Stage.EXECUTE)
             if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
@@ -316,7 +400,7 @@ class WorkerPool:
         self, request: Header, payload: bytes, *, warm: WarmCall | None = None
     ) -> tuple[Header, bytes] | Diagnosis:
         """:meth:`call` for an event loop: the loop reads and writes the worker's pipe."""
-        worker = await self._acquire_async()
+        worker = self._prefer(await self._acquire_async(), None if warm is None else warm.key)
         if warm is not None and warm.key in worker.warm:
             reply = await self._exchange_async(worker, warm.request, warm.payload, Stage.EXECUTE)
             if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
@@ -443,9 +527,14 @@ class WorkerPool:
             return reply  # the worker was killed and replaced
         worker.tasks += 1
         if reply[0].get("recycle"):
-            threading.Thread(
-                target=self._retire, args=(worker,), kwargs={"kill": False}, daemon=True
-            ).start()
+            with self._lock:
+                self._all.discard(worker)
+                closed = self._closed
+                if not closed:
+                    self.replacements += 1
+            threading.Thread(target=worker.stop, daemon=True).start()
+            if not closed:
+                self._start_in_background()
             return reply
         self._idle.put(worker)
         if worker.tasks == self.limits.max_tasks_per_worker:
@@ -486,5 +575,6 @@ class WorkerPool:
             waiters, self._waiters = self._waiters, None
         for worker in workers:
             worker.stop()
+        self._spawner.shutdown(wait=False)
         if waiters is not None:
             waiters.shutdown(wait=False, cancel_futures=True)

@@ -43,8 +43,13 @@ class Sandbox:
         *,
         jax_platforms: str | None = None,
         on_stage: StageObserver | None = None,
+        spares: int | None = None,
     ) -> None:
-        """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``."""
+        """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``.
+
+        ``spares`` ready workers more stand by to replace one retired after a malformed
+        program or a crash (default: enough for three ready workers in all).
+        """
         self.limits = limits or SandboxLimits()
         env = {} if jax_platforms is None else {"JAX_PLATFORMS": jax_platforms}
         platforms = jax_platforms or os.environ.get("JAX_PLATFORMS", "")
@@ -52,7 +57,9 @@ class Sandbox:
             # libtpu only compiles ahead of time here and opens no chip, so several workers and
             # daemons on one host may load it; its single-process lockfile would refuse them.
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
-        self._pool = WorkerPool(pool_size, self.limits, cache_dir, worker_env(env), on_stage)
+        self._pool = WorkerPool(
+            pool_size, self.limits, cache_dir, worker_env(env), on_stage, spares=spares
+        )
 
     def __enter__(self) -> Sandbox:
         """Return the sandbox itself."""
@@ -75,6 +82,11 @@ class Sandbox:
     def replacements(self) -> int:
         """How many workers were replaced after a crash, timeout or recycle."""
         return self._pool.replacements
+
+    @property
+    def start_waits(self) -> int:
+        """How many tasks found no ready worker while replacements were starting."""
+        return self._pool.start_waits
 
     @property
     def isolation(self) -> str:

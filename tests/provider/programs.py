@@ -220,3 +220,50 @@ def mutated_programs(exported: export.Exported, count: int, seed: int = 7) -> li
             bytes(dataclasses.replace(exported, mlir_module_serialized=bytes(data)).serialize())
         )
     return blobs
+
+
+def getrf_module(
+    target: str = "lapack_sgetrf_ffi",
+    operand: str = "tensor<8x8xf32>",
+    results: tuple[str, str, str] = ("tensor<8x8xf32>", "tensor<8xi32>", "tensor<i32>"),
+) -> str:
+    """A module that calls the LAPACK LU kernel on its 8x8 f32 argument and returns the LU.
+
+    With the default types it is what JAX emits; other ``results`` craft buffers the kernel
+    would write past (the kernel trusts the declared types).
+    """
+    layouts = ", ".join(
+        f"dense<[{', '.join(str(i) for i in reversed(range(rank)))}]> : tensor<{rank}xindex>"
+        if rank
+        else "dense<> : tensor<0xindex>"
+        for rank in (_rank(t) for t in results)
+    )
+    cast = (
+        f"%1 = stablehlo.convert %arg0 : (tensor<8x8xf32>) -> {operand}\n"
+        if operand != "tensor<8x8xf32>"
+        else ""
+    )
+    source = "%1" if cast else "%arg0"
+    return f"""
+module @jit_f attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{
+  func.func public @main(%arg0: tensor<8x8xf32>) -> (tensor<8xi32>) {{
+    {cast}%0:3 = stablehlo.custom_call @{target}({source}) {{backend_config = "",
+        mhlo.backend_config = {{}}, operand_layouts = [dense<[0, 1]> : tensor<2xindex>],
+        result_layouts = [{layouts}]}}
+        : ({operand}) -> ({", ".join(results)})
+    %3 = stablehlo.broadcast_in_dim %0#2, dims = [] : (tensor<i32>) -> tensor<8xi32>
+    return %3 : tensor<8xi32>
+  }}
+}}
+"""
+
+
+def _rank(tensor_type: str) -> int:
+    dims = tensor_type.removeprefix("tensor<").removesuffix(">").split("x")[:-1]
+    return len(dims)
+
+
+def getrf_blob(**kwargs: Any) -> tuple[export.Exported, bytes]:
+    """A blob whose module is :func:`getrf_module` (``kwargs`` craft its types)."""
+    base = export_fn(lambda x: jnp.zeros(8, jnp.int32) + x[0, 0].astype(jnp.int32), spec(8, 8))
+    return base, with_module_text(base, getrf_module(**kwargs))

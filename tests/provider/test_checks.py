@@ -10,6 +10,7 @@ from provider.sandbox.checks import (
     VersionRanges,
     artifact_stablehlo_version,
     check_calling_convention,
+    check_custom_call,
     check_op,
     check_op_count,
     check_producer_jax,
@@ -75,7 +76,6 @@ def test_check_op_rejects_forbidden_ops_and_dialects(name: str) -> None:
         "shape_assertion",
         "lapack_sgetrf_ffi",
         "lapack_zheevd_ffi",
-        "cusolver_potrf_ffi",
         "Qr",
         "LuDecomposition",
     ],
@@ -95,6 +95,9 @@ def test_custom_call_allowlist_accepts_xla_owned_targets(target: str) -> None:
         "__gpu$xla.gpu.triton",
         "tf.call_tf_function",
         "lapack_sgetrf_ffi_evil",
+        "cusolver_potrf_ffi",
+        "cu_threefry2x32_ffi",
+        "lapack_sgesvd_ffi",
         "",
         None,
     ],
@@ -138,3 +141,72 @@ def test_targets() -> None:
     with pytest.raises(ValueError):
         parse_target("h100")
     assert kind_slug("TPU v5 lite") == "tpu-v5-lite"
+
+
+F32_8x8 = ((8, 8), "f32")
+
+
+def test_custom_call_buffers_lapack_getrf() -> None:
+    ok = [F32_8x8, ((8,), "i32"), ((), "i32")]
+    check_custom_call("lapack_sgetrf_ffi", [F32_8x8], ok, {})
+    for bad in (
+        [((2, 2), "f32"), ((8,), "i32"), ((), "i32")],
+        [F32_8x8, ((1,), "i32"), ((), "i32")],
+        [F32_8x8, ((8,), "i32")],
+        [F32_8x8, ((8,), "i32"), ((), "i32"), ((), "i32")],
+    ):
+        assert category_of(
+            lambda bad=bad: check_custom_call("lapack_sgetrf_ffi", [F32_8x8], bad, {})
+        ) == ("malformed_input")
+    assert category_of(lambda: check_custom_call("lapack_zgetrf_ffi", [F32_8x8], ok, {})) == (
+        "malformed_input"
+    )
+    dynamic = [((-1, 8), "f32")]
+    assert category_of(lambda: check_custom_call("lapack_sgetrf_ffi", dynamic, ok, {})) == (
+        "malformed_input"
+    )
+
+
+def test_custom_call_buffers_follow_the_kernel_options() -> None:
+    a, b = ((5, 5), "f32"), ((5, 3), "f32")
+    options = {"side": ord("L"), "uplo": ord("U"), "trans_x": ord("N"), "diag": ord("N")}
+    check_custom_call("lapack_strsm_ffi", [a, b], [b], options)
+    right = {**options, "side": ord("R")}  # reads a 3x3 triangle: a 5x5 one is a mismatch
+    assert category_of(lambda: check_custom_call("lapack_strsm_ffi", [a, b], [b], right)) == (
+        "malformed_input"
+    )
+    odd = {**options, "side": ord("X")}
+    assert category_of(lambda: check_custom_call("lapack_strsm_ffi", [a, b], [b], odd)) == (
+        "malformed_input"
+    )
+    x = ((5, 3), "f32")
+    full = [x, ((3,), "f32"), ((5, 5), "f32"), ((3, 3), "f32"), ((), "i32")]
+    reduced = [x, ((3,), "f32"), ((5, 3), "f32"), ((3, 3), "f32"), ((), "i32")]
+    check_custom_call("lapack_sgesdd_ffi", [x], full, {"mode": ord("A")})
+    check_custom_call("lapack_sgesdd_ffi", [x], reduced, {"mode": ord("S")})
+    assert (
+        category_of(
+            lambda: check_custom_call("lapack_sgesdd_ffi", [x], reduced, {"mode": ord("A")})
+        )
+        == "malformed_input"
+    )
+    h = ((4, 4), "f32")
+    hessenberg = [h, ((3,), "f32"), ((), "i32")]
+    check_custom_call("lapack_sgehrd_ffi", [h], hessenberg, {"low": 1, "high": 4})
+    assert (
+        category_of(
+            lambda: check_custom_call("lapack_sgehrd_ffi", [h], hessenberg, {"low": 1, "high": 99})
+        )
+        == "malformed_input"
+    )
+
+
+def test_custom_call_buffers_xla_owned() -> None:
+    check_custom_call("Sharding", [F32_8x8], [F32_8x8], {})
+    assert category_of(lambda: check_custom_call("Sharding", [F32_8x8], [((4, 8), "f32")], {})) == (
+        "malformed_input"
+    )
+    check_custom_call("shape_assertion", [((), "i1"), ((), "i32")], [], {})
+    assert category_of(lambda: check_custom_call("shape_assertion", [F32_8x8], [], {})) == (
+        "malformed_input"
+    )

@@ -91,6 +91,8 @@ def compromised_main(argv: list[str]) -> None:
     ready = {"type": "ready", "pid": os.getpid(), "platform": "cpu", "device_kind": "cpu"}
     conn.send_bytes(pack({**ready, "seccomp": True}))
     header, _ = unpack(conn.recv_bytes())
+    if header.get("op") != "probe":
+        return
     unfiltered = _attempt(lambda: _connect(int(header["port"])))  # namespaces alone
     install_filter()
     conn.send_bytes(pack({"type": "probe", "found": {**_probe(header), "tcp_netns": unfiltered}}))
@@ -121,7 +123,9 @@ def _run_compromised(
 ) -> dict[str, Any]:
     limits = SandboxLimits(start_timeout_s=60)
     env = worker_env({"JAX_PLATFORMS": "cpu"})
-    pool = WorkerPool(1, limits, world["data_dir"] / "compile-cache", env, module=__name__)
+    pool = WorkerPool(
+        1, limits, world["data_dir"] / "compile-cache", env, module=__name__, spares=0
+    )
     try:
         reply = pool.call(
             {
@@ -178,7 +182,11 @@ def test_real_worker_runs_under_bwrap_with_the_filter(world: dict[str, Any]) -> 
     """The real worker (not the compromised one) comes up walled in and answers."""
     limits = SandboxLimits(start_timeout_s=60)
     pool = WorkerPool(
-        1, limits, world["data_dir"] / "compile-cache", worker_env({"JAX_PLATFORMS": "cpu"})
+        1,
+        limits,
+        world["data_dir"] / "compile-cache",
+        worker_env({"JAX_PLATFORMS": "cpu"}),
+        spares=0,
     )
     try:
         (info,) = pool.worker_infos()

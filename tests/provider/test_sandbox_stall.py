@@ -1,0 +1,87 @@
+"""Malformed programs do not stall the next client: their worker is retired, a ready one serves.
+
+A program the StableHLO parser rejects retires its worker (the parser's state is not trusted
+after that). The pool keeps spare workers started, so the honest task right after two such
+programs is served by a ready worker: no task waits for a worker to start. Latencies are
+printed, not asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from provider.diagnosis import Category
+from provider.sandbox import Sandbox, SandboxLimits
+from tests.provider.helpers import failed, ran
+from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
+
+ROUNDS = 5
+LIMITS = SandboxLimits(validate_timeout_s=20, compile_timeout_s=60, execute_timeout_s=10)
+
+
+@pytest.fixture(scope="module")
+def box(cache_dir: Path) -> Iterator[Sandbox]:
+    """One worker and the default spares (two), as a small daemon has."""
+    with Sandbox(1, LIMITS, cache_dir, jax_platforms="cpu") as sandbox:
+        yield sandbox
+
+
+def _all_ready(sandbox: Sandbox, count: int, timeout_s: float = 180.0) -> None:
+    """Wait until ``count`` workers are started (spares refill in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while len(sandbox.workers()) < count:
+        assert time.monotonic() < deadline, f"only {len(sandbox.workers())} workers started"
+        time.sleep(0.05)
+
+
+def _malformed(rng: np.random.Generator) -> bytes:
+    """A program whose StableHLO bytecode is garbage after a valid header."""
+    base = export_fn(lambda x: x * 2, spec(4))
+    header = base.mlir_module_serialized[: len(b"ML\xefR") + 1 + len("StableHLO_v1.15.0") + 1]
+    body = rng.integers(0, 256, 256, dtype=np.uint8).tobytes()
+    return bytes(dataclasses.replace(base, mlir_module_serialized=header + body).serialize())
+
+
+def test_honest_task_after_two_malformed_waits_for_no_worker_start(
+    box: Sandbox, rng: np.random.Generator
+) -> None:
+    params = mlp_params(rng, 4, 8, 2)
+    exported = export_fn(mlp, *(spec(*p.shape) for p in params), spec(2, 4))
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    honest = envelope_for(exported, [*params, x])
+    base = export_fn(lambda x: x * 2, spec(4))
+    ran(box.run(honest))  # compiled once: later runs are warm
+    _all_ready(box, 3)
+
+    alone = []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        ran(box.run(honest))
+        alone.append(time.perf_counter() - started)
+
+    after = []
+    for _ in range(ROUNDS):
+        _all_ready(box, 3)
+        replaced, waits = box.replacements, box.start_waits
+        for _ in range(2):
+            bad = envelope_for(base, [np.ones(4, np.float32)], program=_malformed(rng))
+            failed(box.run(bad), Category.MALFORMED_INPUT)
+        assert box.replacements == replaced + 2  # each malformed program retired its worker
+        started = time.perf_counter()
+        ran(box.run(honest))
+        after.append(time.perf_counter() - started)
+        assert box.start_waits == waits  # nobody waited for a worker to start
+
+    ratio = statistics.median(after) / statistics.median(alone)
+    print(
+        f"honest task alone: median {statistics.median(alone) * 1000:.1f} ms; right after 2 "
+        f"malformed: median {statistics.median(after) * 1000:.1f} ms "
+        f"({min(after) * 1000:.1f}-{max(after) * 1000:.1f}); ratio {ratio:.2f}"
+    )
