@@ -61,6 +61,10 @@ def test_market_server_on_a_v2_escrow_from_ask_to_reputation(
     assert f"minimum challenge window of {MIN_WINDOW}s" in refused["detail"]
 
     terms = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
+    # The market admits asks with stake and bids with escrow funds behind them.
+    world.escrow.stake(provider.key, 2 * terms.stake)
+    for c in clients:
+        world.escrow.deposit(c.key, 4_000)
     _post(market + "/v1/orders", provider.ask(now, price=1_000, quantity=8, quote=terms), 201)
     deals = [
         _post(market + "/v1/orders", c.bid(now, price=1_000, quantity=4), 201)["fills"][0]["id"]
@@ -75,13 +79,11 @@ def test_market_server_on_a_v2_escrow_from_ask_to_reputation(
     _post(f"{market}/v1/deals/{deals[1]}/quote", provider.signed(quotes[0]), 422)
     _post(f"{market}/v1/deals/{deals[1]}/quote", provider.signed(quotes[1]), 200)
 
-    world.escrow.stake(provider.key, 2 * terms.stake)
     opened = []
     for client, deal_id in zip(clients, deals, strict=True):
         record = httpx.get(f"{market}/v1/deals/{deal_id}", timeout=10).json()
         quote = Quote.from_json(record["quote"])
         assert quote.client == client.address
-        world.escrow.deposit(client.key, 4_000)
         signature = bytes.fromhex(record["quote_signature"][2:])
         tx = world.escrow.open_deal(client.key, quote, signature, 4_000)
         chain_deal = int(tx.event("DealOpened").args["dealId"])
