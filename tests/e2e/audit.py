@@ -272,6 +272,7 @@ def audit(
         "tasks_vouched": len(chain.vouched & paid),
         "tasks_claimed": len(chain.claimed),
         "tasks_same_inputs_paid_again": same_inputs,
+        "inputs_acked": len({(k[0], t.request.input_hash) for k, t in tasks.items()}),
         "paid_to_providers": sum(chain.received.values()),
         "refunded_to_clients": sum(r for r, _ in chain.refunds.values()),
         "penalties_to_clients": sum(p for _, p in chain.refunds.values()) + chain.dispute_penalties,

@@ -148,5 +148,6 @@ def test_audit_counts_paid_refunded_lost_paid_twice_and_both_sides_losses(
     assert result.honest_client_losses == PRICE + PENALTY
     assert result.invariant_ok is True
     assert result.details["lost"] == [[deal_id, 3]]
+    assert result.details["inputs_acked"] == 5
     assert result.details["paid_to_providers"] == 3 * PRICE
     assert result.details["penalties_to_clients"] == 2 * PENALTY
