@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from client.ledger import DealLedger, TaskRecord
+from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
+from contracts.messages import sign_digest
 from contracts.program import encode_arrays, encode_envelope
 from tests.e2e.stack import ROOT, Provider, Stack, spin_inputs, spin_model, wait_until
 
@@ -161,9 +163,38 @@ def wait_ledger(
     return found[0]
 
 
-def provider_deal(provider: Provider, deal_id: int) -> dict[str, Any]:
-    """Return the daemon's summary of a deal (``GET /v1/deals/{id}``): what its journal holds."""
+DEAL_SCOPE = 2**256 - 1
+"""The task index an access proof for a whole deal signs (the daemon's deal summary)."""
+
+
+def provider_deal(st: Stack, provider: Provider, deal_id: int) -> dict[str, Any] | None:
+    """Return the daemon's summary of a deal (``GET /v1/deals/{id}``: what its journal holds),
+    asked as the deal's client; None if the journal has no such deal."""
+    import time
+
     import httpx
 
-    reply: dict[str, Any] = httpx.get(f"{provider.url}/v1/deals/{deal_id}", timeout=10).json()
-    return reply
+    expiry = int(time.time()) + 60
+    digest = result_access_digest(st.escrow.domain, deal_id, DEAL_SCOPE, expiry)
+    headers = {
+        ACCESS_EXPIRY_HEADER: str(expiry),
+        ACCESS_SIGNATURE_HEADER: "0x" + sign_digest(digest, st.client).hex(),
+    }
+    reply = httpx.get(f"{provider.url}/v1/deals/{deal_id}", headers=headers, timeout=10)
+    if reply.status_code == 404:
+        return None
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def acked_by_provider(st: Stack, provider: Provider, deal_id: int) -> int:
+    """Return how many tasks of the deal the daemon's journal holds (0 if none)."""
+    summary = provider_deal(st, provider, deal_id)
+    return 0 if summary is None else int(summary["acked"])
+
+
+def delivered_by_provider(st: Stack, provider: Provider, deal_id: int) -> int:
+    """Return how many tasks of the deal the daemon delivered (0 if none)."""
+    summary = provider_deal(st, provider, deal_id)
+    return 0 if summary is None else int(summary["delivered"])
