@@ -260,12 +260,21 @@ def write_inputs(soak: Soak) -> list[Path]:
 
 
 def schedule(batches: int, faults: list[str], rounds: int) -> dict[int, str]:
-    """Spread ``rounds`` of each fault over the batches (none in the first)."""
+    """Spread ``rounds`` of each fault over the batches (none in the first).
+
+    Batches alternate deals, so each round is shifted by one batch from the last: with an
+    even spacing, round 0 hits one provider's deal and round 1 the other's.
+    """
     planned = [f for _ in range(rounds) for f in faults]
     if not planned or batches < 2:
         return {}
     step = max(1, (batches - 1) // len(planned))
-    return {1 + i * step: fault for i, fault in enumerate(planned) if 1 + i * step < batches}
+    out: dict[int, str] = {}
+    for i, fault in enumerate(planned):
+        at = 1 + i * step + (i // len(faults) if step % 2 == 0 else 0)
+        if at < batches and at not in out:
+            out[at] = fault
+    return out
 
 
 RETRY_STATES = frozenset({"unknown", "pending", "not sent", "error"})
@@ -310,18 +319,19 @@ def run_batch(soak: Soak, number: int, deal: Deal, files: list[Path], fault: str
     code, figures = run.finish()
     paid = int((figures or {}).get("summary", {}).get("tasks_paid", 0))
     left = list(files) if killed else open_inputs(files, figures)
+    expected = fault in ("client_kill", "double_sigint")  # the exit is the fault's
     for attempt in range(4):
+        if code != 0 and not expected:
+            soak.runs["failed"] += 1
         if not left:
             break
         if attempt == 3:
             raise SystemExit(f"batch {number}: inputs still open after 3 reruns: {left}")
-        if code != 0 and not killed:
-            soak.runs["failed"] += 1
         say(f"batch {number}: {len(left)} input(s) open after a run that exited {code}: run again")
         soak.runs["rerun"] += 1
         code, figures = start(left).finish()
         paid += int((figures or {}).get("summary", {}).get("tasks_paid", 0))
-        left, killed = open_inputs(left, figures), False
+        left, killed, expected = open_inputs(left, figures), False, False
     summary = (figures or {}).get("summary", {})
     say(
         f"batch {number} on deal {deal.chain_id} ({deal.provider.name}): {len(files)} tasks"
