@@ -89,7 +89,6 @@ class ClientRun:
 
     def __init__(self, args: list[str], env: dict[str, str], log: IO[str]) -> None:
         self.progressed = threading.Event()
-        self.lines: list[str] = []
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "client.cli", "job", *args, "--json"],
             cwd=REPO,
@@ -100,18 +99,26 @@ class ClientRun:
             start_new_session=True,
         )
         self._log = log
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._stdout: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read_stderr, daemon=True),
+            threading.Thread(target=self._read_stdout, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
+    def _read_stderr(self) -> None:
         assert self.popen.stderr is not None
         for line in self.popen.stderr:
             self._log.write(line)
             self._log.flush()
-            self.lines.append(line)
             if line.startswith("tasks"):  # a task finished (the CLI's progress line)
                 self.progressed.set()
         self.progressed.set()  # it exited: nothing more will come
+
+    def _read_stdout(self) -> None:
+        assert self.popen.stdout is not None
+        self._stdout.append(self.popen.stdout.read())
 
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the run (the CLI process itself)."""
@@ -121,11 +128,13 @@ class ClientRun:
     def finish(self, timeout_s: float = RUN_TIMEOUT_S) -> tuple[int, dict[str, Any] | None]:
         """Wait for the run; return its exit code and its JSON line (None if it printed none)."""
         try:
-            stdout, _ = self.popen.communicate(timeout=timeout_s)
+            self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.signal(signal.SIGKILL)
-            stdout, _ = self.popen.communicate()
-        self._reader.join(10)
+            self.popen.wait()
+        for reader in self._readers:
+            reader.join(30)
+        stdout = "".join(self._stdout)
         self._log.write(f"-- exit {self.popen.returncode}\n{stdout[-4000:]}\n")
         self._log.flush()
         lines = stdout.strip().splitlines()
