@@ -543,7 +543,11 @@ class SettlementJobs:
             if not record.on_time:
                 continue  # only a voucher can pay a late delivery
             settle = settle_by(ack.request.deadline, state.expiry, state.challenge_window)
-            if settle < chain_now or not (force or self.act_by(settle, state) <= now):
+            # Past its settlement instant by the chain's clock or by ours (ours is never behind
+            # the chain's; the last block's time may be, on an idle chain), a claim would revert.
+            if settle < max(chain_now, int(now)) or not (
+                force or self.act_by(settle, state) <= now
+            ):
                 continue
             if not ack.claimable:
                 self._warn_once(
