@@ -216,9 +216,17 @@ def cpu_s(pid: int) -> float:
 
 
 def children(pid: int) -> list[int]:
-    """Return the child pids of a process (the daemon's sandbox workers)."""
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(c) for c in path.read_text().split()] if path.exists() else []
+    """Return every descendant pid of a process (the daemon's sandbox workers, whichever of
+    its threads spawned them, and what they spawned)."""
+    found: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            kids = [int(c) for c in path.read_text().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            found += [kid, *children(kid)]
+    return found
 
 
 def daemon_task_ms(sub: Submitter, deal_id: int, envelope: ProgramEnvelope, tasks: int) -> float:
