@@ -10,7 +10,7 @@ from contracts import reverts
 from contracts.binding import TASK_CLAIMED, TASK_NONE, TASK_VOUCHED
 from contracts.messages import Voucher, address_of
 
-from .builders import WINDOW, bits, claim, open_deal, refund, signed_task, voucher
+from .builders import WINDOW, bits, claim, open_deal, redeem, refund, signed_task, voucher
 from .conftest import World
 
 
@@ -150,3 +150,19 @@ def redeem_event(world: World, client: str, provider: str, v: Voucher) -> dict[s
     """Redeem `v` and return its VoucherRedeemed event's arguments."""
     sig = v.sign(world.escrow.domain, client)
     return dict(world.escrow.redeem_voucher(provider, v, sig).event("VoucherRedeemed").args)
+
+
+def test_voucher_that_overpays_leaves_the_cap_short_for_later_claims(world: World) -> None:
+    # Why a provider's daemon must check a voucher against the budget of its other acked tasks:
+    # a client that tips one task's voucher can make the cap refuse the claim of another.
+    client, provider = world.clients[0], world.providers[0]
+    deal_id, _ = open_deal(world, client, provider, max_spend=1_000)
+    first, second = (
+        signed_task(world, deal_id, i, client, provider, max_price=500, device_ms=0) for i in (0, 1)
+    )
+    assert first.receipt.amount == second.receipt.amount == 500
+    redeem(world, client, provider, voucher(deal_id, 650, [0]))  # 500 owed, 150 tip
+    with pytest.raises(reverts.EscrowCapExceeded) as info:
+        claim(world, provider, deal_id, [second])
+    assert info.value.error_args == {"dealId": deal_id, "cap": 1_000, "needed": 1_150}
+    assert world.escrow.balance_of(address_of(provider)) == 650  # of the 1,000 delivered
