@@ -49,7 +49,7 @@ unit: setup system-deps
 test: lint typecheck unit
 
 bench-gas: setup
-	$(PY) scripts/bench-gas
+	scripts/bench-gas
 
 clean:
 	rm -rf .venv node_modules .cache market/engine/*.so
