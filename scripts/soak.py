@@ -8,8 +8,9 @@ the run has reported its first task:
 
 - ``provider_kill``: the deal's daemon is killed with SIGKILL and started again;
 - ``chain_freeze``: anvil is stopped (SIGSTOP) for ``--freeze-s`` seconds, then continued;
-- ``client_kill``: the client run is killed with SIGKILL, then the same command runs again
-  (it must resume: nothing paid twice);
+- ``client_kill``: the client run is killed with SIGKILL and stays down until the daemon has
+  claimed every task it delivered on time (the client never vouched for them), then the same
+  command runs again (it must resume, and pay none of them again);
 - ``double_sigint``: the client run gets SIGINT twice, then the same command runs again.
 
 At the end the harness waits (bounded by the tasks' settlement instants, in wall time) until
@@ -89,6 +90,7 @@ class ClientRun:
 
     def __init__(self, args: list[str], env: dict[str, str], log: IO[str]) -> None:
         self.progressed = threading.Event()
+        self.interrupted = threading.Event()  # the CLI said it took a Ctrl-C
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "client.cli", "job", *args, "--json"],
             cwd=REPO,
@@ -114,7 +116,10 @@ class ClientRun:
             self._log.flush()
             if line.startswith("tasks"):  # a task finished (the CLI's progress line)
                 self.progressed.set()
+            if line.startswith("interrupted"):
+                self.interrupted.set()
         self.progressed.set()  # it exited: nothing more will come
+        self.interrupted.set()
 
     def _read_stdout(self) -> None:
         assert self.popen.stdout is not None
@@ -370,13 +375,27 @@ def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
         return False
     if fault == "client_kill":
         run.signal(signal.SIGKILL)
-        say("  client killed -9; the same command runs again")
+        # The client stays down until the daemon has put on chain, by claims, every task it
+        # delivered on time (settleBy - margin at the latest): the rerun must then pay none
+        # of them again.
+        started = time.monotonic()
+        pending, latest, _ = settled_on_time(soak, [deal])
+        budget = max(0.0, latest - time.time()) + 10
+        settled = wait_until(lambda: settled_on_time(soak, [deal])[0] == 0, budget)
+        say(
+            f"  client killed -9; down {time.monotonic() - started:.0f} s while "
+            f"{deal.provider.name} claimed {pending} delivered task(s)"
+            + ("" if settled else " (not all claimed in time)")
+            + "; the same command runs again"
+        )
         return True
     if fault == "double_sigint":
+        # Ctrl-C, and again once the CLI says it took the first (two signals sent before the
+        # process handles the first may reach its handler as one).
         run.signal(signal.SIGINT)
-        time.sleep(0.3)  # a second Ctrl-C, as a hurried user presses it
+        run.interrupted.wait(30)
         run.signal(signal.SIGINT)
-        say("  client interrupted twice (SIGINT, SIGINT)")
+        say("  client interrupted twice (SIGINT, then SIGINT once it said it stops sending)")
         return False
     raise ValueError(fault)
 
@@ -384,12 +403,12 @@ def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
 # ---- the end: settle everything -------------------------------------------------------------
 
 
-def settled_on_time(soak: Soak) -> tuple[int, int, int]:
+def settled_on_time(soak: Soak, deals: list[Deal] | None = None) -> tuple[int, int, int]:
     """Return (on-time deliveries not yet on chain, the latest settlement instant, acks)."""
     pending = 0
     latest = 0
     acks = 0
-    for deal in soak.deals:
+    for deal in soak.deals if deals is None else deals:
         chain = soak.st.escrow.get_deal(deal.chain_id)
         journal = soak.work / deal.provider.name / JOURNAL
         tasks = {k: t for k, t in read_journal(journal).items() if k[0] == deal.chain_id}
