@@ -1,9 +1,11 @@
 """The soak's auditor finds what goes wrong: a settlement read back from a real chain.
 
 One anvil and escrow; a provider's journal (the daemon's own `provider.journal.Journal`)
-records six acked tasks of one deal with real signatures, and the chain settles them by hand,
-some of them wrongly: a task delivered on time and refunded instead of paid, a breach never
-refunded, the same inputs vouched under two task indexes. The auditor must count each.
+records eight acked tasks of one deal with real signatures, and the chain settles them by
+hand (vouchers, a claim finalized, a claim disputed and ruled for the client, refunds), some
+of them wrongly: a task delivered on time and refunded instead of paid, one whose claim was
+ruled against its provider, a breach never refunded, the same inputs vouched under two task
+indexes. The auditor must count each.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from contracts.messages import (
     KIND_INFERENCE,
     ZERO_HASH,
     Ack,
+    Claim,
     Quote,
     Receipt,
     TaskRequest,
@@ -80,7 +83,7 @@ def test_audit_counts_paid_refunded_lost_paid_twice_and_both_sides_losses(
     journal = Journal(path, provider, domain)
     requests: dict[int, TaskRequest] = {}
     acks: dict[int, tuple[Ack, bytes]] = {}
-    inputs = [b"\x01" * 32, b"\x02" * 32, b"\x03" * 32, b"\x04" * 32, b"\x05" * 32, b"\x05" * 32]
+    inputs = [bytes([i]) * 32 for i in (1, 2, 3, 4, 5, 5, 6, 7)]
     for index, input_hash in enumerate(inputs):
         request = TaskRequest(
             deal_id=deal_id,
@@ -106,8 +109,10 @@ def test_audit_counts_paid_refunded_lost_paid_twice_and_both_sides_losses(
             ),
             frame,
         )
-    # Delivered on time: 0 (vouched), 1 (refunded: the provider's loss), 4 and 5 (same inputs).
-    for index in (0, 1, 4, 5):
+    # Delivered on time: 0 (vouched), 1 (refunded: the provider's loss), 4 and 5 (same inputs),
+    # 6 (claimed, finalized), 7 (claimed, disputed, ruled for the client: the provider's loss).
+    receipts: dict[int, Receipt] = {}
+    for index in (0, 1, 4, 5, 6, 7):
         request = requests[index]
         receipt = Receipt(
             deal_id=deal_id,
@@ -127,27 +132,35 @@ def test_audit_counts_paid_refunded_lost_paid_twice_and_both_sides_losses(
             prev_receipt_hash=journal.next_prev_hash(deal_id),
         )
         journal.record_receipt(receipt, receipt.sign(domain, provider_key), b"", {})
+        receipts[index] = receipt
     journal.close()
 
     voucher = Voucher(deal_id, 3 * PRICE, task_bitmap([0, 4, 5]))
     st.escrow.redeem_voucher(provider_key, voucher, voucher.sign(domain, st.client))
-    st.anvil.increase_time(deadline + quote.challenge_window + 1 - now)
+    for index in (6, 7):  # batches 0 and 1
+        claim = Claim(receipts[index], PRICE, requests[index].sign(domain, st.client))
+        st.escrow.claim_receipts(provider_key, deal_id, PLAN, [claim])
+    st.escrow.dispute_claim(st.client, deal_id, 1)
+    st.escrow.resolve_dispute(st.arbiter, deal_id, 1, False)
+    st.anvil.increase_time(deadline + 2 * quote.challenge_window + 1 - now)
+    st.escrow.finalize_claim(provider_key, deal_id, 0)
     for index in (1, 2):  # 1 was delivered on time: refunding it takes the provider's due
         ack, signature = acks[index]
         st.escrow.refund_breach(st.client, requests[index], ack, signature)
     # 3: never delivered and never refunded: lost, and the client's refund and penalty with it.
 
-    assert set(read_journal(path)) == {(deal_id, i) for i in range(6)}
+    assert set(read_journal(path)) == {(deal_id, i) for i in range(8)}
     result = audit(st.escrow, st.token, [path])
-    assert result.tasks_acked == 6
-    assert result.tasks_paid == 3
-    assert result.tasks_refunded == 2
+    assert result.tasks_acked == 8
+    assert result.tasks_paid == 4  # 0, 4, 5 vouched; 6 claimed and finalized
+    assert result.tasks_refunded == 3  # 1 and 2 refunded, 7 won in a dispute
     assert result.tasks_lost == 1
     assert result.tasks_paid_twice == 1  # the same inputs paid under indexes 4 and 5
-    assert result.honest_provider_losses == PRICE + PENALTY
-    assert result.honest_client_losses == PRICE + PENALTY
+    assert result.honest_provider_losses == 2 * (PRICE + PENALTY)  # tasks 1 and 7
+    assert result.honest_client_losses == PRICE + PENALTY  # task 3
     assert result.invariant_ok is True
     assert result.details["lost"] == [[deal_id, 3]]
-    assert result.details["inputs_acked"] == 5
-    assert result.details["paid_to_providers"] == 3 * PRICE
-    assert result.details["penalties_to_clients"] == 2 * PENALTY
+    assert result.details["inputs_acked"] == 7
+    assert result.details["tasks_claimed"] == 2
+    assert result.details["paid_to_providers"] == 4 * PRICE
+    assert result.details["penalties_to_clients"] == 3 * PENALTY
