@@ -11,11 +11,15 @@ the run has reported its first task:
 - ``client_kill``: the client run is killed with SIGKILL and stays down until the daemon has
   claimed every task it delivered on time (the client never vouched for them), then the same
   command runs again (it must resume, and pay none of them again);
-- ``double_sigint``: the client run gets SIGINT twice, then the same command runs again.
+- ``double_sigint``: the client run gets SIGINT, and SIGINT again once it says it stopped
+  sending; the inputs it left open run again.
+
+After a provider kill or a chain freeze, the inputs a run left open (not sent, or not known to
+be acked or collected) run again too, as a user would.
 
 At the end the harness waits (bounded by the tasks' settlement instants, in wall time) until
 the daemons have put every task they delivered on time on chain, moves the chain's clock past
-every settlement instant and claim window (``evm_increaseTime`` + ``evm_mine``), lets the
+every settlement instant and claim window (``evm_setNextBlockTimestamp`` + ``evm_mine``), lets the
 client refund its breaches (``tpumarket job refund``) and agree to close, lets the daemons
 finalize and close, stops everything and audits (``tests/e2e/audit.py``): acked tasks from
 the daemons' journals, money from the escrow's events and balances.
@@ -24,7 +28,8 @@ The last line of stdout is one JSON object: ``tasks_acked``, ``tasks_paid``,
 ``tasks_refunded``, ``tasks_lost``, ``tasks_paid_twice``, ``honest_provider_losses``,
 ``honest_client_losses``, ``invariant_ok``, then durations, fault counts and details.
 
-Usage: scripts/soak [--tasks N] [--batch N] [--freeze-s S] [--window S] [--work-dir DIR]
+Usage: scripts/soak [--tasks N] [--batch N] [--freeze-s S] [--window S] [--rounds N]
+                    [--faults F,...] [--work-dir DIR]   (logs and journals are kept there)
 """
 
 from __future__ import annotations
