@@ -36,6 +36,7 @@ demo: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 
 typecheck: setup
 	.venv/bin/mypy
