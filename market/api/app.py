@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from contracts.messages import ZERO_ADDRESS
+from contracts.serving import restore_recursion_limit
 from market.api import errors
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
@@ -26,19 +26,6 @@ from market.service import MarketService, Settings
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 
-RECURSION_LIMIT = 1_000
-"""Python's default. `py_ecc` (imported by eth-account, so by `contracts`) raises the limit to
-100,000 at import; recursion that deep in C code (Python's `json` parser, `repr`) overflows the C
-stack and kills the process instead of raising `RecursionError`. The app puts it back."""
-
-
-def restore_recursion_limit() -> None:
-    """Undo the recursion limit that importing eth-account raised (see `RECURSION_LIMIT`)."""
-    import eth_account  # noqa: F401  # its import raises the limit: make sure that happened
-
-    if sys.getrecursionlimit() > RECURSION_LIMIT:
-        sys.setrecursionlimit(RECURSION_LIMIT)
-
 
 def create_app(
     settings: Settings | None = None,
@@ -47,7 +34,7 @@ def create_app(
     indexer_factory: Callable[[MarketService], Indexer | None] | None = None,
 ) -> FastAPI:
     """Build the app; the service (database, books) is created at startup unless given."""
-    restore_recursion_limit()
+    restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
     settings = settings or (service.settings if service else Settings.from_env())
 
     @asynccontextmanager

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 from fastapi import FastAPI
 
+from contracts.serving import restore_recursion_limit
 from provider.api import errors
 from provider.api.fast import FastTasks
 from provider.api.routes import system, tasks, vouchers
 from provider.daemon import Daemon
-
-RECURSION_LIMIT = 1_000
-"""Python's default. eth-account (imported through ``contracts``) raises the limit to 100,000 at
-import; recursion that deep in C code (the ``json`` parser, ``repr``) overflows the C stack and
-kills the process instead of raising ``RecursionError``. The daemon's app puts it back."""
-
-
-def restore_recursion_limit() -> None:
-    """Undo the recursion limit that importing eth-account raised (see ``RECURSION_LIMIT``)."""
-    import eth_account  # noqa: F401  # its import raises the limit: make sure that happened
-
-    if sys.getrecursionlimit() > RECURSION_LIMIT:
-        sys.setrecursionlimit(RECURSION_LIMIT)
 
 
 def create_app(daemon: Daemon) -> FastTasks:
@@ -31,7 +17,7 @@ def create_app(daemon: Daemon) -> FastTasks:
     The FastAPI app serves every route; the task submission hot path answers in front of it,
     and every other request's body is capped and its JSON nesting bounded there too.
     """
-    restore_recursion_limit()
+    restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
     app = FastAPI(
         title="tpumarket provider",
         version="1",

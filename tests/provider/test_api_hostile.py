@@ -20,8 +20,8 @@ from contracts.access import (
     ACCESS_TOKEN_HEADER,
 )
 from contracts.messages import Voucher, task_bitmap
+from contracts.serving import RECURSION_LIMIT
 from provider.access import DEAL_SCOPE
-from provider.api.app import RECURSION_LIMIT
 from provider.api.fast import MAX_SMALL_BODY_BYTES
 from provider.daemon import Daemon
 from tests.provider.access_support import proof
