@@ -188,6 +188,8 @@ class Fill(FillBase, table=True):
     __tablename__ = "fills"
 
     id: str = Field(primary_key=True, max_length=90)
+    seq: int | None = Field(default=None, sa_type=BigInteger, index=True)
+    """Order of commit across every class: newest fill = highest `seq`."""
 
 
 class FillPublic(FillBase):
@@ -416,24 +418,6 @@ class ProviderPublic(ProviderBase):
 
 
 # -- views --------------------------------------------------------------------------------------
-
-
-class LevelPublic(BaseModel):
-    """One price level: price, live units and orders."""
-
-    price: int
-    quantity: int
-    orders: int
-
-
-class BookPublic(BaseModel):
-    """Both sides of a device class's book, best first."""
-
-    device_class: str
-    bids: list[LevelPublic]
-    asks: list[LevelPublic]
-    best_bid: int | None
-    best_ask: int | None
 
 
 class PlaceResult(BaseModel):

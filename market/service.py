@@ -38,11 +38,11 @@ from contracts.orders import (
 )
 from contracts.orders import digest as fast_digest
 from contracts.typed_data import schema as typed_data_schema
-from market import storage
+from market import presenters, storage, tape
 from market.auth import RateLimiter
 from market.books import Books
 from market.checkpoint import Checkpointer
-from market.engine import MatchingEngine, Side
+from market.engine import MatchingEngine, OrderRecord, Side
 from market.errors import (
     AuthError,
     ChainUnavailableError,
@@ -59,25 +59,30 @@ from market.errors import (
 )
 from market.funds import FundsGuard, Reservation
 from market.models import (
-    BookPublic,
     CancelCreate,
-    ChainDeal,
     Deal,
     DealPublic,
     FillPublic,
     HeartbeatCreate,
-    LevelPublic,
     Order,
     OrderCreate,
     OrderPublic,
     PlaceResult,
     PlaceSummary,
     Provider,
-    ProviderClient,
     ProviderPublic,
     QuoteAttach,
     QuoteIn,
 )
+from market.presenters import (
+    BookPublic,
+    OfferPublic,
+    deal_public,
+    order_public,
+    provider_public,
+)
+from market.presenters import reliability as reliability  # its home before `market.presenters`
+from market.tape import StatsPublic
 from market.verify import CheckedOrder, Verifier, checksum, recover
 from market.writer import Placed, Writer
 
@@ -202,12 +207,6 @@ class _Metrics:
             "market_indexer_errors_total", "Indexer runs that failed", registry=registry
         )
         self.expired = Counter("market_orders_expired_total", "Orders expired", registry=registry)
-
-
-def reliability(*, paid: int, refunded: int, penalties: int, prior: int) -> float:
-    """Return the value-weighted share of good outcomes with a prior of `prior` on each side:
-    (paid + prior) / (paid + refunded + penalties + 2 prior); 0.5 with no history."""
-    return (paid + prior) / (paid + refunded + penalties + 2 * prior)
 
 
 class MarketService:
@@ -700,26 +699,47 @@ class MarketService:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def book(self, device_class: str, levels: int = 50) -> BookPublic:
-        """Return both sides of a class's book by price level, best first."""
+    def book(
+        self,
+        device_class: str,
+        levels: int = 50,
+        *,
+        plan: str | None = None,
+        slo_ms: int | None = None,
+        memory: int | None = None,
+    ) -> BookPublic:
+        """Return a class's live orders by price and terms, best first (`market.presenters`)."""
+        return presenters.book_view(
+            self._live(device_class),
+            device_class=device_class,
+            now=self.now(),
+            levels=levels,
+            plan=plan,
+            slo_ms=slo_ms,
+            memory=memory,
+        )
+
+    def _live(self, device_class: str) -> tuple[list[OrderRecord], list[OrderRecord]]:
+        """Return a class's live (bids, asks), each in priority order."""
         book = self.books.find(device_class)
         if book is None:
-            return BookPublic(
-                device_class=device_class, bids=[], asks=[], best_bid=None, best_ask=None
-            )
+            return [], []
         with book.lock:
             engine = book.engine
-            bids = engine.depth(device_class, Side.BID, levels)
-            asks = engine.depth(device_class, Side.ASK, levels)
-            best_bid = engine.best_bid(device_class)
-            best_ask = engine.best_ask(device_class)
-        return BookPublic(
-            device_class=device_class,
-            bids=[LevelPublic(price=p, quantity=q, orders=n) for p, q, n in bids],
-            asks=[LevelPublic(price=p, quantity=q, orders=n) for p, q, n in asks],
-            best_bid=best_bid,
-            best_ask=best_ask,
-        )
+            return engine.open_orders(device_class, Side.BID), engine.open_orders(
+                device_class, Side.ASK
+            )
+
+    def offers(self, *, device_class: str | None, **filters: Any) -> list[OfferPublic]:
+        """Return live asks as offers with their providers' reputation (`market.presenters`)."""
+        names = [device_class] if device_class is not None else self.device_classes()
+        asks = [(name, self._live(name)[1]) for name in names]
+        return presenters.offers_view(asks, self.providers(), now=self.now(), **filters)
+
+    def stats(self, device_class: str) -> StatsPublic:
+        """Return a class's last price, 24 h change and volume."""
+        with self.session() as session:
+            return tape.class_stats(session=session, device_class=device_class, now=self.now())
 
     def order(self, order_id: str) -> OrderPublic:
         """Return one order; raise `UnknownOrderError` if there is none."""
@@ -746,15 +766,14 @@ class MarketService:
     def fills(self, *, device_class: str | None, limit: int) -> list[FillPublic]:
         """Return the latest fills, newest first."""
         with self.session() as session:
-            rows = storage.recent_fills(session=session, device_class=device_class, limit=limit)
-        return [FillPublic.model_validate(r, from_attributes=True) for r in rows]
+            return tape.recent_fills(session=session, device_class=device_class, limit=limit)
 
     def history(
         self, device_class: str, *, since: int, bucket_s: int
     ) -> list[tuple[int, int, int, int, int, int]]:
         """Return OHLCV bars of a class's fills."""
         with self.session() as session:
-            return storage.price_history(
+            return tape.price_history(
                 session=session, device_class=device_class, since=since, bucket_s=bucket_s
             )
 
@@ -840,36 +859,6 @@ def _placed_order(placed: Placed) -> OrderPublic:
     )
 
 
-def _order_public_from_row(row: dict[str, Any]) -> OrderPublic:
-    quote = json.loads(row["quote_json"]) if row.get("quote_json") else None
-    return OrderPublic.model_construct(
-        side=row["side"],
-        owner=row["owner"],
-        device_class=row["device_class"],
-        quantity=row["quantity"],
-        price=row["price"],
-        plan=row["plan"],
-        slo_ms=row["slo_ms"],
-        memory=row["memory"],
-        expiry=row["expiry"],
-        nonce=row["nonce"],
-        order_id=row["order_id"],
-        seq=row["seq"],
-        state=row["state"],
-        remaining=row["remaining"],
-        filled=row["quantity"] - row["remaining"],
-        created_at=row["created_at"],
-        signature=row["signature"],
-        quote=quote,
-        quote_signature=row.get("quote_signature"),
-    )
-
-
-def order_public(row: Order) -> OrderPublic:
-    """Return the API view of a stored order."""
-    return _order_public_from_row(row.model_dump())
-
-
 def _check_deal_quote(q: QuoteIn, plan: Plan, deal: Deal, terms: Quote) -> None:
     """Raise `InvalidOrderError` unless a deal's quote names its client and keeps the terms of
     the ask it matched (`terms`, the ask's quote) with a cap covering the deal's spend."""
@@ -889,70 +878,3 @@ def _check_deal_quote(q: QuoteIn, plan: Plan, deal: Deal, terms: Quote) -> None:
             raise InvalidOrderError(f"quote.{name}", given, "must keep the ask's terms")
     if q.max_spend < int(deal.max_spend):
         raise InvalidOrderError("quote.max_spend", q.max_spend, f"below deal's {deal.max_spend}")
-
-
-def provider_public(row: Provider, sums: Sequence[ProviderClient], prior: int) -> ProviderPublic:
-    """Return the API view of a provider with its reputation from its clients' on-chain sums."""
-    by_client = [int(s.paid) for s in sums]
-    paid = sum(by_client)
-    refunded = sum(int(s.refunded) for s in sums)
-    penalties = sum(int(s.penalties) for s in sums)
-    return ProviderPublic(
-        **{k: v for k, v in row.model_dump().items() if k in ProviderPublic.model_fields},
-        paid=str(paid),
-        clients=sum(1 for p in by_client if p > 0),
-        top_client_share=round(max(by_client) / paid, 4) if paid else 0.0,
-        refunded=str(refunded),
-        penalties=str(penalties),
-        refunds=sum(s.refunds for s in sums),
-        disputes_won=sum(s.disputes_won for s in sums),
-        disputes_lost=sum(s.disputes_lost for s in sums),
-        reliability=round(
-            reliability(paid=paid, refunded=refunded, penalties=penalties, prior=prior), 4
-        ),
-    )
-
-
-def deal_public(deal: Deal, orders: dict[str, Order], chain: ChainDeal | None) -> DealPublic:
-    """Return the API view of a deal record with its on-chain settlement status."""
-    bid = order_public(orders[deal.bid_id])
-    ask = order_public(orders[deal.ask_id])
-    if chain is None:
-        status = "matched"
-    elif chain.status == "closed":
-        status = "closed"
-    elif int(chain.paid) or chain.tasks_paid:
-        status = "paid"
-    elif chain.refunds or chain.disputes_lost:
-        status = "refunded"
-    else:
-        status = "opened"
-    attached = deal.quote_json is not None
-    return DealPublic(
-        deal_id=deal.deal_id,
-        device_class=deal.device_class,
-        client=deal.client,
-        provider=deal.provider,
-        price=deal.price,
-        quantity=deal.quantity,
-        max_spend=deal.max_spend,
-        created_at=deal.created_at,
-        bid=bid,
-        ask=ask,
-        quote=json.loads(deal.quote_json) if deal.quote_json else None,
-        quote_signature=deal.quote_signature if attached else None,
-        quote_hash=deal.quote_hash if attached else None,
-        status=status,
-        chain_deal_id=deal.chain_deal_id,
-        tasks_paid=chain.tasks_paid if chain else 0,
-        paid=chain.paid if chain else "0",
-        reservation_fee=chain.reservation_fee if chain else "0",
-        refunds=chain.refunds if chain else 0,
-        refunded=chain.refunded if chain else "0",
-        penalties=chain.penalties if chain else "0",
-        disputes_won=chain.disputes_won if chain else 0,
-        disputes_lost=chain.disputes_lost if chain else 0,
-        opened_tx=chain.opened_tx if chain else None,
-        last_tx=chain.last_tx if chain else None,
-        closed_tx=chain.closed_tx if chain else None,
-    )

@@ -92,6 +92,7 @@ def init_db(*, engine: Engine) -> None:
     """Create the tables and indexes that do not exist yet; drop retired indexes; rebuild the
     chain index if an older version of the market wrote it."""
     _drop_stale_chain_index(engine)
+    _number_fills(engine)
     SQLModel.metadata.create_all(engine)
     with engine.begin() as connection:
         # A database made before orders claimed their own nonces lacks this index (its orders'
@@ -107,6 +108,22 @@ def init_db(*, engine: Engine) -> None:
         )
         for name in _RETIRED_INDEXES:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+
+
+def _number_fills(engine: Engine) -> None:
+    """Give the fills of a database made before fills had a global `seq` one, in the order of
+    (time, class, fill id): the best the old rows tell."""
+    if "fills" not in inspect(engine).get_table_names():
+        return
+    if "seq" in {c["name"] for c in inspect(engine).get_columns("fills")}:
+        return
+    with engine.begin() as connection:
+        connection.exec_driver_sql("ALTER TABLE fills ADD COLUMN seq BIGINT")
+        connection.exec_driver_sql(
+            "UPDATE fills SET seq = r.n FROM (SELECT id, ROW_NUMBER() OVER "
+            "(ORDER BY time, device_class, fill_id) AS n FROM fills) AS r WHERE fills.id = r.id"
+        )
+        connection.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_fills_seq ON fills (seq)")
 
 
 def _drop_stale_chain_index(engine: Engine) -> None:
@@ -244,6 +261,7 @@ FILL_COLUMNS = (
     "quantity",
     "aggressor",
     "time",
+    "seq",
 )
 DEAL_COLUMNS = (
     "deal_id",
@@ -296,8 +314,10 @@ def record_placement(
         _insert_many(connection, "orders", ORDER_COLUMNS, orders)
     if updates:
         record_progress(connection=connection, updates=updates)
-    if fills:
-        _insert_many(connection, "fills", FILL_COLUMNS, fills)
+    if fills:  # the caller's rows lack `seq`: number them after the last committed fill
+        last = connection.exec_driver_sql("SELECT MAX(seq) FROM fills").scalar() or 0
+        numbered = [(*row, last + i) for i, row in enumerate(fills, 1)]
+        _insert_many(connection, "fills", FILL_COLUMNS, numbered)
     if deals:
         _insert_many(connection, "deals", DEAL_COLUMNS, deals)
 
@@ -335,40 +355,6 @@ def list_orders(
     if live_only:
         query = query.where(col(Order.state).in_(("open", "partially_filled")))
     return list(session.exec(query.order_by(col(Order.created_at).desc()).limit(limit)).all())
-
-
-def recent_fills(
-    *, session: Session, device_class: str | None = None, limit: int = 50
-) -> list[Fill]:
-    """Return the latest fills, newest first."""
-    query = select(Fill)
-    if device_class is not None:
-        query = query.where(Fill.device_class == device_class)
-    query = query.order_by(col(Fill.time).desc(), col(Fill.fill_id).desc()).limit(limit)
-    return list(session.exec(query).all())
-
-
-def price_history(
-    *, session: Session, device_class: str, since: int, bucket_s: int
-) -> list[tuple[int, int, int, int, int, int]]:
-    """Return (bucket start, open, high, low, close, volume) of fills per time bucket."""
-    rows = session.exec(
-        select(Fill.time, Fill.fill_id, Fill.price, Fill.quantity)
-        .where(Fill.device_class == device_class, Fill.time >= since)
-        .order_by(col(Fill.time), col(Fill.fill_id))
-    ).all()
-    out: list[list[int]] = []
-    for time, _fill_id, price, quantity in rows:
-        start = time - time % bucket_s
-        if out and out[-1][0] == start:
-            bar = out[-1]
-            bar[2] = max(bar[2], price)
-            bar[3] = min(bar[3], price)
-            bar[4] = price
-            bar[5] += quantity
-        else:
-            out.append([start, price, price, price, price, quantity])
-    return [(b[0], b[1], b[2], b[3], b[4], b[5]) for b in out]
 
 
 def commitments(*, session: Session, owner: str, now: int, deals_since: float) -> tuple[int, int]:

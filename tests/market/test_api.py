@@ -53,7 +53,8 @@ def test_place_when_bid_crosses_ask_then_fill_becomes_deal_for_both(
         bob.address
     )
     book = client.get("/v1/book/tpu-v5e").json()
-    assert book["asks"] == [] and book["bids"] == [{"price": 100, "quantity": 3, "orders": 1}]
+    level = {"price": 100, "quantity": 3, "orders": 1, "plan": "metered", "slo_ms": 100}
+    assert book["asks"] == [] and book["bids"] == [{**level, "memory": 16 << 30}]
     assert client.get(f"/v1/orders/{ask['order']['order_id']}").json()["state"] == "filled"
 
 
