@@ -18,7 +18,7 @@ from market.api import errors
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
 from market.api.limits import BodySizeLimit, SecurityHeaders
-from market.api.routes import book, deals, orders, providers
+from market.api.routes import book, deals, orders, providers, stream
 from market.indexer import Indexer
 from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
@@ -41,7 +41,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         svc = service or MarketService(settings)
         app.state.service = svc
-        app.state.changes = book.Changes(
+        app.state.changes = stream.Changes(
             svc, max_streams=settings.max_streams, max_per_ip=settings.max_streams_per_ip
         )
         indexer: Indexer | None = None
@@ -80,7 +80,7 @@ def create_app(
         app.state.service = service  # usable before the lifespan runs (schema tools, tests)
     errors.install(app)
     limited = [Depends(limit_ip)]
-    for module in (orders, deals, providers, book):
+    for module in (orders, deals, providers, book, stream):
         app.include_router(module.router, dependencies=limited)
     # The bodies the routes read themselves (`market.api.body`), published all the same.
     publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)
