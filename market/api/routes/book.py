@@ -7,7 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from market.api.deps import ServiceDep
-from market.models import LABEL, BookPublic, FillPublic
+from market.models import INT64, LABEL, FillPublic
+from market.presenters import OFFER_SORTS, TOKEN_DECIMALS, BookPublic, OfferPublic
+from market.tape import StatsPublic
 
 router = APIRouter(prefix="/v1", tags=["market data"])
 
@@ -51,14 +53,59 @@ def classes(service: ServiceDep) -> list[str]:
     return service.device_classes()
 
 
+Plan = Annotated[str | None, Query(pattern=LABEL, description="orders of this plan only")]
+Units = Annotated[int | None, Query(ge=0, le=INT64)]
+SORT = "^-?(" + "|".join(OFFER_SORTS) + ")$"
+
+
 @router.get("/book/{device_class}")
 def book(
     device_class: Annotated[str, Path(pattern=LABEL)],
     service: ServiceDep,
     levels: Annotated[int, Query(ge=1, le=500)] = 50,
+    plan: Plan = None,
+    slo_ms: Annotated[
+        int | None, Query(ge=1, le=INT64, description="a bid's SLO: asks this fast, bids slower")
+    ] = None,
+    memory: Annotated[
+        int | None, Query(ge=0, le=INT64, description="a bid's memory: asks with it, bids less")
+    ] = None,
 ) -> BookPublic:
-    """Return a device class's bids and asks by price level, best first."""
-    return service.book(device_class, levels)
+    """Return a class's live orders by price level and terms (plan, SLO, memory), best first.
+
+    Each level holds orders of one plan, SLO and memory. With `plan`, `slo_ms` and `memory`
+    given (a buyer's needs), only asks that can serve such a bid and bids no more demanding are
+    shown: every bid shown can trade with every ask shown (`tradable`), so best bid < best ask.
+    """
+    return service.book(device_class, levels, plan=plan, slo_ms=slo_ms, memory=memory)
+
+
+@router.get("/offers")
+def offers(
+    service: ServiceDep,
+    device_class: Annotated[str | None, Query(pattern=LABEL)] = None,
+    plan: Plan = None,
+    max_slo_ms: Units = None,
+    min_memory: Units = None,
+    max_price: Annotated[int | None, Query(ge=0, le=INT64, description="token base units")] = None,
+    min_reliability: Annotated[float | None, Query(ge=0, le=1)] = None,
+    online: Annotated[bool, Query(description="only providers with a recent heartbeat")] = False,
+    sort: Annotated[str, Query(pattern=SORT, description="a field; `-` for descending")] = "price",
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[OfferPublic]:
+    """Return live asks as offers: provider, reliability, terms, price, capacity, and the
+    `tpumarket client bid` command that takes each."""
+    return service.offers(
+        device_class=device_class,
+        plan=plan,
+        max_slo_ms=max_slo_ms,
+        min_memory=min_memory,
+        max_price=max_price,
+        min_reliability=min_reliability,
+        online_only=online,
+        sort=sort,
+        limit=limit,
+    )
 
 
 @router.get("/fills")
@@ -67,7 +114,7 @@ def fills(
     device_class: Annotated[str | None, Query(pattern=LABEL)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[FillPublic]:
-    """Return recent matches, newest first."""
+    """Return recent matches, newest first across every class (in the order they committed)."""
     return service.fills(device_class=device_class, limit=limit)
 
 
@@ -82,15 +129,23 @@ def history(
     return service.history(device_class, since=since, bucket_s=bucket_s)
 
 
+@router.get("/stats/{device_class}")
+def stats(device_class: Annotated[str, Path(pattern=LABEL)], service: ServiceDep) -> StatsPublic:
+    """Return a class's last price, 24 h change, high, low and volume."""
+    return service.stats(device_class)
+
+
 @router.get("/overview")
 def overview(service: ServiceDep) -> dict[str, Any]:
-    """Return everything the web order book shows, in one response."""
+    """Return what the web page shows besides the book and offers, in one response."""
     names = service.device_classes()
     since = service.now() - OVERVIEW_HISTORY_S
     return {
         "version": service.version,
+        "token_decimals": TOKEN_DECIMALS,
+        "escrow": service.domain.verifying_contract,
         "classes": names,
-        "books": {n: service.book(n, 20).model_dump() for n in names},
+        "stats": {n: service.stats(n).model_dump() for n in names},
         "fills": [f.model_dump() for f in service.fills(device_class=None, limit=30)],
         "providers": [p.model_dump() for p in service.providers()],
         "deals": [
