@@ -210,6 +210,8 @@ class ProviderConfig:
     settlement: SettlementConfig = field(default_factory=SettlementConfig)
     ask: AskConfig | None = None
     log_scheduler: bool = False
+    keep_alive_s: float = 5.0  # an idle connection (new, or after an answer) closes then
+    request_read_timeout_s: float = 10.0  # a request's headers (and body, at a fair rate) by then
 
     def __post_init__(self) -> None:
         """Reject settings that cannot work."""
@@ -217,6 +219,8 @@ class ProviderConfig:
             raise ConfigError("slo_ms must be at least 1000 (deadlines are whole seconds)")
         if self.pool_size < 1:
             raise ConfigError("pool_size must be at least 1")
+        if not (self.keep_alive_s > 0 and self.request_read_timeout_s > 0):
+            raise ConfigError("keep_alive_s and request_read_timeout_s must be positive")
         if not plan_is_valid(self.plan):
             raise ConfigError("plan has a discount above 100% or unordered tiers")
         digits = str(self.private_key).removeprefix("0x")

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.program import ProgramFormatError, check_target_name
 from provider.api.errors import STATUS_BY_CODE, error_body
 from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER, task_json
 from provider.api.waiting import settled_view
@@ -71,11 +72,18 @@ def check_envelope_type(headers: Mapping[str, str]) -> None:
 
 
 def check_headers(daemon: Daemon, headers: Mapping[str, str]) -> CheckedRequest:
-    """Check the signed request of a task submission before its body is read."""
+    """Check the signed request of a task submission (and the form of its compile target)
+    before its body is read."""
     task_request = headers.get(REQUEST_HEADER.lower())
     signature = headers.get(SIGNATURE_HEADER.lower())
     if task_request is None or signature is None:
         raise RejectedError("bad_request", f"{REQUEST_HEADER} and {SIGNATURE_HEADER} are required")
+    target = headers.get(TARGET_HEADER.lower())
+    if target is not None:
+        try:
+            check_target_name(target)
+        except ProgramFormatError as exc:
+            raise RejectedError("bad_request", f"{TARGET_HEADER}: {exc}"[:200]) from None
     return daemon.service.check_request(task_request, signature)
 
 

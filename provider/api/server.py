@@ -1,0 +1,50 @@
+"""Serving the daemon's API with uvicorn on connections a slow or idle client cannot hold open.
+
+The protocol is the market's (:func:`contracts.serving.guarded_protocol`): a new connection
+that sends nothing closes after ``keep_alive_s``, like one idle after an answer; a request must
+arrive whole within ``request_read_timeout_s`` of its first byte, plus a second for every
+:data:`MIN_UPLOAD_RATE` bytes of body received (a task envelope of many MiB on a fair link
+arrives; a client sending a byte a second is cut off, with a 408 if its headers never
+completed); request line and headers hold at most :data:`MAX_HEADER_BYTES`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+
+from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol
+from provider.config import ProviderConfig
+
+MIN_UPLOAD_RATE = 64 * 1024
+"""Bytes per second a body must keep arriving at, past the read timeout, not to be cut."""
+MAX_HEADER_BYTES = 32 * 1024
+"""Request line and headers (the signed task request is a few hundred bytes)."""
+MAX_CONNECTIONS = 1_024
+"""Connections and requests in flight; beyond, uvicorn answers 503."""
+
+
+def daemon_protocol(config: ProviderConfig) -> type[GuardedHttpToolsProtocol]:
+    """Return the protocol class with the daemon's read timeout, upload rate and header cap."""
+    return guarded_protocol(
+        "ProviderHttpProtocol",
+        read_timeout=config.request_read_timeout_s,
+        max_header_bytes=MAX_HEADER_BYTES,
+        min_body_rate=MIN_UPLOAD_RATE,
+    )
+
+
+def serve(app: Any, config: ProviderConfig) -> None:
+    """Run ``app`` with uvicorn on the config's host and port until interrupted."""
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        http=daemon_protocol(config),
+        ws="none",
+        timeout_keep_alive=max(1, round(config.keep_alive_s)),
+        limit_concurrency=MAX_CONNECTIONS,
+        log_config=None,
+        access_log=False,
+    )

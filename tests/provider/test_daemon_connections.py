@@ -1,0 +1,232 @@
+"""The daemon served by its CLI (real uvicorn, real sockets) against slow and idle clients.
+
+A connection that sends nothing, or a request that drips in a byte a second, is closed after
+the configured timeouts (a 408 when its headers never completed), while a normal client is
+served meanwhile; a compile target header that is no target name is a 400 before the body.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contracts.chain import free_port
+from tests.provider.daemon_support import (
+    PLAN,
+    SLO_S,
+    ChainWorld,
+    sign_task,
+    tiny_mlp_envelope,
+    wait_until,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+KEEP_ALIVE_S = 1
+READ_TIMEOUT_S = 2
+SLACK_S = 3  # a loaded 2-core host runs the timer late; the drip itself would last minutes
+
+
+class Served:
+    """The daemon process: its port and URL."""
+
+    def __init__(self, port: int, process: subprocess.Popen[bytes]) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = process
+
+    def healthy(self) -> bool:
+        """Return whether the process runs and answers its health check."""
+        if self.process.poll() is not None:
+            return False
+        return httpx.get(self.url + "/v1/health", timeout=30).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def served(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    work = tmp_path_factory.mktemp("daemon-connections")
+    config = work / "provider.toml"
+    config.write_text(
+        f'rpc_url = "{chain_world.anvil.url}"\n'
+        f'escrow = "{chain_world.escrow.address}"\n'
+        f'data_dir = "{work / "data"}"\n'
+        'jax_platforms = "cpu"\n'
+        f"slo_ms = {SLO_S * 1000}\n"
+        "benchmark_on_start = false\n"
+        f"keep_alive_s = {KEEP_ALIVE_S}\n"
+        f"request_read_timeout_s = {READ_TIMEOUT_S}\n"
+        "[plan]\n"
+        f"compile_price = {PLAN.compile_price}\n"
+        f"inference_price = {PLAN.inference_price}\n"
+    )
+    port = free_port()
+    env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=chain_world.provider)
+    env["JAX_PLATFORMS"] = "cpu"
+    with (work / "daemon.log").open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
+                *("--config", str(config), "--port", str(port)),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    daemon = Served(port, process)
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError((work / "daemon.log").read_text()[-3000:])
+        try:
+            return daemon.healthy()
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, 120, "daemon health")
+        yield daemon
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+def _drip(sock: socket.socket, data: bytes, limit_s: float) -> tuple[float, bytes]:
+    """Send `data` one byte a second until the daemon closes; return (seconds, bytes read)."""
+    started = time.monotonic()
+    received = b""
+    sock.settimeout(1.0)
+    for byte in data:
+        try:
+            sock.send(bytes([byte]))
+            chunk = sock.recv(4_096)  # waits up to a second: the drip's pace
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        received += chunk
+        if time.monotonic() - started > limit_s:
+            break
+    return time.monotonic() - started, received
+
+
+def test_connection_when_it_sends_nothing_then_closed_after_the_keep_alive(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.settimeout(KEEP_ALIVE_S + 30)
+        started = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the daemon, never having sent a byte
+        assert time.monotonic() - started < KEEP_ALIVE_S + SLACK_S
+
+
+def test_connection_when_idle_after_an_answer_then_closed(served: Served) -> None:
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: daemon\r\n\r\n")
+        sock.settimeout(KEEP_ALIVE_S + 30)
+        data = b""
+        while b"}" not in data:
+            data += sock.recv(4_096)
+        started = time.monotonic()
+        assert sock.recv(1) == b""
+        assert time.monotonic() - started < KEEP_ALIVE_S + SLACK_S
+
+
+def test_headers_when_sent_a_byte_a_second_then_408_and_closed(served: Served) -> None:
+    request = b"GET /v1/health HTTP/1.1\r\nhost: daemon\r\nx-pad: " + b"a" * 60 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        seconds, received = _drip(sock, request, READ_TIMEOUT_S + 20)
+    assert received.startswith(b"HTTP/1.1 408")
+    assert b"RequestTimeout" in received
+    assert seconds < READ_TIMEOUT_S + SLACK_S
+
+
+def test_voucher_body_when_sent_a_byte_a_second_then_closed(served: Served) -> None:
+    head = (
+        b"POST /v1/vouchers HTTP/1.1\r\nhost: daemon\r\ncontent-type: application/json\r\n"
+        b"content-length: 500\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", served.port)) as sock:
+        sock.sendall(head)
+        seconds, _ = _drip(sock, b" " * 500, READ_TIMEOUT_S + 20)
+    assert seconds < READ_TIMEOUT_S + SLACK_S
+    assert served.healthy()
+
+
+def test_slowloris_when_100_connections_drip_then_a_normal_client_is_served_and_all_are_cut(
+    served: Served,
+) -> None:
+    socks = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(100)]
+    try:
+        for sock in socks:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\n")
+        with httpx.Client(base_url=served.url, timeout=30) as normal:
+            answers = [normal.get("/v1/health").status_code for _ in range(10)]
+        for sock in socks:
+            sock.settimeout(READ_TIMEOUT_S + 30)
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            cut = list(pool.map(lambda s: s.recv(4_096), socks))
+    finally:
+        for sock in socks:
+            sock.close()
+    assert answers == [200] * 10
+    assert all(answer.startswith(b"HTTP/1.1 408") for answer in cut)
+    assert served.healthy()
+
+
+def test_upload_when_it_arrives_at_a_fair_rate_past_the_read_timeout_then_read_whole(
+    served: Served, chain_world: ChainWorld
+) -> None:
+    """2 MiB streamed over 2.4 read timeouts (~400 KiB/s, above the minimum upload rate) is
+    read whole and judged: not an envelope (422), where a cut connection would get no answer."""
+    deal_id = chain_world.open_deal(client=chain_world.client)
+    task = sign_task(chain_world, chain_world.client, deal_id, 0, tiny_mlp_envelope()[0])
+    pieces, size = 16, 128 * 1024
+
+    def slow_body() -> Iterator[bytes]:
+        for _ in range(pieces):
+            time.sleep(READ_TIMEOUT_S * 0.15)  # the upload's own pace: 2.4 read timeouts in all
+            yield b"\0" * size
+
+    with httpx.Client(base_url=served.url, timeout=60) as client:
+        reply = client.post(
+            "/v1/tasks",
+            content=slow_body(),
+            headers={**task.headers(), "Content-Length": str(pieces * size)},
+        )
+
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"] == "envelope_malformed"
+
+
+@pytest.mark.parametrize("target", ["v5e 1x1", "x" * 65, "\u00e9t\u00e9", ""])
+def test_compile_target_when_not_a_target_name_then_400_before_the_body(
+    served: Served, chain_world: ChainWorld, target: str
+) -> None:
+    deal_id = chain_world.open_deal(client=chain_world.client)
+    task = sign_task(chain_world, chain_world.client, deal_id, 0, tiny_mlp_envelope()[0])
+    headers = {**task.headers(), "X-Tpumarket-Target": target}
+
+    reply = httpx.post(
+        served.url + "/v1/tasks",
+        content=task.body,
+        headers={k: v.encode("latin-1", "replace") for k, v in headers.items()},
+        timeout=30,
+    )
+
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"] == "bad_request"
+    assert "X-Tpumarket-Target" in reply.json()["reason"]
