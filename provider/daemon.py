@@ -32,6 +32,11 @@ from provider.settlement import SettlementJobs
 
 log = logging.getLogger("provider.daemon")
 JOURNAL_FILE = "journal.sqlite3"
+JOURNAL_UPKEEP_S = 60.0
+"""Seconds between journal upkeep passes: seal closed and settled deals, check a batch of
+sealed ones (``verify-journal`` checks them all at once)."""
+JOURNAL_VERIFY_BATCH = 200
+"""Sealed deals checked against their seals per upkeep pass."""
 
 
 class DataDirLockedError(ConfigError):
@@ -98,13 +103,16 @@ class Daemon:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.lock = DataDirLock(config.data_dir)
         try:
-            self.journal = Journal(config.data_dir / JOURNAL_FILE, self.address, self.domain)
+            self.journal = Journal(
+                config.data_dir / JOURNAL_FILE,
+                self.address,
+                self.domain,
+                private_key=config.private_key,
+            )
         except BaseException:
             self.lock.release()
             raise
-        self.metrics.restore(
-            (s.action, s.data) for _, book in self.journal.iter_books() for s in book.settlements
-        )
+        self.metrics.restore(self.journal.settlement_history())
         self.jobs = SettlementJobs(
             private_key=config.private_key,
             escrow=self.escrow,
@@ -260,6 +268,7 @@ class Daemon:
                 )
                 self.asks.run()
                 extra.append((self.asks.run, max(5.0, self.config.ask.expiry_s / 10)))
+        extra.append((self._journal_upkeep, JOURNAL_UPKEEP_S))
         if schedule:
             self.jobs.start(extra)
         log.info(
@@ -273,6 +282,14 @@ class Daemon:
                 "min_challenge_window_s": self.config.settlement.min_window_s(),
             },
         )
+
+    def _journal_upkeep(self) -> None:
+        """Seal what closed, check the next batch of sealed deals (an error is logged)."""
+        try:
+            self.journal.seal_ready()
+            self.journal.verify_sealed_batch(JOURNAL_VERIFY_BATCH)
+        except Exception:  # a job must never kill the scheduler thread
+            log.exception("journal upkeep failed")
 
     def close(self) -> None:
         """Stop jobs and tasks, close the sandbox (if ours) and the journal."""
