@@ -2,6 +2,9 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 NPMSTAMP := node_modules/.installed
+# The torch_xla export environment, apart from .venv (see requirements-xla.txt)
+XLA_PY  := .venv-xla/bin/python
+XLA_STAMP := .venv-xla/.installed
 # The matching engine's hot modules, compiled to C extensions (see market/native.py)
 ENGINE_SRC := market/engine/book.py market/engine/engine.py market/native.py scripts/build_engine.py
 ENGINE_STAMP := .cache/engine-native.built
@@ -9,7 +12,7 @@ ARGS    ?=
 
 .PHONY: demo test lint typecheck unit setup system-deps bench-gas clean
 
-setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP)
+setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP) $(XLA_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
@@ -21,6 +24,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torchax==0.0.13 onnx==1.23.2 onnxruntime==1.32.0
 	$(PY) -m pip install --quiet --no-deps silero-vad==6.2.3
 	touch $(STAMP)
+
+# torch-xla 2.9.0 needs exactly torch 2.9.0 (a CUDA build on PyPI: ~4.1 GB of downloads, 7.1 GB
+# on disk) and its libtpu pin conflicts with jax[tpu], so the torch_xla export worker
+# (client/models/xla_worker.py) runs in this venv of its own. Rebuilt when the pins change.
+$(XLA_STAMP): requirements-xla.txt
+	test -x $(XLA_PY) || python3.11 -m venv .venv-xla || python3 -m venv .venv-xla
+	$(XLA_PY) -m pip install --quiet --upgrade pip
+	$(XLA_PY) -m pip install --quiet -r requirements-xla.txt
+	touch $(XLA_STAMP)
 
 $(ENGINE_STAMP): $(STAMP) $(ENGINE_SRC)
 	$(PY) scripts/build_engine.py || echo "warning: the engine was not compiled (no C compiler?); it runs as plain Python"
@@ -53,4 +65,4 @@ bench-gas: setup
 	scripts/bench-gas
 
 clean:
-	rm -rf .venv node_modules .cache market/engine/*.so
+	rm -rf .venv .venv-xla node_modules .cache market/engine/*.so
