@@ -51,6 +51,18 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "(default 1,000,000)",
     )
     serve.add_argument(
+        "--provider-ttl",
+        type=float,
+        default=None,
+        help="seconds after its last heartbeat a provider's asks stop matching (default 60)",
+    )
+    serve.add_argument(
+        "--unopened-deal-hold",
+        type=int,
+        default=None,
+        help="seconds a match not opened on chain holds its client's funds (default 3600)",
+    )
+    serve.add_argument(
         "--no-funds-check",
         action="store_true",
         help="take orders and adverts without escrow funds behind them (development only)",
@@ -93,6 +105,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "min_provider_stake": args.min_provider_stake,
         "keep_alive_s": args.keep_alive,
         "request_read_timeout_s": args.request_read_timeout,
+        "provider_offline_after_s": args.provider_ttl,
+        "unopened_deal_hold_s": args.unopened_deal_hold,
     }
     if args.rate_per_address is not None:
         overrides["burst_per_address"] = max(1.0, 2 * args.rate_per_address)
