@@ -30,10 +30,11 @@ class Category(StrEnum):
     COMPILE_TIMEOUT = "compile_timeout"
     EXECUTE_TIMEOUT = "execute_timeout"
     WORKER_CRASH = "worker_crash"
+    EXECUTE_ERROR = "execute_error"
 
     @property
     def code(self) -> int:
-        """Return the stable on-chain code of this category (1..10; 0 means success)."""
+        """Return the stable on-chain code of this category (1..11; 0 means success)."""
         return _CODES[self]
 
     @classmethod
@@ -56,6 +57,7 @@ _CODES: Final[dict[Category, int]] = {
     Category.COMPILE_TIMEOUT: 8,
     Category.EXECUTE_TIMEOUT: 9,
     Category.WORKER_CRASH: 10,
+    Category.EXECUTE_ERROR: 11,
 }
 
 
@@ -114,7 +116,37 @@ HINTS: Final[dict[Category, tuple[str, ...]]] = {
         "The program crashed the runtime; remove custom calls and check it runs locally "
         "on the same JAX version.",
     ),
+    Category.EXECUTE_ERROR: (
+        "The program raised an error while it ran (the runtime survived): run it locally "
+        "with the same inputs and check its runtime assertions.",
+    ),
 }
+OP_COUNT_HINTS: Final = (
+    "Shrink the program: use lax.scan or fori_loop instead of unrolled Python loops.",
+    "Split the model into smaller exported functions, one task each.",
+)
+"""Hints of a program refused for having more ops than the provider's cap."""
+F64_ON_TPU_HINTS: Final = (
+    "TPUs have no float64 or complex128: cast to float32 (or bfloat16) and complex64 before "
+    "exporting, or run the program on a CPU or GPU provider.",
+)
+"""Hints of a program that needs 64-bit floats on a TPU target."""
+OUTPUT_DTYPE_HINTS: Final = (
+    "Return complex128 results as two float64 arrays (jnp.real, jnp.imag), and sub-byte "
+    "integers widened to int8.",
+)
+"""Hints of a program whose results have a dtype the outputs' format cannot carry."""
+HINT_SETS: Final[dict[str, tuple[str, ...]]] = {
+    "op_count": OP_COUNT_HINTS,
+    "f64_on_tpu": F64_ON_TPU_HINTS,
+    "output_dtype": OUTPUT_DTYPE_HINTS,
+}
+"""Hints other than a category's own, by the name a worker sends them under (no free text)."""
+
+
+def hint_set_name(hints: tuple[str, ...]) -> str | None:
+    """Return the name of ``hints`` in :data:`HINT_SETS`, or None for a category's own."""
+    return next((name for name, known in HINT_SETS.items() if known == hints), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +175,9 @@ def diagnose(
     op: str | None = None,
     required_bytes: int | None = None,
     available_bytes: int | None = None,
+    hints: tuple[str, ...] | None = None,
 ) -> Diagnosis:
-    """Build a diagnosis of a known category, with its standard remediation hints."""
+    """Build a diagnosis of a known category, with ``hints`` or its standard ones."""
     return Diagnosis(
         category=category,
         message=first_meaningful_line(message),
@@ -152,7 +185,7 @@ def diagnose(
         op=op,
         required_bytes=required_bytes,
         available_bytes=available_bytes,
-        hints=HINTS[category],
+        hints=HINTS[category] if hints is None else hints,
     )
 
 
@@ -307,7 +340,7 @@ _FALLBACK: Final[dict[Stage, Category]] = {
     Stage.PARSE: Category.MALFORMED_INPUT,
     Stage.VALIDATE: Category.MALFORMED_INPUT,
     Stage.COMPILE: Category.UNSUPPORTED_OP,
-    Stage.EXECUTE: Category.WORKER_CRASH,
+    Stage.EXECUTE: Category.EXECUTE_ERROR,  # the worker raised and lives: no crash
 }
 
 

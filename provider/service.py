@@ -450,6 +450,9 @@ class TaskService:
             raise self._reject("bad_request", "a compile task needs a target header")
         if request.kind == KIND_INFERENCE and target is not None:
             raise self._reject("bad_request", "an inference task takes no target")
+        refusal = None if target is None else self.sandbox.target_refusal(target)
+        if refusal is not None:  # refused before the ack: nothing is billed
+            raise self._reject("target_unsupported", refusal)
         if len(data) > self.max_envelope_bytes:
             raise self._reject(
                 "envelope_too_large", f"{len(data)} bytes, cap {self.max_envelope_bytes}"

@@ -31,6 +31,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "unsupported_media_type": 415,
     "envelope_malformed": 422,
     "hash_mismatch": 422,
+    "target_unsupported": 422,
     "price_above_max": 422,
     "deadline_too_soon": 422,
     "deadline_after_expiry": 422,

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from provider.diagnosis import Category
+from provider.diagnosis import OP_COUNT_HINTS, Category
 from provider.errors import ProviderError
 
 ARTIFACT_MAGIC: Final = b"ML\xefR"
@@ -63,11 +63,19 @@ TensorType = tuple[Shape | None, str]  # (static shape or None, element type as 
 class RejectedProgram(ProviderError):
     """Raised inside the worker when a program fails a rule; ``category`` names which kind."""
 
-    def __init__(self, category: Category, message: str, op: str | None = None) -> None:
-        """Record why the program was refused."""
+    def __init__(
+        self,
+        category: Category,
+        message: str,
+        op: str | None = None,
+        *,
+        hints: tuple[str, ...] | None = None,
+    ) -> None:
+        """Record why the program was refused (``hints``: other than the category's own)."""
         super().__init__(message)
         self.category = category
         self.op = op
+        self.hints = hints
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -155,11 +163,15 @@ def check_op(name: str, custom_call_target: str | None) -> None:
             )
 
 
-def check_op_count(count: int, limit: int) -> None:
-    """Reject a module with more ops than the cap."""
+def check_op_count(count: int, limit: int, *, counted_all: bool = True) -> None:
+    """Reject a module with more ops than the cap; ``counted_all``: ``count`` is the total
+    (else the count stopped there and the module has at least that many)."""
     if count > limit:
+        how_many = f"{count}" if counted_all else f"at least {count}"
         raise RejectedProgram(
-            Category.UNSUPPORTED_OP, f"op count {count} exceeds the cap of {limit} ops per program"
+            Category.UNSUPPORTED_OP,
+            f"op count {how_many} exceeds the cap of {limit} ops per program",
+            hints=OP_COUNT_HINTS,
         )
 
 

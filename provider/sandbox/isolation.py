@@ -45,6 +45,7 @@ ENV_ALLOWLIST: frozenset[str] = frozenset(
         "XLA_FLAGS",
         "TPU_ACCELERATOR_TYPE",
         "TPU_WORKER_ID",
+        "TPU_WORKER_HOSTNAMES",
         "TPU_SKIP_MDS_QUERY",
         "CUDA_VISIBLE_DEVICES",
         "XLA_PYTHON_CLIENT_MEM_FRACTION",

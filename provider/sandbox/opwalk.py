@@ -5,8 +5,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from provider.sandbox.checks import TensorType, check_custom_call, check_op, check_op_count
+from provider.diagnosis import Category
+from provider.sandbox.checks import (
+    RejectedProgram,
+    TensorType,
+    check_custom_call,
+    check_op,
+    check_op_count,
+)
 
+
+class UnparsableModule(RejectedProgram):
+    """The StableHLO parser refused the module (its worker is not trusted after that)."""
+
+
+COUNT_BEYOND_CAP = 16
+"""Past the op cap, ops are only counted, up to this many times the cap, for the message."""
 _CONFIG_ENTRY = re.compile(r"(\w+) = (-?\d+) : (?:ui8|i8|i32|i64|ui32)\b")
 
 
@@ -21,39 +35,71 @@ def walk_module(exported: Any, max_ops: int) -> int:
     from jax.extend.mlir.dialects import stablehlo
 
     with make_ir_context() as context:
-        module = stablehlo.deserialize_portable_artifact(context, exported.mlir_module_serialized)
+        module = parse_module(context, exported.mlir_module_serialized, ir, stablehlo)
         return _walk(module, max_ops, ir)
+
+
+def parse_module(context: Any, data: bytes, ir: Any, stablehlo: Any) -> Any:
+    """Deserialize a portable artifact; a refusal carries the parser's own first error line.
+
+    MLIR reports why it failed (e.g. an unregistered operation's name) to the context's
+    diagnostic handlers, not in the exception, which says only that it failed.
+    """
+    errors: list[str] = []
+
+    def keep(diagnostic: Any) -> bool:
+        if diagnostic.severity == ir.DiagnosticSeverity.ERROR and len(errors) < 8:
+            errors.append(str(diagnostic.message))
+        return True  # handled: nothing goes to the worker's stderr
+
+    handler = context.attach_diagnostic_handler(keep)
+    try:
+        return stablehlo.deserialize_portable_artifact(context, data)
+    except Exception as exc:
+        reasons = [e for e in errors if not e.startswith("failed to deserialize")]
+        said = "; ".join(reasons[:2] or errors[:1]) or f"{type(exc).__name__}: {exc}"
+        raise UnparsableModule(
+            Category.MALFORMED_INPUT, f"cannot parse the StableHLO module: {said}"
+        ) from exc
+    finally:
+        handler.detach()
 
 
 def _walk(module: Any, max_ops: int, ir: Any) -> int:
     count = 0
+    bound = max_ops * COUNT_BEYOND_CAP
     stack: list[Any] = [module.operation]
-    while stack:
+    while stack and count <= bound:
         operation = stack.pop()
         for region in operation.regions:
             for block in region.blocks:
                 for child in block.operations:
                     op = child.operation
                     count += 1
-                    if count > max_ops:
-                        check_op_count(count, max_ops)
-                    name = str(op.name)
-                    target: str | None = None
-                    if name == "stablehlo.custom_call":
-                        try:
-                            target = ir.StringAttr(op.attributes["call_target_name"]).value
-                        except (KeyError, ValueError):
-                            target = None
-                    check_op(name, target)
-                    if name == "stablehlo.custom_call":
-                        check_custom_call(
-                            target or "",
-                            [_tensor_type(v.type, ir) for v in op.operands],
-                            [_tensor_type(v.type, ir) for v in op.results],
-                            _backend_config(op),
-                        )
                     stack.append(op)
+                    if count <= max_ops:
+                        _check(op, ir)
+    # Past the cap the ops are only counted (up to the bound), so the refusal states the size.
+    check_op_count(count, max_ops, counted_all=not stack)
     return count
+
+
+def _check(op: Any, ir: Any) -> None:
+    name = str(op.name)
+    target: str | None = None
+    if name == "stablehlo.custom_call":
+        try:
+            target = ir.StringAttr(op.attributes["call_target_name"]).value
+        except (KeyError, ValueError):
+            target = None
+    check_op(name, target)
+    if name == "stablehlo.custom_call":
+        check_custom_call(
+            target or "",
+            [_tensor_type(v.type, ir) for v in op.operands],
+            [_tensor_type(v.type, ir) for v in op.results],
+            _backend_config(op),
+        )
 
 
 def _tensor_type(value_type: Any, ir: Any) -> TensorType:

@@ -27,8 +27,9 @@ from contracts.program import (
     encode_arrays,
     outputs_hash,
 )
-from provider.diagnosis import Category, Diagnosis, Stage, classify, diagnose
+from provider.diagnosis import Category, Diagnosis, Stage, classify, diagnose, hint_set_name
 from provider.errors import ProviderError
+from provider.sandbox.argcheck import argument_specs, check_result_dtypes, check_wide_dtypes
 from provider.sandbox.checks import (
     RejectedProgram,
     VersionRanges,
@@ -39,7 +40,7 @@ from provider.sandbox.checks import (
     parse_version,
 )
 from provider.sandbox.limits import SandboxLimits
-from provider.sandbox.opwalk import walk_module
+from provider.sandbox.opwalk import UnparsableModule, walk_module
 from provider.sandbox.targets import (
     EXPORT_PLATFORM_ALIASES,
     HBM_BYTES_BY_KIND,
@@ -47,6 +48,7 @@ from provider.sandbox.targets import (
     aot_devices,
     kind_slug,
     parse_target,
+    platform_refusal,
 )
 from provider.sandbox.wire import Header
 
@@ -91,7 +93,7 @@ WarmKey = tuple[bytes, bytes | None]
 def _diagnosis_of(exc: BaseException, stage: Stage) -> Diagnosis:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, RejectedProgram):
-        return diagnose(exc.category, str(exc), stage=stage, op=exc.op)
+        return diagnose(exc.category, str(exc), stage=stage, op=exc.op, hints=exc.hints)
     if isinstance(exc, ProgramFormatError):
         return diagnose(Category.MALFORMED_INPUT, str(exc), stage=stage)
     return classify(text, stage)
@@ -141,6 +143,9 @@ class WorkerRuntime:
         # asynchronous dispatch would only add a hop to XLA's thread and back per call
         # (measured: the worker's share of a small warm task ~15-20% shorter without it).
         jax.config.update("jax_cpu_enable_async_dispatch", False)
+        # Programs state their dtypes: without x64, JAX would narrow a float64 program's
+        # arguments to float32 and then refuse its own call (and cast float64 inputs silently).
+        jax.config.update("jax_enable_x64", True)
         self.local_device = jax.devices()[0]
         self.local_kind = str(self.local_device.device_kind)
         if cache_root is not None:
@@ -226,6 +231,8 @@ class WorkerRuntime:
                 f"Function '{exported.fun_name}' was exported for platforms "
                 f"'{tuple(exported.platforms)}' but it is used on '{accepted}'",
             )
+        where = f"target {target.name}" if target.is_aot else f"{self.local_kind}"
+        check_wide_dtypes(exported, platform, where)
         if exported.nr_devices != 1 and exported.nr_devices != count:
             raise RejectedProgram(
                 Category.DEVICE_COUNT_MISMATCH,
@@ -242,6 +249,9 @@ class WorkerRuntime:
             return
         try:
             walk_module(exported, self.limits.max_ops)
+        except UnparsableModule as exc:
+            diagnosis = diagnose(exc.category, str(exc), stage=Stage.VALIDATE)
+            raise TaskError(diagnosis, recycle=True) from exc
         except RejectedProgram:
             raise
         except Exception as exc:
@@ -262,31 +272,7 @@ class WorkerRuntime:
     def _specs(
         self, exported: Any, arguments: dict[str, np.ndarray[Any, Any]] | None
     ) -> list[tuple[tuple[int, ...], str]]:
-        avals = exported.in_avals
-        if arguments is not None:
-            expected = {str(i) for i in range(len(avals))}
-            missing = sorted(expected - set(arguments), key=int)
-            extra = sorted(set(arguments) - expected)
-            if missing or extra:
-                raise RejectedProgram(
-                    Category.BAD_ARGUMENTS,
-                    f"wrong number of arguments: missing tensors {missing}, unexpected "
-                    f"tensors {extra}; name tensors by flat argument index 0..{len(avals) - 1}",
-                )
-            return [
-                (tuple(int(d) for d in arguments[str(i)].shape), str(arguments[str(i)].dtype))
-                for i in range(len(avals))
-            ]
-        specs = []
-        for i, aval in enumerate(avals):
-            if not all(isinstance(d, int) for d in aval.shape):
-                raise RejectedProgram(
-                    Category.BAD_ARGUMENTS,
-                    f"argument {i} has symbolic shape {aval.str_short()}: the compile needs "
-                    "concrete shapes; send example inputs",
-                )
-            specs.append((tuple(aval.shape), str(aval.dtype)))
-        return specs
+        return argument_specs(exported.in_avals, arguments)
 
     def _available_bytes(self, target: Target, device: Any) -> int | None:
         if target.is_aot:
@@ -395,6 +381,9 @@ class WorkerRuntime:
             available_bytes=available,
             devices=devices,
         )
+        outputs_bytes = 0 if memory is None or not executable_needed else memory["output_bytes"]
+        if outputs_bytes > self.limits.max_output_bytes:
+            raise TaskError(self._outputs_too_large(outputs_bytes, Stage.COMPILE))
         if memory is not None and available is not None:
             required = _total(memory)
             if required > available:
@@ -423,6 +412,17 @@ class WorkerRuntime:
                 self._compiled.popitem(last=False)
         return compiled, cache_hit, compile_time
 
+    def _outputs_too_large(self, size: int, stage: Stage) -> Diagnosis:
+        cap = self.limits.max_output_bytes
+        return diagnose(
+            Category.OOM,
+            f"the program's outputs need {size} bytes, over this provider's cap of {cap} "
+            "bytes of outputs per task",
+            stage=stage,
+            required_bytes=size,
+            available_bytes=cap,
+        )
+
     # ---- task entry points ------------------------------------------------------------
 
     def compile(self, target_name: str, payload: bytes, progress: Progress) -> tuple[Header, bytes]:
@@ -441,6 +441,9 @@ class WorkerRuntime:
                 target = parse_target(target_name)
             except ValueError as exc:
                 raise RejectedProgram(Category.PLATFORM_MISMATCH, str(exc)) from exc
+            refusal = platform_refusal(target, str(self.local_device.platform))
+            if refusal is not None:
+                raise RejectedProgram(Category.PLATFORM_MISMATCH, refusal)
             envelope, exported = self._load(payload, track)
             program_sha = envelope.program_sha256
             track(Stage.VALIDATE)
@@ -492,6 +495,7 @@ class WorkerRuntime:
             # parse-stage deadline covers the checks left, so spare it a message (hot path).
             track(Stage.VALIDATE, notify=not self._is_validated(exported))
             self._check_target(exported, target)
+            check_result_dtypes(exported)
             self._validate(exported, envelope.program_sha256)
             arguments = envelope.arguments()
             specs = self._specs(exported, arguments)
@@ -589,10 +593,7 @@ class WorkerRuntime:
         leaves = jax.tree_util.tree_leaves(out)
         outputs = encode_arrays({str(i): np.asarray(leaf) for i, leaf in enumerate(leaves)})
         if len(outputs) > self.limits.max_output_bytes:
-            raise RejectedProgram(
-                Category.OOM,
-                f"outputs of {len(outputs)} bytes exceed the cap {self.limits.max_output_bytes}",
-            )
+            raise TaskError(self._outputs_too_large(len(outputs), Stage.EXECUTE))
         return {
             "type": "ran",
             "program_sha256": program_sha.hex(),
@@ -640,6 +641,7 @@ def diagnosis_to_wire(diagnosis: Diagnosis) -> Header:
         "op": diagnosis.op,
         "required_bytes": diagnosis.required_bytes,
         "available_bytes": diagnosis.available_bytes,
+        "hints": hint_set_name(diagnosis.hints),
     }
 
 

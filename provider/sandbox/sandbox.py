@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 from contracts.program import ProgramEnvelope, ProgramFormatError, encode_envelope
 from provider.capacity import Capacity, capacity_from_wire
-from provider.diagnosis import Category, Diagnosis, Stage, diagnose
+from provider.diagnosis import HINT_SETS, Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.isolation import isolation_mode, worker_env
 from provider.sandbox.limits import SandboxLimits
@@ -23,7 +24,7 @@ from provider.sandbox.results import (
     MemoryFigures,
     TaskFailure,
 )
-from provider.sandbox.targets import parse_target
+from provider.sandbox.targets import parse_target, platform_refusal
 from provider.sandbox.wire import Header
 
 Envelope = ProgramEnvelope | bytes
@@ -139,13 +140,30 @@ class Sandbox:
             return payload
         return _reply(await self._pool.call_async(request, payload, warm=warm), started)
 
+    def target_refusal(self, target: str) -> str | None:
+        """Say why this host cannot compile for ``target`` (None: it can).
+
+        Checked in the parent in microseconds, before any worker or compiler sees the target:
+        an unknown name, a topology larger than its generation's pod, or a platform name
+        (``tpu``, ``gpu``) other than this host's devices.
+        """
+        try:
+            parsed = parse_target(target)
+        except ValueError as exc:
+            return str(exc)
+        platforms = {info.platform for info in self._pool.worker_infos()}
+        for platform in platforms:
+            refusal = platform_refusal(parsed, platform)
+            if refusal is not None:
+                return refusal
+        return None
+
     def compile(self, envelope: Envelope, target: str = "local") -> CompileResult | TaskFailure:
         """Validate and compile a program for ``target`` (``local`` or e.g. ``v5e:1x1``)."""
-        try:
-            parse_target(target)
-        except ValueError as exc:
+        refusal = self.target_refusal(target)
+        if refusal is not None:
             return TaskFailure(
-                diagnosis=diagnose(Category.PLATFORM_MISMATCH, str(exc), stage=Stage.PARSE),
+                diagnosis=diagnose(Category.PLATFORM_MISMATCH, refusal, stage=Stage.PARSE),
                 program_sha256=None,
                 elapsed_s=0.0,
             )
@@ -242,9 +260,18 @@ def _ran(reply: tuple[Header, bytes] | TaskFailure) -> InferenceResult | TaskFai
 
 
 def _warm(envelope: ProgramEnvelope) -> WarmCall:
+    """The short request for a worker that ran this program with these weights and this
+    metadata: an envelope stating other producer versions or platforms is checked in full
+    (a version refused by a cold worker is refused by a warm one too)."""
     weights = None if envelope.weights is None else hashlib.sha256(envelope.weights).digest()
+    producer = envelope.producer
+    metadata = json.dumps(
+        [producer.jax, producer.jaxlib, producer.calling_convention, list(envelope.platforms)]
+    ).encode()
     return WarmCall(
-        key=envelope.program_sha256 + (b"" if weights is None else weights),
+        key=envelope.program_sha256
+        + hashlib.sha256(metadata).digest()
+        + (b"" if weights is None else weights),
         request={
             "op": "run_warm",
             "program": envelope.program_sha256.hex(),
@@ -272,6 +299,7 @@ def _failure_from_wire(header: Header) -> TaskFailure:
             op=None if wire["op"] is None else str(wire["op"]),
             required_bytes=_opt_int(wire["required_bytes"]),
             available_bytes=_opt_int(wire["available_bytes"]),
+            hints=HINT_SETS.get(str(wire.get("hints"))),
         )
         sha = header["program_sha256"]
         return TaskFailure(

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 LOCAL_PLATFORMS: Final = frozenset({"cpu", "gpu", "tpu"})
-_TOPOLOGY = re.compile(r"^(?P<gen>v4|v5e|v5p|v6e)(?::(?P<shape>\d+x\d+(?:x\d+)?))?$")
+_TOPOLOGY = re.compile(r"^(?P<gen>v4|v5e|v5p|v6e)(?::(?P<shape>\d{1,6}x\d{1,6}(?:x\d{1,6})?))?$")
+# The largest slice of each generation (a full pod), in chips: a topology past it does not
+# exist and is refused before any compiler sees it.
+MAX_CHIPS: Final[dict[str, int]] = {"v4": 4096, "v5e": 256, "v5p": 8960, "v6e": 256}
 
 # HBM per chip by device kind, used when a probe compile cannot measure it.
 HBM_BYTES_BY_KIND: Final[dict[str, int]] = {
@@ -62,8 +65,29 @@ def parse_target(name: str) -> Target:
         chips *= int(dim)
     if chips < 1:
         raise ValueError(f"empty topology {name!r}")
+    if chips > MAX_CHIPS[match["gen"]]:
+        raise ValueError(
+            f"topology {name!r} has {chips} chips; the largest {match['gen']} slice has "
+            f"{MAX_CHIPS[match['gen']]}"
+        )
     return Target(
         name=f"{match['gen']}:{shape}", aot_topology=f"{match['gen']}:{shape}", chips=chips
+    )
+
+
+def platform_refusal(target: Target, platform: str) -> str | None:
+    """Say why ``target`` cannot be compiled on a host whose devices are ``platform``.
+
+    ``cpu``, ``gpu`` and ``tpu`` name the local devices' platform: on a host of another
+    platform they would compile for the wrong device, so they are refused (a TPU topology
+    such as ``v5e:1x1`` compiles ahead of time anywhere).
+    """
+    if target.is_aot or target.name == "local" or target.name == platform:
+        return None
+    return (
+        f"target {target.name!r} names a platform this provider does not have: its devices "
+        f"are {platform}; ask for 'local' or {platform!r}, or a TPU topology such as "
+        "'v5e:1x1' to compile ahead of time"
     )
 
 

@@ -75,9 +75,9 @@ def mlp_params(
 ) -> list[np.ndarray[Any, Any]]:
     """Random MLP weights."""
     return [
-        rng.standard_normal((d_in, d_h), dtype=np.float32) / np.sqrt(d_in),
+        rng.standard_normal((d_in, d_h), dtype=np.float32) / np.float32(np.sqrt(d_in)),
         rng.standard_normal((d_h,), dtype=np.float32) * 0.1,
-        rng.standard_normal((d_h, d_out), dtype=np.float32) / np.sqrt(d_h),
+        rng.standard_normal((d_h, d_out), dtype=np.float32) / np.float32(np.sqrt(d_h)),
         rng.standard_normal((d_out,), dtype=np.float32) * 0.1,
     ]
 
@@ -120,7 +120,7 @@ def transformer_params(rng: np.random.Generator, d: int = 32) -> list[np.ndarray
     """Random transformer-block weights."""
 
     def mat(m: int, n: int) -> np.ndarray[Any, Any]:
-        return rng.standard_normal((m, n), dtype=np.float32) / np.sqrt(m)
+        return rng.standard_normal((m, n), dtype=np.float32) / np.float32(np.sqrt(m))
 
     ones = np.ones((d,), np.float32)
     return [mat(d, d), mat(d, d), mat(d, d), mat(d, d), ones, mat(d, 4 * d), mat(4 * d, d), ones]

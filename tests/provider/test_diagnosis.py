@@ -155,7 +155,7 @@ def test_classify_cpu_allocation_oom_extracts_required_bytes() -> None:
 def test_classify_unknown_message_falls_back_by_stage() -> None:
     assert classify("boom", Stage.PARSE).category is Category.MALFORMED_INPUT
     assert classify("boom", Stage.COMPILE).category is Category.UNSUPPORTED_OP
-    assert classify("boom", Stage.EXECUTE).category is Category.WORKER_CRASH
+    assert classify("boom", Stage.EXECUTE).category is Category.EXECUTE_ERROR
 
 
 def test_codes_are_stable_and_distinct() -> None:
@@ -170,6 +170,7 @@ def test_codes_are_stable_and_distinct() -> None:
         "compile_timeout": 8,
         "execute_timeout": 9,
         "worker_crash": 10,
+        "execute_error": 11,
     }
     assert {c.value: c.code for c in Category} == expected
     assert SUCCESS_CODE == 0
