@@ -100,8 +100,8 @@ class Settings:
     # account, requests per client IP. Several source addresses do not widen a signer's bucket.
     rate_per_address: float = 200.0
     burst_per_address: float = 1_000.0
-    rate_per_ip: float = 1_000.0
-    burst_per_ip: float = 2_000.0
+    rate_per_ip: float = 5_000.0  # above one client's pace (docs/market.md, "Rate limits")
+    burst_per_ip: float = 10_000.0
     # Body caps per route (`market.api.body`), enforced while the body streams in.
     max_body_bytes: int = 1 << 20  # a batch; also the app-wide backstop
     max_order_bytes: int = 16 << 10

@@ -108,7 +108,8 @@ async def _reject(send: Send, max_bytes: int) -> None:
     body: dict[str, Any] = {
         "detail": f"request body larger than {max_bytes} bytes",
         "error": "PayloadTooLargeError",
-    }
+        "problems": [],
+    }  # the shape of every error (`market.api.errors.ErrorPublic`)
     raw = json.dumps(body).encode()
     await send(
         {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -13,10 +14,11 @@ from fastapi.testclient import TestClient
 from contracts.messages import ZERO_ADDRESS, Plan, Quote
 from contracts.typed_data import schema
 from market.api.app import create_app
+from market.auth import RateLimiter
 from market.service import MarketService, Settings
 
 from .conftest import START, Clock
-from .signing import ESCROW, Trader
+from .signing import ESCROW, GIB, METERED, Trader
 
 NOW = START
 
@@ -280,14 +282,14 @@ def test_place_when_body_is_not_json_then_422_naming_the_problem(client: TestCli
         "/v1/orders/batch", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert response.status_code == 422
-    assert response.json()["detail"][0]["type"] == "json_invalid"
+    assert response.json()["problems"][0]["type"] == "json_invalid"
     response = client.post(
         "/v1/orders", content=b"\x80\xff", headers={"content-type": "application/json"}
     )
     assert response.status_code == 422
     response = client.post("/v1/orders/batch", json={"orders": []})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["loc"] == ["body", "orders"]
+    assert response.json()["problems"][0]["loc"] == ["body", "orders"]
 
 
 def test_history_and_fills_when_trades_then_bars(
@@ -448,3 +450,210 @@ def test_typed_data_when_a_wallet_signs_the_served_schema_then_signature_equals_
     }
     wallet = Account.sign_typed_data(bob.key, full_message=message)
     assert bytes(wallet.signature) == quote.sign(bob.escrow_domain, bob.key)
+
+
+# -- the book as a buyer reads it, offers, the tape -----------------------------------------------
+
+FLAT = Plan(inference_price=500)
+
+
+def _compatible(bid: dict[str, Any], ask: dict[str, Any]) -> bool:
+    return (
+        bid["plan"] == ask["plan"]
+        and ask["slo_ms"] <= bid["slo_ms"]
+        and ask["memory"] >= bid["memory"]
+    )
+
+
+def test_book_after_random_load_then_no_compatible_pair_of_levels_crosses(
+    client: TestClient, clock: Clock
+) -> None:
+    """Random orders of two plans, three SLOs and three memories, prices overlapping: every
+    displayed bid level below every compatible ask level, each buyer's view tradable, and the
+    levels hold exactly the live orders."""
+    rng = random.Random(12)
+    traders = [Trader() for _ in range(6)]
+    for _ in range(240):
+        trader = rng.choice(traders)
+        terms = {
+            "slo_ms": rng.choice([50, 100, 200]),
+            "memory": rng.choice([8, 16, 32]) * GIB,
+            "price": rng.randint(90, 110),
+            "quantity": rng.randint(1, 9),
+            "plan": rng.choice(["flat", "metered"]),
+        }
+        if rng.random() < 0.5:
+            place(client, trader.bid(int(clock.now), **terms))
+        else:
+            quote_plan = FLAT if terms["plan"] == "flat" else METERED
+            place(client, trader.ask(int(clock.now), quote_plan=quote_plan, **terms))
+    book = client.get("/v1/book/tpu-v5e", params={"levels": 500}).json()
+    assert book["bids"] and book["asks"]
+    crossing_prices = book["best_bid"] >= book["best_ask"]  # mixed terms may "cross"...
+    pairs = [(b, a) for b in book["bids"] for a in book["asks"] if _compatible(b, a)]
+    assert pairs and all(b["price"] < a["price"] for b, a in pairs)  # ... compatible ones never
+    assert crossing_prices or not book["tradable"] or book["spread"] > 0
+    live = client.get("/v1/orders", params={"live": "true", "limit": 500}).json()
+    for side, levels in (("bid", book["bids"]), ("ask", book["asks"])):
+        orders = [o for o in live if o["side"] == side]
+        assert sum(level["quantity"] for level in levels) == sum(o["remaining"] for o in orders)
+        assert sum(level["orders"] for level in levels) == len(orders)
+    choices = book["choices"]
+    assert choices["plans"] == ["flat", "metered"] and choices["slo_ms"] == [50, 100, 200]
+    seen_spread = False
+    for plan in choices["plans"]:
+        for slo_ms in choices["slo_ms"]:
+            for memory in choices["memory"]:
+                view = client.get(
+                    "/v1/book/tpu-v5e",
+                    params={"plan": plan, "slo_ms": slo_ms, "memory": memory, "levels": 500},
+                ).json()
+                assert view["tradable"]
+                assert all(_compatible(b, a) for b in view["bids"] for a in view["asks"])
+                if view["bids"] and view["asks"]:
+                    assert view["best_bid"] < view["best_ask"]
+                    assert view["spread"] == view["best_ask"] - view["best_bid"]
+                    seen_spread = True
+    assert seen_spread
+
+
+def test_book_when_order_expired_but_not_yet_swept_then_not_shown(
+    client: TestClient, clock: Clock, alice: Trader
+) -> None:
+    place(client, alice.bid(NOW, price=90, expiry=NOW + 5))
+    assert client.get("/v1/book/tpu-v5e").json()["bids"][0]["price"] == 90
+    clock.advance(5)
+    assert client.get("/v1/book/tpu-v5e").json()["bids"] == []
+
+
+def test_fills_when_trades_alternate_classes_within_a_second_then_newest_first(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    """Same whole second everywhere (the clock stands still), per-class fill ids that collide:
+    the order of commit decides, in `/v1/fills` and in the overview."""
+    placed: list[str] = []
+    for device_class in ("cpu", "tpu-v5e", "tpu-v5e", "cpu", "gpu-h100", "cpu"):
+        place(client, bob.ask(NOW, device_class=device_class, price=50, quantity=1))
+        fill = place(client, alice.bid(NOW, device_class=device_class, price=50, quantity=1))
+        placed.append(fill["fills"][0]["id"])
+    newest_first = placed[::-1]
+    assert [f["id"] for f in client.get("/v1/fills").json()] == newest_first
+    assert [f["id"] for f in client.get("/v1/overview").json()["fills"]] == newest_first
+    cpu = client.get("/v1/fills", params={"device_class": "cpu"}).json()
+    assert [f["id"] for f in cpu] == ["cpu:3", "cpu:2", "cpu:1"]
+
+
+def test_stats_when_trades_over_two_days_then_last_price_change_and_volume(
+    client: TestClient, clock: Clock, alice: Trader, bob: Trader
+) -> None:
+    assert client.get("/v1/stats/tpu-v5e").json()["last_price"] is None
+    place(client, bob.ask(NOW, price=80, quantity=1, expiry=NOW + 3 * 86_400))
+    place(client, alice.bid(NOW, price=80, quantity=1))
+    clock.advance(86_400 + 60)
+    now = int(clock.now)
+    for price, quantity in ((90, 2), (120, 3), (100, 4)):
+        place(client, bob.ask(now, price=price, quantity=quantity))
+        place(client, alice.bid(now, price=price, quantity=quantity))
+    stats = client.get("/v1/stats/tpu-v5e").json()
+    assert stats == {
+        "device_class": "tpu-v5e",
+        "last_price": 100,
+        "last_time": now,
+        "change_24h": 20,  # from 80, the last price before the window
+        "change_24h_pct": 25.0,
+        "high_24h": 120,
+        "low_24h": 90,
+        "volume_24h": 9,
+        "trades_24h": 3,
+    }
+    assert client.get("/v1/overview").json()["stats"]["tpu-v5e"] == stats
+
+
+def test_offers_when_providers_ask_then_listed_with_reputation_and_a_command_that_takes_them(
+    client: TestClient, alice: Trader
+) -> None:
+    fast, cheap = Trader(), Trader()
+    for provider, kind in ((fast, "TPU v5 lite"), (cheap, "TPU v5 lite (spot)")):
+        response = client.post(
+            "/v1/providers/heartbeat", json=provider.heartbeat(NOW, device_kind=kind)
+        )
+        assert response.status_code == 200, response.text
+    place(client, fast.ask(NOW, price=120, quantity=4, slo_ms=50, memory=32 * GIB))
+    place(client, fast.ask(NOW, price=120, quantity=2, slo_ms=50, memory=32 * GIB))
+    place(client, cheap.ask(NOW, price=1_500_000, quantity=7, slo_ms=400, memory=8 * GIB))
+    offers = client.get("/v1/offers").json()
+    assert [(o["provider"], o["price"], o["quantity"], o["orders"]) for o in offers] == [
+        (fast.address, 120, 6, 2),
+        (cheap.address, 1_500_000, 7, 1),
+    ]
+    first = offers[0]
+    assert first["device_kind"] == "TPU v5 lite" and first["online"]
+    assert first["reliability"] == 0.5 and first["capacity"] == 1_000
+    assert offers[1]["command"] == (
+        "tpumarket client bid --device-class tpu-v5e --plan metered --slo-ms 400 "
+        f"--memory {8 * GIB} --price 1.5 --quantity 7"
+    )
+
+    def listed(**params: Any) -> list[str]:
+        return [o["provider"] for o in client.get("/v1/offers", params=params).json()]
+
+    assert listed(sort="-price") == [cheap.address, fast.address]
+    assert listed(sort="slo_ms") == [fast.address, cheap.address]
+    assert listed(max_slo_ms=100) == [fast.address]
+    assert listed(min_memory=16 * GIB) == [fast.address]
+    assert listed(max_price=1_000) == [fast.address]
+    assert listed(plan="flat") == []
+    assert listed(device_class="cpu") == []
+    assert client.get("/v1/offers", params={"sort": "owner"}).status_code == 422
+    # The command, as the client's own CLI parses it, is a bid that takes the offer.
+    from client.cli import build_parser
+
+    args = build_parser().parse_args(offers[0]["command"].split()[1:])
+    bid = place(
+        client,
+        alice.bid(
+            NOW,
+            device_class=args.device_class,
+            plan=args.plan,
+            slo_ms=args.slo_ms,
+            memory=args.memory,
+            price=args.price,
+            quantity=args.quantity,
+        ),
+    )
+    assert [(f["price"], f["quantity"]) for f in bid["fills"]] == [(120, 4), (120, 2)]
+    assert listed() == [cheap.address]
+
+
+def test_errors_when_any_route_fails_then_one_shape(client: TestClient) -> None:
+    answers = {
+        404: client.get("/v1/nowhere"),
+        405: client.delete("/v1/classes"),
+        422: client.get("/v1/book/BAD CLASS"),
+    }
+    for status, response in answers.items():
+        assert response.status_code == status
+        body = response.json()
+        assert set(body) == {"error", "detail", "problems"} and isinstance(body["detail"], str)
+    invalid = answers[422].json()
+    assert invalid["error"] == "RequestValidationError"
+    assert invalid["detail"].startswith("path.device_class: String should match pattern")
+    assert invalid["problems"][0]["loc"] == ["path", "device_class"]
+    assert answers[405].headers["allow"] == "GET"
+
+
+def test_rate_limit_when_ip_bucket_just_short_then_429_says_a_real_wait(
+    client: TestClient, service: MarketService
+) -> None:
+    """A bucket a hair short of a token used to answer "retry after 0.00s"."""
+    times = iter([0.0, 0.000_9])  # the second request 0.9 ms later: 0.9 of a token back
+    service.ip_limiter = RateLimiter(rate=1_000.0, burst=1.0, clock=lambda: next(times))
+    assert client.get("/v1/classes").status_code == 200
+    response = client.get("/v1/classes")
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "1"
+    assert response.json() == {
+        "error": "RateLimitedError",
+        "detail": "rate limit exceeded for testclient; retry after 1 s",
+        "problems": [],
+    }

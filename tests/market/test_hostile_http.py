@@ -124,7 +124,7 @@ def test_nested_json_when_within_the_size_and_item_caps_then_the_parser_refuses_
     body = b'{"orders":' + b"[" * 1_000 + b"]" * 1_000 + b"}"
     response = http.post("/v1/orders/batch", content=body, headers=JSON)
     assert response.status_code == 422
-    [problem] = response.json()["detail"]
+    [problem] = response.json()["problems"]
     assert problem["type"] == "json_invalid" and "recursion limit" in problem["msg"]
     assert len(response.content) < 1_024
     assert server.alive()
@@ -173,7 +173,7 @@ def test_batch_of_500_invalid_orders_when_posted_then_422_lists_ten_problems_and
     response, ms = _timed(lambda: http.post("/v1/orders/batch", content=body, headers=JSON))
     print(f"500 invalid orders -> {response.status_code}, {len(response.content)} B in {ms:.1f} ms")
     assert response.status_code == 422
-    detail = response.json()["detail"]
+    detail = response.json()["problems"]
     assert len(detail) == 11 and detail[-1]["type"] == "too_many_errors"
     assert detail[-1]["msg"] == "and 4990 more errors"
     assert len(response.content) < 4_096
