@@ -93,9 +93,16 @@ def book_view(
     plan: str | None = None,
     slo_ms: int | None = None,
     memory: int | None = None,
+    ask_owners: set[str] | None = None,
 ) -> BookPublic:
-    """Return the book of live (bids, asks) records, each side in priority order, filtered."""
+    """Return the book of live (bids, asks) records, each side in priority order, filtered.
+
+    `ask_owners`, if given, are the providers whose asks can trade now (the market matches an
+    ask only while its provider heartbeats): the asks of others are left out.
+    """
     bid_records, ask_records = ([r for r in side if r.order.expiry > now] for side in records)
+    if ask_owners is not None:
+        ask_records = [r for r in ask_records if r.order.owner in ask_owners]
     bids = _levels((r for r in bid_records if _bid_shown(r, plan, slo_ms, memory)), Side.BID)
     asks = _levels((r for r in ask_records if _ask_shown(r, plan, slo_ms, memory)), Side.ASK)
     bids, asks = bids[:levels], asks[:levels]

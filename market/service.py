@@ -717,7 +717,18 @@ class MarketService:
             plan=plan,
             slo_ms=slo_ms,
             memory=memory,
+            ask_owners=self._trading_providers(),
         )
+
+    def _trading_providers(self) -> set[str] | None:
+        """Return the providers whose asks can trade now (a recent heartbeat) when the market
+        matches only those (`guards_funds`), else None (every ask can)."""
+        if not self.guards_funds():
+            return None
+        cutoff = self.clock() - self.settings.provider_offline_after_s
+        with self.session() as session:
+            rows = storage.list_providers(session=session)
+        return {p.address for p in rows if p.last_seen >= cutoff}
 
     def _live(self, device_class: str) -> tuple[list[OrderRecord], list[OrderRecord]]:
         """Return a class's live (bids, asks), each in priority order."""
