@@ -12,6 +12,8 @@ Example ``provider.toml``::
     data_dir = "/var/lib/tpumarket-provider"
     pool_size = 2
     slo_ms = 2000
+    output_memory_bytes = 268435456                    # delivered outputs kept in memory;
+                                                       # older ones are read from the journal
 
     [plan]                       # field names of contracts.messages.Plan
     compile_price = 1000
@@ -202,6 +204,9 @@ class ProviderConfig:
     port: int = 8700
     deal_cache_ttl_s: float = 2.0
     max_envelope_bytes: int = 256 * 1024 * 1024
+    # Bytes of delivered outputs kept in memory (0: none; older ones are read from the journal);
+    # None: provider.service's default, 256 MiB.
+    output_memory_bytes: int | None = None
     heartbeat_interval_s: float = 30.0
     quote_poll_s: float = 2.0
     benchmark_on_start: bool = True
@@ -219,6 +224,8 @@ class ProviderConfig:
             raise ConfigError("slo_ms must be at least 1000 (deadlines are whole seconds)")
         if self.pool_size < 1:
             raise ConfigError("pool_size must be at least 1")
+        if self.output_memory_bytes is not None and self.output_memory_bytes < 0:
+            raise ConfigError(f"output_memory_bytes must be >= 0, got {self.output_memory_bytes}")
         if not (self.keep_alive_s > 0 and self.request_read_timeout_s > 0):
             raise ConfigError("keep_alive_s and request_read_timeout_s must be positive")
         if not plan_is_valid(self.plan):
@@ -250,6 +257,8 @@ def _coerce(kind: Any, value: Any, name: str) -> Any:
     try:
         if text in ("int", "<class 'int'>"):
             return int(value)
+        if text == "int | None":
+            return None if value is None else int(value)
         if text in ("float", "<class 'float'>"):
             return float(value)
         if text in ("bool", "<class 'bool'>"):

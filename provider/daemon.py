@@ -146,6 +146,7 @@ class Daemon:
             metrics=self.metrics,
             settlement=config.settlement,
             max_envelope_bytes=config.max_envelope_bytes,
+            output_memory_bytes=config.output_memory_bytes,
             clock=self.clock.now,
             refresh_settled=self._refresh_settled,
         )

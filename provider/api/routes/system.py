@@ -9,6 +9,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.typed_data import schema
 from provider.api.deps import DaemonDep
+from provider.capacity import device_class
+from provider.daemon import Daemon
 
 router = APIRouter(tags=["system"])
 
@@ -23,11 +25,34 @@ async def health(daemon: DaemonDep) -> dict[str, Any]:
     }
 
 
+def _isolation(daemon: Daemon) -> dict[str, Any]:
+    """How the sandbox walls its workers in, as the live workers report it."""
+    workers = daemon.sandbox.workers()
+    mode = daemon.sandbox.isolation
+    return {
+        "mode": mode,
+        "bubblewrap": mode == "bwrap",
+        "seccomp": bool(workers) and all(w.seccomp for w in workers),
+        "workers": len(workers),
+    }
+
+
+def _device_class(daemon: Daemon) -> str | None:
+    """The device class this host sells runs in (``cpu``, ``tpu-v5e``, ``gpu-h100``, ...)."""
+    if daemon.capacity is not None:
+        return daemon.capacity.devices.device_class
+    workers = daemon.sandbox.workers()
+    return device_class(workers[0].platform, workers[0].device_kind) if workers else None
+
+
 @router.get("/v1/info")
 async def info(daemon: DaemonDep) -> dict[str, Any]:
-    """Return the terms and the chain this provider works on."""
+    """Return the terms and the chain this provider works on, its devices and its walls."""
     config = daemon.config
     return {
+        "device_class": _device_class(daemon),
+        "isolation": _isolation(daemon),
+        "output_memory_bytes": daemon.service.outputs.budget_bytes,
         "provider": daemon.address,
         "chain_id": daemon.domain.chain_id,
         "escrow": daemon.domain.verifying_contract,
