@@ -223,7 +223,7 @@ def test_compile_target_when_not_a_target_name_then_400_before_the_body(
     reply = httpx.post(
         served.url + "/v1/tasks",
         content=task.body,
-        headers={k: v.encode("latin-1", "replace") for k, v in headers.items()},
+        headers={k.encode(): v.encode("latin-1", "replace") for k, v in headers.items()},
         timeout=30,
     )
 

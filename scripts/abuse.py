@@ -1,0 +1,151 @@
+"""Abuse run: the attacks of an attacker on the network, against a real stack, while a normal
+client keeps working; every figure is measured.
+
+anvil, the market and one staked provider daemon run as processes (``tests/e2e/stack.py``).
+Two clients open deals with the provider and get a task delivered each (the victim's and the
+attacker's own); the victim also has a deal matched through the market, with the quote the
+provider's daemon attached. A normal client then places and cancels orders and submits tasks
+on its own deal, pacing itself, while the attacks run one after the other:
+
+1. the victim's used task request resent with zero, garbage, foreign and replayed signatures;
+2. every provider-signed quote the market shows attached to the victim's matched deal;
+3. ``[`` x 100,000 to the market's and the daemon's JSON routes;
+4. a 1 MiB batch of 60,000 invalid orders, several times;
+5. 200 MiB streamed as a task and as a voucher, and a signed voucher of the largest bitmap;
+6. floods: orders and asks from an unfunded key, adverts of invented classes from unstaked
+   keys, a funded key's orders beyond its funds, from many source addresses;
+7. the daemon's deal summary unauthenticated, used and unused task indexes as a non-client,
+   out-of-range numbers, the web page's headers, a non-JSON order, a bad compile target, 100
+   slow connections to each service;
+8. every route of both services' OpenAPI documents called as a stranger, as the client of
+   another deal (its token and signatures) and with zero or replayed signatures.
+
+Then 1,000 live-update streams are opened and left idle (the normal client paused) and the
+market's CPU share measured. The last line of stdout is one JSON object: ``unauthorized_reads``
+(2xx answers that revealed the victim's task, deal or result to a non-party),
+``unauthorized_writes`` (2xx to a stranger's voucher or a stranger's replayed task),
+``terms_changed_by_stranger`` (the matched deal's quote terms after the attacks differ from the
+ask's), ``services_crashed`` (processes dead or not answering their health check),
+``server_errors`` (5xx answers), ``normal_p99_ms_under_abuse`` (the normal client's order
+placements, cancels and task submissions), ``peak_rss_mb`` (VmHWM of market + daemon),
+``idle_streams_cpu_pct_1000``, then each attack's own figures.
+
+Usage: scripts/abuse [--quick] [--work-dir DIR]   (--quick: smaller attacks, for the e2e test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scripts.abuse_attacks import ATTACKS, Tally, idle_streams, routes_as_stranger  # noqa: E402
+from scripts.abuse_world import World, build_world, normal_client  # noqa: E402
+from tests.e2e.stack import stack  # noqa: E402
+
+
+def say(line: str) -> None:
+    """Progress on stderr (stdout ends with the JSON line)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Return a process's peak resident memory so far (``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentile(values: list[float], share: float) -> float:
+    """Return the value below which ``share`` of ``values`` lie (nearest rank)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def run(world: World, quick: bool) -> dict[str, Any]:
+    """Run every attack while the normal client works; return the figures."""
+    tally = Tally()
+    stop, pause = threading.Event(), threading.Event()
+    normal = threading.Thread(target=normal_client, args=(world, stop, pause), daemon=True)
+    normal.start()
+    started = time.monotonic()
+    down: set[str] = set()  # services found dead or not answering after any attack
+    try:
+        for name, attack in ATTACKS:
+            began = time.monotonic()
+            figures = attack(world, tally, quick)
+            tally.figures[name] = figures
+            alive = world.alive()
+            down |= {service for service, up in alive.items() if not up}
+            say(f"{name}: {json.dumps(figures)} ({time.monotonic() - began:.1f} s); up: {alive}")
+        tally.figures["routes_as_stranger"] = routes_as_stranger(world, tally)
+        say(f"routes as stranger: {json.dumps(tally.figures['routes_as_stranger'])}")
+    finally:
+        abuse_s = time.monotonic() - started
+        stop.set()
+        normal.join(60)
+    streams = idle_streams(world, 100 if quick else 1_000, 2.0 if quick else 30.0)
+    say(f"idle streams: {json.dumps(streams)}")
+    down |= {service for service, up in world.alive().items() if not up}
+    latencies = world.normal.latencies_ms
+    return {
+        "unauthorized_reads": tally.unauthorized_reads,
+        "unauthorized_writes": tally.unauthorized_writes,
+        "terms_changed_by_stranger": tally.terms_changed,
+        "services_crashed": len(down),
+        "server_errors": tally.server_errors,
+        "slow_connections_left_open": tally.slow_connections_left,
+        "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
+        "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),
+        "normal_calls": len(latencies),
+        "normal_errors": len(world.normal.errors),
+        "normal_error_samples": world.normal.errors[:5],
+        "normal_tasks_acked": len(world.normal.tasks_acked),
+        "normal_tasks_delivered": world.normal_delivered(),
+        "normal_orders_placed": world.normal.orders_placed,
+        "peak_rss_mb": round(peak_rss_mb(world.market_pid) + peak_rss_mb(world.daemon_pid)),
+        "market_peak_rss_mb": round(peak_rss_mb(world.market_pid)),
+        "daemon_peak_rss_mb": round(peak_rss_mb(world.daemon_pid)),
+        "idle_streams_cpu_pct_1000": streams["cpu_pct"] if not quick else None,
+        "idle_streams": streams,
+        "attack_calls": tally.calls,
+        "findings": tally.leaks[:20],
+        "abuse_s": round(abuse_s, 1),
+        "attacks": tally.figures,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller attacks (the e2e test)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tpumarket-abuse-"))
+    work.mkdir(parents=True, exist_ok=True)
+    say(f"work dir {work}")
+    with stack(work, market=True) as st:
+        world = build_world(st, say)
+        say(f"stack ready in {time.monotonic() - started:.0f} s")
+        figures = run(world, args.quick)
+        world.close()
+    figures["duration_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(figures), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
