@@ -52,6 +52,7 @@ from client.cli import (
     tokens,
 )
 from client.errors import ClientError, ProviderRejected, ProviderUnavailable
+from client.export_cli import extend as extend_export
 from client.jobs import (
     JobRunner,
     TaskResult,
@@ -784,3 +785,4 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     export.add_argument("--chunks", type=positive_int, default=32, help="32 ms chunks per clip")
     export.add_argument("--json", action="store_true", help="print one JSON object")
     export.set_defaults(handler=guarded(_job_export))
+    extend_export(export)  # --from torchax|torch-xla FILE.py:FACTORY (client.export_cli)

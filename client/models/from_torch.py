@@ -8,12 +8,16 @@ section (safetensors, labelled with their ``state_dict`` names); the user inputs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib.util
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from client.errors import ConverterUnavailableError, ModelConversionError
+from client.errors import ConverterUnavailableError, ModelConversionError, ModelExportError
+from client.models.export_diagnosis import ExportCategory, ExportFailed, diagnose_export
 from client.models.jax_export import DEFAULT_PLATFORMS, export_flat
 from client.models.program import ExportedModel
 from client.models.signature import Array
@@ -51,30 +55,78 @@ def export_torch(
     )
     dynamic_shapes = _dynamic_shapes(torch, tensors, batch_dim, batch_axes)
     module.eval()
+    stage = "export"
     try:
         with torch.no_grad():
             program = torch.export.export(module, tensors, dynamic_shapes=dynamic_shapes)
-        names, states, func = torchax.export.exported_program_to_jax(program, export_raw=True)
+            stage = "lower"
+            names, states, func = torchax.export.exported_program_to_jax(program, export_raw=True)
     except Exception as exc:  # torch.export raises many error types; all mean "cannot convert"
-        raise ModelConversionError(
-            f"torch.export/torchax failed on {type(module).__name__}: {type(exc).__name__}: {exc}"
-        ) from exc
+        text = f"{type(exc).__name__}: {exc}"
+        diagnosis = diagnose_export(text, route="torchax", stage=stage)
+        raise ExportFailed(diagnosis, text, subject=type(module).__name__) from exc
     weights = [_to_numpy(torch, state) for state in states]
     labels = list(names) + [f"constant{i}" for i in range(len(weights) - len(names))]
 
     def call(*flat: Any) -> Any:
         return tuple(func(list(flat[: len(weights)]), flat[len(weights) :]))
 
-    return export_flat(
-        call,
-        weights=weights,
-        weight_labels=labels,
-        example_inputs=[_to_numpy(torch, t) for t in tensors],
-        batch_dim=batch_dim,
-        batch_axes=batch_axes,
-        input_labels=input_labels,
-        platforms=platforms,
-    )
+    try:  # torchax looks its lowerings up while JAX traces the graph
+        return export_flat(
+            call,
+            weights=weights,
+            weight_labels=labels,
+            example_inputs=[_to_numpy(torch, t) for t in tensors],
+            batch_dim=batch_dim,
+            batch_axes=batch_axes,
+            input_labels=input_labels,
+            platforms=platforms,
+        )
+    except ModelExportError as exc:
+        cause = exc.__cause__ or exc
+        text = f"{type(cause).__name__}: {cause}"
+        diagnosis = diagnose_export(text, route="torchax", stage="lower")
+        raise ExportFailed(diagnosis, text, subject=type(module).__name__) from exc
+
+
+def load_module(spec: str, state_dict: Mapping[str, Any] | None = None) -> Any:
+    """Build the ``nn.Module`` that ``"path/to/file.py:factory"`` names, in this process.
+
+    ``state_dict`` (arrays or tensors by name) is loaded strictly. The file runs as Python:
+    only name files you trust. Raise :class:`ExportFailed` (category ``model_load``).
+    """
+    torch = _import_torch()
+    try:
+        path_text, sep, name = spec.rpartition(":")
+        if not sep or not path_text or not name.isidentifier():
+            raise ValueError(f"model must be 'path/to/file.py:factory', got {spec!r}")
+        path = Path(path_text).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no model file {path}")
+        module_name = f"_tpumarket_model_{path.stem}_{abs(hash(str(path)))}"
+        loader = importlib.util.spec_from_file_location(module_name, path)
+        if loader is None or loader.loader is None:
+            raise ImportError(f"cannot import {path}")
+        source = importlib.util.module_from_spec(loader)
+        sys.modules[module_name] = source
+        loader.loader.exec_module(source)
+        factory = getattr(source, name, None)
+        if not callable(factory):
+            raise AttributeError(f"{path} has no callable {name!r}")
+        module = factory()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"{spec} returned {type(module).__name__}, not an nn.Module")
+        if state_dict is not None:
+            module.load_state_dict(
+                {k: torch.as_tensor(np.asarray(v)) for k, v in state_dict.items()}, strict=True
+            )
+    except Exception as exc:  # the user's file may raise anything
+        text = f"{type(exc).__name__}: {exc}"
+        diagnosis = diagnose_export(
+            text, route="torchax", stage="load", category=ExportCategory.MODEL_LOAD
+        )
+        raise ExportFailed(diagnosis, text) from exc
+    return module.eval()
 
 
 def _import_torch() -> Any:

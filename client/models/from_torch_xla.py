@@ -1,36 +1,48 @@
-"""The alternative PyTorch route: torch_xla's StableHLO export, wrapped as a ``jax.export`` blob.
+"""The torch_xla PyTorch route: export in the ``.venv-xla`` environment, wrap it for JAX here.
 
-UNTESTED HERE: torch_xla is not installed in this environment (it needs exactly torch 2.9.0,
-is a 7 GB CUDA build on PyPI, and its libtpu pin conflicts with ``jax[tpu]``), so
-:func:`export_torch_xla` only runs where someone installed torch_xla in its own environment
-(with a CPU ``jax`` of the same version beside it). What *is* tested here is the adapter
-:func:`wrap_stablehlo`, fed with a StableHLO module that JAX itself lowered with its arguments
-in a foreign order, which is the part that turns any framework's StableHLO into our format.
+torch_xla 2.9.0 needs exactly torch 2.9.0 and its TPU extra pins a libtpu that conflicts with
+``jax[tpu]``, so it lives in its own environment (``make setup`` builds ``.venv-xla`` from
+``requirements-xla.txt``). :func:`export_torch_xla` starts that environment's Python on
+:mod:`client.models.xla_worker` with a JSON request; the worker builds the module from a
+``file.py:factory`` spec (a live module cannot cross environments without pickle), runs
+``torch.export`` and torch_xla's ``exported_program_to_stablehlo`` on ``PJRT_DEVICE=CPU``,
+and writes the StableHLO text, the weights (safetensors) and JSON metadata into a folder.
+Nothing is pickled, and torch_xla's own saver/loader (``np.load(allow_pickle=True)``) is never
+used. Back here, :func:`wrap_stablehlo` makes the module a task program.
 
-How it works: torch_xla's ``exported_program_to_stablehlo`` returns a module whose ``@main``
-takes parameters, lifted constants and user inputs interleaved (its ``input_locations`` say
-which is which). The adapter renames that function to a private ``@_foreign_main``, adds a new
-public ``@main`` taking ``(*weights, *inputs)`` in our flat order and calling the old one, and
-puts the module into an ``Exported`` whose metadata comes from a template exported by JAX with
-the same argument and result types. We never use torch_xla's own saver/loader
-(``np.load(allow_pickle=True)``).
+How the wrap works: torch_xla's ``@main`` takes parameters, lifted constants and user inputs
+interleaved (its ``input_locations`` say which is which). The adapter renames that function to
+a private ``@_foreign_main``, adds a public ``@main`` taking ``(*weights, *inputs)`` in our
+flat order (plus JAX's platform index when the program targets several platforms) and calling
+the old one, and puts the module into an ``Exported`` whose metadata comes from a template
+exported by JAX with the same argument and result types.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-from collections.abc import Sequence
+import json
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
 
 from client.errors import ConverterUnavailableError, ModelConversionError
-from client.models.jax_export import package_exported
+from client.models.export_diagnosis import ExportCategory, ExportFailed, diagnose_export
+from client.models.jax_export import DEFAULT_PLATFORMS, package_exported
 from client.models.program import ExportedModel
 from client.models.signature import Array
+from contracts.program import ArrayFormat, decode_arrays, encode_arrays
 
 Source = tuple[Literal["weight", "input"], int]
+XLA_PYTHON_ENV: Final = "TPUMARKET_XLA_PYTHON"
+WORKER: Final = Path(__file__).with_name("xla_worker.py")
+ROUTE: Final = "torch_xla"
 _FOREIGN_MAIN: Final = "_foreign_main"
 _MLIR_ELEMENT: Final = {
     "float16": "f16",
@@ -47,79 +59,153 @@ _MLIR_ELEMENT: Final = {
 }
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class XlaJob:
+    """One module to export: ``model`` is ``"path/to/file.py:factory"``.
+
+    ``example_inputs`` are one array per positional argument of ``forward`` (shapes are
+    static on this route); ``state_dict`` (optional) is loaded into the module, strictly.
+    """
+
+    model: str
+    example_inputs: Sequence[Any]
+    state_dict: Mapping[str, Any] | None = None
+    input_labels: Sequence[str] | None = None
+
+
+def xla_python() -> Path:
+    """Return the Python of the torch_xla environment (``$TPUMARKET_XLA_PYTHON`` or .venv-xla)."""
+    override = os.environ.get(XLA_PYTHON_ENV)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / ".venv-xla" / "bin" / "python"
+
+
 def torch_xla_available() -> bool:
-    """Return whether torch_xla can be imported in this environment (without importing it)."""
-    return importlib.util.find_spec("torch_xla") is not None
+    """Return whether the torch_xla environment's Python exists (``make setup`` builds it)."""
+    python = xla_python()
+    return python.is_file() and os.access(python, os.X_OK)
 
 
 def export_torch_xla(
-    module: Any,
+    model: str,
     example_inputs: Sequence[Any],
     *,
-    platform: str = "cpu",
+    state_dict: Mapping[str, Any] | None = None,
+    platforms: Sequence[str] = DEFAULT_PLATFORMS,
     input_labels: Sequence[str] | None = None,
+    timeout_s: float = 600.0,
 ) -> ExportedModel:
-    """Convert ``module`` through ``torch.export`` and torch_xla's StableHLO export (untested).
+    """Export ``model`` (``"file.py:factory"``) through torch_xla into a task program.
 
-    Shapes are static (torch_xla marks dynamic dims its own way; use :func:`export_torch` for
-    a symbolic batch). The program is lowered for one ``platform``.
+    Raise :class:`ExportFailed` (with a diagnosis) when the module cannot be exported, and
+    :class:`ConverterUnavailableError` when the torch_xla environment is missing.
     """
+    job = XlaJob(model, example_inputs, state_dict, input_labels)
+    (result,) = export_torch_xla_many([job], platforms=platforms, timeout_s=timeout_s)
+    if isinstance(result, ExportFailed):
+        raise result
+    return result
+
+
+def export_torch_xla_many(
+    jobs: Sequence[XlaJob],
+    *,
+    platforms: Sequence[str] = DEFAULT_PLATFORMS,
+    timeout_s: float = 600.0,
+) -> list[ExportedModel | ExportFailed]:
+    """Export several modules with one start of the torch_xla environment (about 10 s saved
+    per module); return, in order, each program or the diagnosed failure."""
+    python = xla_python()
     if not torch_xla_available():
         raise ConverterUnavailableError(
-            "torch_xla is not installed; it needs its own environment (torch==2.9.0, "
-            "torch-xla==2.9.0, PJRT_DEVICE=CPU). Use export_torch (torchax) here."
+            f"the torch_xla environment is missing ({python}): run `make setup`, which builds "
+            f".venv-xla from requirements-xla.txt, or set {XLA_PYTHON_ENV}"
         )
-    import torch
-    from torch_xla.stablehlo import (  # type: ignore[import-not-found, unused-ignore]
-        StableHLOExportOptions,
-        exported_program_to_stablehlo,
-    )
-
-    tensors = tuple(
-        x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x)) for x in example_inputs
-    )
-    module.eval()
-    try:
-        with torch.no_grad():
-            program = torch.export.export(module, tensors)
-            graph = exported_program_to_stablehlo(
-                program, StableHLOExportOptions(include_human_readable_text=True)
+    with tempfile.TemporaryDirectory(prefix="tpumarket-xla-") as tmp:
+        folder = Path(tmp)
+        inputs = [[_as_array(x) for x in job.example_inputs] for job in jobs]
+        request = {
+            "jobs": [_write_job(folder / str(i), job, inputs[i]) for i, job in enumerate(jobs)]
+        }
+        (folder / "request.json").write_text(json.dumps(request))
+        try:
+            done = subprocess.run(
+                [str(python), "-I", str(WORKER), str(folder / "request.json")],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env={**os.environ, "PJRT_DEVICE": "CPU"},
+                check=False,
             )
-    except Exception as exc:  # torch.export / torch_xla raise many types
-        raise ModelConversionError(
-            f"torch_xla export failed on {type(module).__name__}: {type(exc).__name__}: {exc}"
-        ) from exc
-    bundle = graph._bundle
-    function = bundle.stablehlo_funcs[0]
-    weights: list[Array] = []
-    labels: list[str] = []
-    sources: list[Source] = []
-    for location in function.meta.input_locations:
-        kind = getattr(location.type_, "value", str(location.type_))
-        if kind == "input_arg":
-            sources.append(("input", int(location.position)))
-            continue
-        if kind == "parameter":
-            value, label = bundle.state_dict[location.name], str(location.name)
-        else:
-            value = bundle.additional_constants[location.position]
-            label = f"constant{location.position}"
-        sources.append(("weight", len(weights)))
-        weights.append(np.asarray(value))
-        labels.append(label)
-    outputs = [
-        (tuple(int(d) for d in sig.shape), str(sig.dtype)) for sig in function.meta.output_signature
-    ]
-    return wrap_stablehlo(
-        function.text,
-        weights=weights,
-        weight_labels=labels,
-        sources=sources,
-        example_inputs=[t.detach().cpu().numpy() for t in tensors],
-        outputs=outputs,
-        platform=platform,
-        input_labels=input_labels,
+        except subprocess.TimeoutExpired as exc:
+            raise ModelConversionError(f"torch_xla export took over {timeout_s:.0f} s") from exc
+        return [
+            _collect(folder / str(i), job, inputs[i], platforms, done) for i, job in enumerate(jobs)
+        ]
+
+
+def _as_array(value: Any) -> Array:
+    if hasattr(value, "detach"):  # a torch tensor from this environment's torch
+        value = value.detach().cpu().numpy()
+    return np.ascontiguousarray(np.asarray(value))
+
+
+def _write_job(folder: Path, job: XlaJob, inputs: list[Array]) -> dict[str, Any]:
+    folder.mkdir()
+    (folder / "inputs.safetensors").write_bytes(
+        encode_arrays({str(i): x for i, x in enumerate(inputs)})
     )
+    state = None
+    if job.state_dict is not None:
+        state = str(folder / "state_dict.safetensors")
+        Path(state).write_bytes(
+            encode_arrays({name: _as_array(v) for name, v in job.state_dict.items()})
+        )
+    return {
+        "model": str(job.model),
+        "inputs": str(folder / "inputs.safetensors"),
+        "state_dict": state,
+        "out": str(folder / "out"),
+    }
+
+
+def _collect(
+    folder: Path,
+    job: XlaJob,
+    inputs: list[Array],
+    platforms: Sequence[str],
+    done: subprocess.CompletedProcess[str],
+) -> ExportedModel | ExportFailed:
+    result_file = folder / "out" / "result.json"
+    if not result_file.is_file():
+        text = (done.stderr or done.stdout or f"exit status {done.returncode}")[-8000:]
+        return ExportFailed(
+            diagnose_export(text, route=ROUTE, category=ExportCategory.WORKER_CRASH), text
+        )
+    result = json.loads(result_file.read_text())
+    if not result["ok"]:
+        text = f"{result['error_type']}: {result['message']}"
+        forced = ExportCategory.MODEL_LOAD if result["stage"] == "load" else None
+        diagnosis = diagnose_export(text, route=ROUTE, stage=result["stage"], category=forced)
+        return ExportFailed(diagnosis, result["traceback"])
+    weights_map = decode_arrays(
+        (folder / "out" / "weights.safetensors").read_bytes(), ArrayFormat.SAFETENSORS
+    )
+    weights = [weights_map[str(i)] for i in range(len(weights_map))]
+    try:
+        return wrap_stablehlo(
+            (folder / "out" / "module.mlir").read_text(),
+            weights=weights,
+            weight_labels=result["weight_labels"],
+            sources=[(kind, int(index)) for kind, index in result["sources"]],
+            example_inputs=inputs,
+            outputs=[(tuple(shape), dtype) for shape, dtype in result["outputs"]],
+            platforms=platforms,
+            input_labels=job.input_labels,
+        )
+    except ModelConversionError as exc:
+        return ExportFailed(diagnose_export(str(exc), route=ROUTE, stage="wrap"), str(exc))
 
 
 def wrap_stablehlo(
@@ -130,13 +216,14 @@ def wrap_stablehlo(
     sources: Sequence[Source],
     example_inputs: Sequence[Array],
     outputs: Sequence[tuple[tuple[int, ...], str]],
-    platform: str = "cpu",
+    platforms: Sequence[str] = ("cpu",),
     input_labels: Sequence[str] | None = None,
 ) -> ExportedModel:
     """Wrap a foreign StableHLO module (text) into a task program taking ``(*weights, *inputs)``.
 
     ``sources[j]`` says where argument ``j`` of the module's ``@main`` comes from: a weight or
-    an input, by index. ``outputs`` are the (shape, dtype) of its results, in order.
+    an input, by index. ``outputs`` are the (shape, dtype) of its results, in order. 64-bit
+    arguments and results are converted from and to JAX's canonical 32-bit types.
     """
     import jax
     import jax.numpy as jnp
@@ -150,11 +237,17 @@ def wrap_stablehlo(
         return tuple(jnp.zeros(shape, dtype) for shape, dtype in outputs)
 
     try:
-        base = export.export(jax.jit(template), platforms=(platform,))(*avals)
+        base = export.export(jax.jit(template), platforms=tuple(platforms))(*avals)
         flat_sources = [
             index if kind == "weight" else len(weights) + index for kind, index in sources
         ]
-        wrapped = _rewire(module_text, [_tensor_type(a) for a in flat], flat_sources)
+        wrapped = _rewire(
+            module_text,
+            [_tensor_type(a.shape, a.dtype) for a in base.in_avals],
+            flat_sources,
+            [_tensor_type(a.shape, a.dtype) for a in base.out_avals],
+            platform_index=len(tuple(platforms)) > 1,
+        )
     except ModelConversionError:
         raise
     except Exception as exc:  # MLIR parse/serialize errors have several types
@@ -162,10 +255,7 @@ def wrap_stablehlo(
             f"cannot wrap StableHLO module: {type(exc).__name__}: {exc}"
         ) from exc
     exported = dataclasses.replace(
-        base,
-        mlir_module_serialized=wrapped,
-        module_kept_var_idx=tuple(range(len(flat))),
-        uses_global_constants=False,
+        base, mlir_module_serialized=wrapped, module_kept_var_idx=tuple(range(len(flat)))
     )
     return package_exported(
         exported,
@@ -180,21 +270,55 @@ def wrap_stablehlo(
     )
 
 
-def _tensor_type(array: Array) -> str:
-    element = _MLIR_ELEMENT.get(str(array.dtype))
+def _tensor_type(shape: Sequence[int], dtype: Any) -> str:
+    element = _MLIR_ELEMENT.get(str(np.dtype(dtype)))
     if element is None:
-        raise ModelConversionError(f"no StableHLO element type for dtype {array.dtype}")
-    return f"tensor<{''.join(f'{d}x' for d in array.shape)}{element}>"
+        raise ModelConversionError(f"no StableHLO element type for dtype {dtype}")
+    return f"tensor<{''.join(f'{d}x' for d in shape)}{element}>"
 
 
-def _rewire(module_text: str, arg_types: Sequence[str], sources: Sequence[int]) -> bytes:
+# torch_xla writes some elementwise ops as ``custom_call @mhlo.<op>`` (GELU's erf); the same ops
+# exist in the CHLO dialect, which providers accept and XLA expands. Opaque custom calls are not.
+_MHLO_CALL: Final = re.compile(
+    r"stablehlo\.custom_call @mhlo\.(?P<op>erf|erf_inv|lgamma|digamma|acosh|asinh|atanh|cosh|sinh)"
+    r"\((?P<arg>%[\w#]+)\)(?: \{(?:[^{}]|\{[^{}]*\})*\})? : "
+    r"\((?P<type>tensor<[^>]*>)\) -> (?P<result>tensor<[^>]*>)"
+)
+
+
+def _chlo_for_mhlo_calls(module_text: str) -> str:
+    """Return the module with ``custom_call @mhlo.erf(...)`` and its kin as CHLO ops."""
+    return _MHLO_CALL.sub(
+        lambda m: f"chlo.{m['op']} {m['arg']} : {m['type']} -> {m['result']}", module_text
+    )
+
+
+_NARROWED: Final = {"i64": "i32", "ui64": "ui32", "f64": "f32"}
+
+
+def _converts(ours: str, theirs: str) -> bool:
+    """Return whether ``theirs`` is ``ours`` widened to 64 bits (a canonicalized type)."""
+    return any(
+        theirs.endswith(f"{wide}>") and ours == f"{theirs[: -len(wide) - 1]}{narrow}>"
+        for wide, narrow in _NARROWED.items()
+    )
+
+
+def _rewire(
+    module_text: str,
+    arg_types: Sequence[str],
+    sources: Sequence[int],
+    result_types: Sequence[str],
+    *,
+    platform_index: bool,
+) -> bytes:
     """Rename ``@main`` to a private function; add a ``@main`` taking our flat order."""
     from jax._src.interpreters.mlir import make_ir_context  # pinned jax; no public equivalent
     from jax.extend.mlir import ir
     from jax.extend.mlir.dialects import stablehlo
 
     with make_ir_context():
-        module = ir.Module.parse(module_text)
+        module = ir.Module.parse(_chlo_for_mhlo_calls(module_text))
         mains = [
             op
             for op in module.body.operations
@@ -207,33 +331,49 @@ def _rewire(module_text: str, arg_types: Sequence[str], sources: Sequence[int]) 
         function_type = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
         foreign_args = [str(t) for t in function_type.inputs]
         results = [str(t) for t in function_type.results]
-        if len(foreign_args) != len(sources):
+        if len(foreign_args) != len(sources) or len(results) != len(result_types):
             raise ModelConversionError(
-                f"@main takes {len(foreign_args)} arguments, {len(sources)} sources given"
+                f"@main takes {len(foreign_args)} arguments and returns {len(results)}; "
+                f"{len(sources)} sources and {len(result_types)} outputs given"
             )
+        body: list[str] = []
+        operands = []
         for j, (source, wanted) in enumerate(zip(sources, foreign_args, strict=True)):
-            if arg_types[source] != wanted:
+            ours = arg_types[source]
+            if ours == wanted:
+                operands.append(f"%arg{source}")
+            elif _converts(ours, wanted):
+                body.append(f"%in{j} = stablehlo.convert %arg{source} : ({ours}) -> {wanted}")
+                operands.append(f"%in{j}")
+            else:
                 raise ModelConversionError(
-                    f"argument {j} of @main is {wanted}, its source is {arg_types[source]}"
+                    f"argument {j} of @main is {wanted}, its source is {ours}"
                 )
         main.attributes["sym_name"] = ir.StringAttr.get(_FOREIGN_MAIN)
         main.attributes["sym_visibility"] = ir.StringAttr.get("private")
-        params = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(arg_types))
-        operands = ", ".join(f"%arg{s}" for s in sources)
-        result_list = ", ".join(results)
-        call = (
-            f"%0:{len(results)} = func.call @{_FOREIGN_MAIN}({operands}) : "
-            f"({', '.join(foreign_args)}) -> ({result_list})"
-            if len(results) > 1
-            else f"%0 = func.call @{_FOREIGN_MAIN}({operands}) : "
-            f"({', '.join(foreign_args)}) -> ({result_list})"
+        params = [f"%arg{i}: {t}" for i, t in enumerate(arg_types)]
+        if platform_index:
+            params.insert(0, '%platform: tensor<i32> {jax.global_constant = "_platform_index"}')
+        named = [f"%out#{i}" for i in range(len(results))] if len(results) > 1 else ["%out"]
+        prefix = f"%out:{len(results)}" if len(results) > 1 else "%out"
+        body.append(
+            f"{prefix} = func.call @{_FOREIGN_MAIN}({', '.join(operands)}) : "
+            f"({', '.join(foreign_args)}) -> ({', '.join(results)})"
         )
-        returned = ", ".join(f"%0#{i}" for i in range(len(results))) if len(results) > 1 else "%0"
+        returned = []
+        for i, (theirs, ours) in enumerate(zip(results, result_types, strict=True)):
+            if theirs == ours:
+                returned.append(named[i])
+            elif _converts(ours, theirs):
+                body.append(f"%res{i} = stablehlo.convert {named[i]} : ({theirs}) -> {ours}")
+                returned.append(f"%res{i}")
+            else:
+                raise ModelConversionError(f"result {i} of @main is {theirs}, expected {ours}")
+        body.append(f"return {', '.join(returned)} : {', '.join(result_types)}")
         new_main = (
-            f"  func.func public @main({params}) -> ({result_list}) {{\n"
-            f"    {call}\n"
-            f"    return {returned} : {result_list}\n"
-            "  }\n"
+            f"  func.func public @main({', '.join(params)}) -> ({', '.join(result_types)}) {{\n"
+            + "".join(f"    {line}\n" for line in body)
+            + "  }\n"
         )
         text = str(module).rstrip()
         if not text.endswith("}"):

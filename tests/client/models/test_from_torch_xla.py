@@ -1,7 +1,8 @@
-"""The torch_xla route: its adapter on a foreign-ordered StableHLO module; the import guard."""
+"""The torch_xla route's adapter on a foreign-ordered StableHLO module; the missing environment."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -11,7 +12,7 @@ import pytest
 
 from client.errors import ConverterUnavailableError, ModelConversionError
 from client.models import export_torch_xla, torch_xla_available
-from client.models.from_torch_xla import wrap_stablehlo
+from client.models.from_torch_xla import XLA_PYTHON_ENV, wrap_stablehlo
 from provider.sandbox import Sandbox
 from tests.client.models.helpers import run_in_sandbox
 
@@ -70,7 +71,10 @@ def test_sources_whose_types_do_not_match_the_module_are_rejected(
         )
 
 
-@pytest.mark.skipif(torch_xla_available(), reason="torch_xla is installed here")
-def test_without_torch_xla_the_route_says_how_to_get_it() -> None:
-    with pytest.raises(ConverterUnavailableError, match="own environment"):
-        export_torch_xla(object(), [])
+def test_without_the_torch_xla_environment_the_route_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(XLA_PYTHON_ENV, str(tmp_path / "no-such-python"))
+    assert not torch_xla_available()
+    with pytest.raises(ConverterUnavailableError, match="make setup"):
+        export_torch_xla("model.py:make", [np.zeros(3, np.float32)])

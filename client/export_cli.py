@@ -1,0 +1,189 @@
+"""`tpumarket job export --from torchax|torch-xla FILE.py:FACTORY`: a PyTorch model as a program.
+
+``job export`` (``client.job_cli``) writes a model of the zoo; :func:`extend` teaches it the two
+PyTorch routes. The model is named ``path/to/file.py:factory`` (``factory()`` returns an
+``nn.Module``); ``--example-inputs`` gives one tensor per argument of ``forward``, as a spec
+``float32[4,32]`` (seeded normal values; zeros for integers), an ``.npy`` file, or one
+``.safetensors`` file holding all of them named ``0``, ``1``, ... ``--state-dict`` loads trained
+weights from a safetensors file.
+
+- ``--from torchax`` exports in this process (torch 2.13 + torchax, then ``jax.export``);
+  ``--batch-dim NAME`` makes axis 0 of every input symbolic.
+- ``--from torch-xla`` exports in the ``.venv-xla`` environment's Python (torch 2.9 +
+  torch-xla 2.9, ``PJRT_DEVICE=CPU``; see ``client.models.from_torch_xla``), static shapes.
+
+Both write the program envelope (program, weights, example inputs) that ``job run --program``
+sends, and the example inputs as safetensors. A model that cannot be exported prints its
+diagnosis (category, op, first error line, hints) and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from client.cli import UsageError, emit_json, guarded, print_table
+from client.models.signature import Array
+from contracts.program import ArrayFormat, decode_arrays, encode_arrays, encode_envelope
+
+ROUTES = ("torchax", "torch-xla")
+_SPEC = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9, ]*)\]$")
+
+
+def extend(export: argparse.ArgumentParser) -> None:
+    """Add the PyTorch routes to the ``job export`` parser (its zoo models stay as they are)."""
+    zoo: tuple[str, ...] = ()
+    for action in export._actions:  # the zoo's positional: free it to take a FILE.py:FACTORY
+        if action.dest == "model":
+            zoo = tuple(action.choices or ())
+            action.choices = None
+            action.metavar = "MODEL"
+            action.help = f"a model of the zoo ({', '.join(zoo)}), or with --from FILE.py:FACTORY"
+    export.add_argument(
+        "--from", dest="route", choices=ROUTES, default=None, help="export a PyTorch module"
+    )
+    export.add_argument(
+        "--example-inputs",
+        nargs="+",
+        default=[],
+        metavar="INPUT",
+        help="one per forward argument: dtype[dims] (float32[4,32]), FILE.npy, or FILE.safetensors",
+    )
+    export.add_argument("--state-dict", default=None, help="weights to load (safetensors)")
+    export.add_argument(
+        "--batch-dim", default=None, help="torchax: make axis 0 of every input symbolic"
+    )
+    export.add_argument(
+        "--platforms", default="cpu,tpu", help="platforms the program runs on (cpu,tpu)"
+    )
+    zoo_handler: Callable[[argparse.Namespace], int] = export.get_default("handler")
+
+    def handler(args: argparse.Namespace) -> int:
+        if args.route is None:
+            if args.model not in zoo:
+                raise UsageError(
+                    f"unknown model {args.model!r}: the zoo has {', '.join(zoo)}; "
+                    f"export a PyTorch module with --from {'|'.join(ROUTES)} FILE.py:FACTORY"
+                )
+            return zoo_handler(args)
+        return export_torch_model(args)
+
+    export.set_defaults(handler=guarded(handler))
+
+
+def example_inputs(items: list[str], seed: int = 0) -> list[Array]:
+    """Parse ``--example-inputs``: specs, ``.npy`` files, or one ``.safetensors`` file."""
+    if not items:
+        raise UsageError("pass --example-inputs: one per argument of forward (float32[4,32])")
+    if len(items) == 1 and items[0].endswith(".safetensors"):
+        arrays = decode_arrays(Path(items[0]).read_bytes(), ArrayFormat.SAFETENSORS)
+        if sorted(arrays) != sorted(str(i) for i in range(len(arrays))):
+            raise UsageError(f"{items[0]} must name its tensors 0, 1, ...; it has {sorted(arrays)}")
+        return [arrays[str(i)] for i in range(len(arrays))]
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for item in items:
+        if item.endswith(".npy"):
+            inputs.append(np.load(item, allow_pickle=False))
+            continue
+        match = _SPEC.match(item.strip())
+        if match is None:
+            raise UsageError(f"not an input spec, .npy or .safetensors file: {item!r}")
+        try:
+            dtype = np.dtype(match["dtype"])
+        except TypeError:
+            raise UsageError(f"unknown dtype in {item!r}") from None
+        dims = tuple(int(d) for d in match["dims"].replace(" ", "").split(",") if d)
+        if np.issubdtype(dtype, np.floating):
+            inputs.append(rng.standard_normal(dims).astype(dtype))
+        else:
+            inputs.append(np.zeros(dims, dtype))
+    return inputs
+
+
+def export_torch_model(args: argparse.Namespace) -> int:
+    """Export ``args.model`` by ``args.route``; write the program and inputs files."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from client.models.export_diagnosis import ExportFailed
+
+    inputs = example_inputs(args.example_inputs)
+    state = (
+        decode_arrays(Path(args.state_dict).read_bytes(), ArrayFormat.SAFETENSORS)
+        if args.state_dict
+        else None
+    )
+    platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+    try:
+        model = _export(args, inputs, state, platforms)
+    except ExportFailed as exc:
+        return _failed(args, exc)
+    out = Path(args.out)
+    envelope = model.example_envelope()
+    out.write_bytes(encode_envelope(envelope))
+    inputs_out = (
+        Path(args.inputs_out) if args.inputs_out else out.with_suffix(".inputs.safetensors")
+    )
+    inputs_out.write_bytes(encode_arrays(model.signature.bind_inputs(list(model.example_inputs))))
+    summary = {
+        "route": args.route,
+        "program": str(out),
+        "inputs": str(inputs_out),
+        "program_bytes": len(envelope.program),
+        "weights_bytes": len(envelope.weights or b""),
+        "platforms": list(model.platforms),
+        "inputs_names": {s.key: s.describe() for s in model.signature.inputs},
+        "outputs": [s.describe() for s in model.signature.outputs],
+    }
+    if args.json:
+        emit_json(summary)
+        return 0
+    print(
+        f"wrote {out} ({args.route}: program {len(envelope.program):,} B, "
+        f"weights {len(envelope.weights or b''):,} B, platforms {','.join(model.platforms)})"
+    )
+    print(f"wrote {inputs_out} (example inputs)")
+    print_table(["tensor", "input"], [[s.key, s.describe()] for s in model.signature.inputs])
+    return 0
+
+
+def _export(
+    args: argparse.Namespace,
+    inputs: list[Array],
+    state: dict[str, Array] | None,
+    platforms: tuple[str, ...],
+) -> Any:
+    if args.route == "torch-xla":
+        if args.batch_dim is not None:
+            raise UsageError("--batch-dim is for --from torchax: torch_xla exports static shapes")
+        from client.models.from_torch_xla import export_torch_xla
+
+        return export_torch_xla(args.model, inputs, state_dict=state, platforms=platforms)
+    from client.models.from_torch import export_torch, load_module
+
+    module = load_module(args.model, state)
+    return export_torch(module, inputs, batch_dim=args.batch_dim, platforms=platforms)
+
+
+def _failed(args: argparse.Namespace, exc: Any) -> int:
+    diagnosis = exc.diagnosis
+    if args.json:
+        emit_json(
+            {
+                "route": args.route,
+                "error": "export_failed",
+                "category": diagnosis.category.value,
+                "stage": diagnosis.stage,
+                "op": diagnosis.op,
+                "message": diagnosis.message,
+                "hints": list(diagnosis.hints),
+            }
+        )
+    else:
+        print(f"error: {exc}", flush=True)
+    return 1

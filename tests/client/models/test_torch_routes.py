@@ -1,0 +1,208 @@
+"""Real PyTorch modules by both routes, run by a real provider daemon through its task API.
+
+torchax converts here (torch 2.13); torch_xla exports in ``.venv-xla`` (torch 2.9 +
+torch-xla 2.9, one worker process for every module of this file). Each program runs as an
+inference task on the daemon (CPU) and must equal torch eager within ``TOLERANCE``, and
+compiles for TPU v5e through the daemon's compile task. Modules that cannot be exported come
+back diagnosed: category, op, the first real error line, hints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.models import ExportedModel, export_torch, run_local
+from client.models.export_diagnosis import ExportFailed
+from contracts.messages import KIND_COMPILE
+from contracts.program import decode_envelope, encode_arrays
+from tests.client.models import torch_zoo
+from tests.client.models.torch_support import (
+    FAILURES,
+    MODELS,
+    ROUTES,
+    TOLERANCE,
+    Case,
+    Node,
+    example,
+    export_torchax,
+    export_xla,
+    make_cases,
+    run_task,
+    start_node,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, Case]:
+    """The three modules with their inputs and torch eager's outputs."""
+    return make_cases()
+
+
+@pytest.fixture(scope="module")
+def xla_results(cases: dict[str, Case]) -> dict[str, ExportedModel | ExportFailed]:
+    """Every module of this file exported by torch_xla in one start of .venv-xla."""
+    return export_xla(cases)
+
+
+@pytest.fixture(scope="module")
+def programs(
+    cases: dict[str, Case], xla_results: dict[str, ExportedModel | ExportFailed]
+) -> dict[tuple[str, str], ExportedModel]:
+    """Each module by each route, exported once."""
+    out: dict[tuple[str, str], ExportedModel] = {}
+    for name, case in cases.items():
+        out[name, "torchax"] = export_torchax(case)
+        xla = xla_results[name]
+        assert isinstance(xla, ExportedModel), xla
+        out[name, "torch_xla"] = xla
+    return out
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """One provider daemon (real chain, real sandbox worker) shared by every module here."""
+    with start_node(tmp_path_factory.mktemp("torch-routes-provider")) as running:
+        yield running
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_module_exported_by_each_route_run_by_the_daemon_equals_torch_eager(
+    node: Node,
+    cases: dict[str, Case],
+    programs: dict[tuple[str, str], ExportedModel],
+    name: str,
+    route: str,
+) -> None:
+    model, case = programs[name, route], cases[name]
+    body = run_task(node, model.envelope(case.x))
+
+    assert body["state"] == "succeeded", body
+    (out,) = model.decode_outputs(base64.b64decode(body["outputs_b64"]))
+    assert out.shape == case.expected.shape
+    assert float(np.abs(out - case.expected).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_module_exported_by_each_route_compiles_for_tpu_v5e_on_the_daemon(
+    node: Node, programs: dict[tuple[str, str], ExportedModel], name: str, route: str
+) -> None:
+    model = programs[name, route]
+    assert model.platforms == ("cpu", "tpu")
+
+    body = run_task(node, model.compile_envelope(), KIND_COMPILE, "v5e:1x1")
+
+    assert body["state"] == "succeeded", body
+    assert body["report"]["device_kind"] == "TPU v5 lite"
+    assert body["report"]["memory_total_bytes"] > 0
+
+
+def test_weights_keep_their_state_dict_names_on_the_torch_xla_route(
+    cases: dict[str, Case], programs: dict[tuple[str, str], ExportedModel]
+) -> None:
+    model = programs["conv", "torch_xla"]
+    labels = {spec.label for spec in model.signature.weights}
+    assert labels <= set(cases["conv"].module.state_dict())
+    assert {"conv1.weight", "bn.running_mean", "head.bias"} <= labels
+    assert [s.shape for s in model.signature.inputs] == [(2, 3, 16, 16)]
+
+
+def _check_diagnosis(failure: object, route: str, name: str) -> None:
+    assert isinstance(failure, ExportFailed), failure
+    _, category, ops = FAILURES[name]
+    diagnosis = failure.diagnosis
+    assert (diagnosis.route, diagnosis.category) == (route, category), diagnosis
+    assert diagnosis.op == ops.get(route), diagnosis
+    assert diagnosis.message and "\n" not in diagnosis.message
+    assert "Traceback" not in diagnosis.message and len(diagnosis.message) <= 500
+    assert diagnosis.hints and category.value in str(failure)
+
+
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_torch_xla_export_failure_is_diagnosed(
+    xla_results: dict[str, ExportedModel | ExportFailed], name: str
+) -> None:
+    _check_diagnosis(xla_results[name], "torch_xla", name)
+
+
+@pytest.mark.parametrize("name", list(FAILURES))
+def test_torchax_export_failure_is_diagnosed(name: str) -> None:
+    shape = FAILURES[name][0]
+    module = getattr(torch_zoo, f"make_{name}")()
+    with pytest.raises(ExportFailed) as raised:
+        export_torch(module, [example(shape, 0)])
+    _check_diagnosis(raised.value, "torchax", name)
+
+
+# ---- the command line ----------------------------------------------------------------------
+
+
+def _export_cli(*args: str) -> tuple[int, dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "client.cli", "job", "export", *args, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_cli_exports_by_torch_xla_a_program_file_the_sdk_runs(
+    cases: dict[str, Case], tmp_path: Path
+) -> None:
+    case = cases["mlp"]
+    weights = tmp_path / "mlp.safetensors"
+    weights.write_bytes(encode_arrays({k: v.numpy() for k, v in case.module.state_dict().items()}))
+    inputs = tmp_path / "x.safetensors"
+    inputs.write_bytes(encode_arrays({"0": case.x}))
+    program = tmp_path / "mlp.tpmp"
+
+    code, summary = _export_cli(
+        "--from", "torch-xla", f"{torch_zoo.__file__}:make_mlp", "--example-inputs",
+        str(inputs), "--state-dict", str(weights), "--out", str(program),
+    )  # fmt: skip
+
+    assert code == 0, summary
+    assert summary["platforms"] == ["cpu", "tpu"] and summary["route"] == "torch-xla"
+    (out,) = run_local(decode_envelope(program.read_bytes()))
+    assert float(np.abs(out - case.expected).max()) <= TOLERANCE
+    assert Path(str(summary["inputs"])).is_file()
+
+
+def test_cli_prints_the_diagnosis_of_a_module_torchax_cannot_export(tmp_path: Path) -> None:
+    code, summary = _export_cli(
+        "--from", "torchax", f"{torch_zoo.__file__}:make_custom_op", "--example-inputs",
+        "float32[8]", "--out", str(tmp_path / "never.tpmp"),
+    )  # fmt: skip
+
+    assert code == 1
+    assert (summary["category"], summary["op"]) == ("custom_op", "tpumarket_test.fused_gelu")
+    assert summary["hints"] and not (tmp_path / "never.tpmp").exists()
+
+
+def test_cli_refuses_a_model_outside_the_zoo_without_a_route() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "client.cli", "job", "export", "resnet", "--out", "x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert done.returncode == 2 and "--from torchax|torch-xla" in done.stderr
