@@ -22,6 +22,16 @@ a flood of unfunded orders costs one read each, within the signer's and the IP's
 What a request reserves is held in memory until its orders are committed (then the database
 shows them), so two requests of one signer racing each other cannot both spend one balance.
 Refusals are `UnfundedError` or `QuotaError` (403), with the figures that decided them.
+
+Admission is not enough: a wallet can withdraw after its bid rests, and a provider's daemon can
+stop after its ask rests. So the writer also matches each group through a `MatchGate` (the
+engine's `market.engine.gate.Gate`): a bid fills only as far as its owner's free escrow balance
+covers the spend of its matched deals not yet open plus this fill (its resting bids are not
+counted again: they are what is filling), and an ask trades only while its provider's last
+heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an empty wallet's bid
+never fills, and a silent provider's ask matches again once it heartbeats. A match's spend
+stops counting when its deal opens on chain (the escrow locks it) or `unopened_deal_hold_s`
+after the match (it expired unopened).
 """
 
 from __future__ import annotations
@@ -33,12 +43,13 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from contracts.binding import Escrow
 from market import storage
 from market.engine import Side
-from market.errors import QuotaError, UnfundedError
+from market.errors import ChainUnavailableError, QuotaError, UnfundedError
+from market.models import Deal, Provider
 from market.verify import CheckedOrder
 
 
@@ -59,6 +70,12 @@ class _Cache:
         if cached is not None and time.monotonic() - cached[1] <= self._ttl:
             return cached[0], False
         return self.read(address), True
+
+    def cached(self, address: str) -> int | None:
+        """Return the last figure read for `address`, however old, or None."""
+        with self._lock:
+            cached = self._values.get(address)
+        return None if cached is None else cached[0]
 
     def at_least(self, address: str, need: int) -> int:
         """Return the figure of `address`, read afresh if the cached one is below `need`."""
@@ -103,6 +120,7 @@ class FundsGuard:
         max_classes_per_provider: int,
         unopened_deal_hold_s: int,
         cache_s: float,
+        provider_ttl_s: float = 60.0,
     ) -> None:
         """Read the escrow with `read_escrow`, the market's records with `session`."""
         self._session = session
@@ -111,6 +129,7 @@ class FundsGuard:
         self.max_live_orders = max_live_orders
         self.max_classes_per_provider = max_classes_per_provider
         self.unopened_deal_hold_s = unopened_deal_hold_s
+        self.provider_ttl_s = provider_ttl_s
         self.balances = _Cache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), cache_s)
         self.stakes = _Cache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
         self._lock = threading.Lock()
@@ -226,6 +245,71 @@ class FundsGuard:
                 f"provider {provider} has {stake} staked on the escrow (free and in open "
                 f"deals); the market registers providers from {self.min_provider_stake}"
             )
+
+    # -- matching -------------------------------------------------------------------------------
+
+    def gate(self, now: int) -> MatchGate:
+        """Return the engine's gate for one group of orders matched at `now`."""
+        return MatchGate(self, now)
+
+    def balance_now(self, owner: str) -> int:
+        """Return `owner`'s free escrow balance read now (a withdrawal a second ago counts);
+        if the chain cannot be read, the last figure read, or 0: nothing fills on a guess."""
+        try:
+            return self.balances.read(owner)
+        except ChainUnavailableError:
+            cached = self.balances.cached(owner)
+            return 0 if cached is None else cached
+
+    def provider_live(self, provider: str, now: int) -> bool:
+        """Return whether `provider` heartbeated within `provider_ttl_s` of `now`."""
+        with self._session() as session:
+            seen = session.exec(
+                select(Provider.last_seen).where(Provider.address == provider)
+            ).first()
+        return seen is not None and seen >= now - self.provider_ttl_s
+
+    def unopened_spend(self, client: str, now: int) -> int:
+        """Return the spend of `client`'s deals matched within `unopened_deal_hold_s` of `now`
+        and not open on chain."""
+        with self._session() as session:
+            deals = session.exec(
+                select(Deal.price, Deal.quantity).where(
+                    Deal.client == client,
+                    col(Deal.chain_deal_id).is_(None),
+                    Deal.created_at >= now - self.unopened_deal_hold_s,
+                )
+            ).all()
+        return sum(int(price) * int(quantity) for price, quantity in deals)
+
+
+class MatchGate:
+    """What may trade in one group commit (see the module): budgets and liveness, each read
+    once per owner and kept for the group, whose fills are not in the database yet."""
+
+    def __init__(self, guard: FundsGuard, now: int) -> None:
+        """Answer for orders matched at `now`."""
+        self._guard = guard
+        self._now = now
+        self._budgets: dict[str, int] = {}
+        self._live: dict[str, bool] = {}
+
+    def ask_live(self, owner: str) -> bool:
+        """Return whether `owner`'s provider heartbeated within its TTL."""
+        live = self._live.get(owner)
+        if live is None:
+            live = self._live[owner] = self._guard.provider_live(owner, self._now)
+        return live
+
+    def bid_units(self, owner: str, price: int, units: int) -> int:
+        """Return how many of `units` at `price` `owner`'s free escrow balance still covers
+        (after its unopened deals and this group's fills), and count them as spent."""
+        budget = self._budgets.get(owner)
+        if budget is None:
+            budget = self._guard.balance_now(owner) - self._guard.unopened_spend(owner, self._now)
+        take = max(0, min(units, budget // price))
+        self._budgets[owner] = budget - take * price
+        return take
 
 
 def _quote_stake(checked: CheckedOrder) -> int:

@@ -245,6 +245,7 @@ class MarketService:
             max_classes_per_provider=settings.max_classes_per_provider,
             unopened_deal_hold_s=settings.unopened_deal_hold_s,
             cache_s=settings.funds_cache_s,
+            provider_ttl_s=settings.provider_offline_after_s,
         )
         self.db = storage.make_engine(
             url=storage.database_url(data_dir=settings.data_dir, url=settings.database_url)
@@ -259,7 +260,8 @@ class MarketService:
         self.books = Books(self.db, self.now)
         for name, book in self.books.items():
             self._update_live_gauge(name, book.engine)
-        self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed)
+        gate = self.funds.gate if self.guards_funds() else None  # what may trade (market.funds)
+        self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed, gate=gate)
         self.checkpointer = (
             Checkpointer(self.db, lambda: self._version)
             if self.db.dialect.name == "sqlite"

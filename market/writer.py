@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 from market import storage
 from market.books import Books, ClassBook
 from market.engine import Fill as EngineFill
+from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
 from market.verify import CheckedOrder
 
@@ -71,9 +72,12 @@ class Writer:
         books: Books,
         db: Engine,
         on_commit: Callable[[list[list[Placed]]], None],
+        gate: Callable[[int], Gate] | None = None,
     ) -> None:
-        """Start the writer thread; `on_commit` gets each committed group's results."""
+        """Start the writer thread; `on_commit` gets each committed group's results; `gate(now)`
+        (if given) says what may trade in each group (`market.engine.gate`)."""
         self._books = books
+        self._gate = gate
         self._db = db
         self._on_commit = on_commit
         with db.connect() as connection:
@@ -203,7 +207,8 @@ class Writer:
                 return True
             with self._db.connect() as connection:
                 try:
-                    results, rows = _match(live, books)
+                    gate = None if self._gate is None else self._gate(live[0].now)
+                    results, rows = _match(live, books, gate)
                     storage.record_placement(
                         connection=connection,
                         orders=rows.orders,
@@ -252,8 +257,11 @@ class _Rows(NamedTuple):
     deals: list[tuple[object, ...]]
 
 
-def _match(group: list[_Request], books: dict[str, ClassBook]) -> tuple[list[list[Placed]], _Rows]:
-    """Place every order of `group` in its engine; return the results and the rows to write."""
+def _match(
+    group: list[_Request], books: dict[str, ClassBook], gate: Gate | None
+) -> tuple[list[list[Placed]], _Rows]:
+    """Place every order of `group` in its engine (through `gate`, if any); return the results
+    and the rows to write."""
     results: list[list[Placed]] = []
     fill_rows: list[tuple[object, ...]] = []
     deal_rows: list[tuple[object, ...]] = []
@@ -267,7 +275,7 @@ def _match(group: list[_Request], books: dict[str, ClassBook]) -> tuple[list[lis
             order_id = order.order_id
             book = books[order.device_class]
             engine = book.engine
-            fills = engine.place(order, now=now)
+            fills = engine.place(order, now=now, gate=gate)
             if c.quote_hash:
                 book.quote_hashes[order_id] = c.quote_hash
             record = engine.record(order_id)

@@ -14,6 +14,7 @@ from collections import deque
 from typing import NamedTuple
 
 from market.engine.fills import Fill
+from market.engine.gate import Gate
 from market.engine.lifecycle import OrderState
 from market.engine.orders import Order, Side
 
@@ -50,6 +51,7 @@ class BookEntry:
         "memory",
         "order",
         "order_id",
+        "owner",
         "price",
         "remaining",
         "seq",
@@ -63,6 +65,7 @@ class BookEntry:
         self.seq = seq
         self.book = book
         self.order_id = order.order_id
+        self.owner = order.owner
         self.is_bid = order.side is _BID
         self.price = order.price
         self.slo_ms = order.slo_ms
@@ -103,17 +106,24 @@ class Book:
 
     # -- matching ---------------------------------------------------------------------------
 
-    def place_bid(self, taker: BookEntry, now: int, fill_id: int) -> list[Fill]:
+    def place_bid(
+        self, taker: BookEntry, now: int, fill_id: int, gate: Gate | None = None
+    ) -> list[Fill]:
         """Match incoming bid `taker`, rest what is left; return fills numbered from `fill_id`.
 
         Scans ask levels from the lowest price up to the bid's limit and each level's queue in
-        time order, skipping dead, expired (`expiry <= now`) and incompatible asks. Updates the
-        resting asks and the taker (remaining units, state, and `live` if it rests).
+        time order, skipping dead, expired (`expiry <= now`) and incompatible asks, and with a
+        `gate`, asks of providers it says are not live. A fill takes what the gate lets the
+        bid's owner pay for; once that falls short, matching stops (higher prices cannot be
+        paid either) and the rest of the bid rests. Updates the resting asks and the taker
+        (remaining units, state, and `live` if it rests).
         """
         fills: list[Fill] = []
         limit = taker.price
         prices = self._ask_prices
         if prices and prices[0] <= limit:
+            buyer = taker.owner
+            broke = False
             levels = self._ask_levels
             bid_id = taker.order_id
             # `compatible(bid, ask)` within one book, whose orders all share a plan.
@@ -149,6 +159,16 @@ class Book:
                         continue
                     available = entry.remaining
                     qty = remaining if remaining < available else available
+                    if gate is not None:
+                        if not gate.ask_live(entry.owner):
+                            j += 1
+                            continue
+                        wanted = qty
+                        qty = gate.bid_units(buyer, price, wanted)
+                        if qty < wanted:
+                            broke = True
+                            if qty <= 0:
+                                break
                     remaining -= qty
                     level.quantity -= qty
                     fills.append(
@@ -165,7 +185,8 @@ class Book:
                     )
                     fill_id += 1
                     if available > qty:
-                        # OPEN | PARTIALLY_FILLED -> PARTIALLY_FILLED; the taker is exhausted.
+                        # OPEN | PARTIALLY_FILLED -> PARTIALLY_FILLED; the taker is exhausted
+                        # (or cannot pay for more).
                         entry.remaining = available - qty
                         entry.state = _PARTIALLY_FILLED
                         break
@@ -179,7 +200,7 @@ class Book:
                         n -= 1
                     else:
                         j += 1
-                    if not remaining:
+                    if not remaining or broke:
                         break
                 if level.count == 0:
                     del levels[price]
@@ -189,7 +210,7 @@ class Book:
                     if n > 2 * level.count + _COMPACT_SLACK:
                         level.queue = deque([e for e in queue if e.live])
                     i += 1
-                if not remaining:
+                if not remaining or broke:
                     break
             if fills:
                 taker.remaining = remaining
@@ -208,12 +229,18 @@ class Book:
         taker.live = True
         return fills
 
-    def place_ask(self, taker: BookEntry, now: int, fill_id: int) -> list[Fill]:
-        """Match incoming ask `taker` against resting bids; mirror image of `place_bid`."""
+    def place_ask(
+        self, taker: BookEntry, now: int, fill_id: int, gate: Gate | None = None
+    ) -> list[Fill]:
+        """Match incoming ask `taker` against resting bids; mirror image of `place_bid`.
+
+        With a `gate`, an ask of a provider that is not live only rests, and each resting bid
+        takes what the gate lets its owner pay for (a bid that can pay for nothing is skipped).
+        """
         fills: list[Fill] = []
         limit = taker.price
         prices = self._bid_prices
-        if prices and prices[-1] >= limit:
+        if prices and prices[-1] >= limit and (gate is None or gate.ask_live(taker.owner)):
             levels = self._bid_levels
             ask_id = taker.order_id
             # `compatible(bid, ask)` within one book, whose orders all share a plan.
@@ -248,6 +275,11 @@ class Book:
                         continue
                     available = entry.remaining
                     qty = remaining if remaining < available else available
+                    if gate is not None:
+                        qty = gate.bid_units(entry.owner, price, qty)
+                        if qty <= 0:
+                            j += 1
+                            continue
                     remaining -= qty
                     level.quantity -= qty
                     fills.append(
@@ -266,7 +298,10 @@ class Book:
                     if available > qty:
                         entry.remaining = available - qty
                         entry.state = _PARTIALLY_FILLED
-                        break
+                        if not remaining:
+                            break
+                        j += 1  # its owner could pay for no more: the taker goes on
+                        continue
                     entry.remaining = 0
                     entry.state = _FILLED
                     entry.live = False

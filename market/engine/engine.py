@@ -26,6 +26,7 @@ from heapq import heappop, heappush
 
 from market.engine.book import Book, BookEntry, PriceLevel
 from market.engine.fills import Fill
+from market.engine.gate import Gate
 from market.engine.lifecycle import OrderState, check_transition
 from market.engine.orders import Order, OrderRecord, Side
 from market.engine.snapshot import (
@@ -76,9 +77,11 @@ class MatchingEngine:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def place(self, order: Order, *, now: int) -> list[Fill]:
+    def place(self, order: Order, *, now: int, gate: Gate | None = None) -> list[Fill]:
         """Match `order` against the book of its device class and rest what is left.
 
+        With a `gate`, only live providers' asks trade and a bid buys only what its owner can
+        pay for (see `market.engine.gate`); what cannot trade rests.
         Return the fills in the order they happened (best resting order first). Raise
         `DuplicateOrderError` if the id was placed before and `OrderExpiredError` if
         `order.expiry <= now`.
@@ -98,9 +101,9 @@ class MatchingEngine:
         entries[order_id] = entry
         fill_id = self._next_fill_id
         if entry.is_bid:
-            fills = book.place_bid(entry, now, fill_id)
+            fills = book.place_bid(entry, now, fill_id, gate)
         else:
-            fills = book.place_ask(entry, now, fill_id)
+            fills = book.place_ask(entry, now, fill_id, gate)
         if fills:
             self._next_fill_id = fill_id + len(fills)
         expiry = order.expiry

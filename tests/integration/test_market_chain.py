@@ -65,6 +65,8 @@ def test_market_server_on_a_v2_escrow_from_ask_to_reputation(
     world.escrow.stake(provider.key, 2 * terms.stake)
     for c in clients:
         world.escrow.deposit(c.key, 4_000)
+    # Only a live provider's ask matches: it heartbeats first.
+    _post(market + "/v1/providers/heartbeat", provider.heartbeat(now), 200)
     _post(market + "/v1/orders", provider.ask(now, price=1_000, quantity=8, quote=terms), 201)
     deals = [
         _post(market + "/v1/orders", c.bid(now, price=1_000, quantity=4), 201)["fills"][0]["id"]
@@ -100,6 +102,6 @@ def test_market_server_on_a_v2_escrow_from_ask_to_reputation(
     assert [r["chain_deal_id"] for r in records] == opened
     assert [r["paid"] for r in records] == ["2000", "2000"]
 
-    _post(market + "/v1/providers/heartbeat", provider.heartbeat(int(time.time())), 200)
+    _post(market + "/v1/providers/heartbeat", provider.heartbeat(int(time.time()) + 1), 200)
     [entry] = httpx.get(market + "/v1/providers", timeout=10).json()
     assert (entry["paid"], entry["clients"], entry["top_client_share"]) == ("4000", 2, 0.5)

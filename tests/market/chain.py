@@ -7,6 +7,7 @@ not 0), a snapshot reverted after each test. The escrow's minimum challenge wind
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -30,7 +31,8 @@ from contracts.messages import (
 )
 from contracts.orders import plan_kind
 from contracts.pricing import price_receipt
-from market.models import OrderCreate, QuoteAttach
+from market.errors import ReplayError
+from market.models import HeartbeatCreate, OrderCreate, QuoteAttach
 from market.service import MarketService, Settings
 
 from .conftest import Clock
@@ -213,11 +215,15 @@ def fund(
     world: ChainWorld, service: MarketService, *, provider: str, client: str, spend: int, stake: int
 ) -> None:
     """Put on the escrow what the market asks of orders (`market.funds`): the provider's stake
-    (the market's minimum, or the quote's if more) and the client's free balance for `spend`."""
+    (the market's minimum, or the quote's if more) and the client's free balance for `spend`;
+    and heartbeat the provider (only live providers' asks match)."""
     need = max(stake, service.settings.min_provider_stake)
     have = world.escrow.stake_of(address_of(provider))
     if have < need:
         world.escrow.stake(provider, need - have)
+    beat = world.trader(provider).heartbeat(int(service.clock()))
+    with contextlib.suppress(ReplayError):  # it beat within this second already
+        service.heartbeat(HeartbeatCreate.model_validate(beat), beat["advert"])
     balance = world.escrow.balance_of(address_of(client))
     if balance < spend:
         world.escrow.deposit(client, spend - balance)

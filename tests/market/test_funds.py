@@ -74,9 +74,12 @@ def _ask(provider: Trader, *, price: int = 1_000, quantity: int = 100, **kw: Any
 
 
 def _seller(world: ChainWorld, url: str, device_class: str = CLASS) -> Trader:
-    """A staked provider with a live ask at 1,000 per unit in `device_class`."""
+    """A staked provider, live (it heartbeats), with an ask at 1,000 per unit in
+    `device_class`."""
     provider = _fresh(world)
     world.escrow.stake(provider.key, 2 * STAKE)
+    beat = provider.heartbeat(int(time.time()), device_class=device_class)
+    _post(url, "/v1/providers/heartbeat", beat, 200)
     _post(url, "/v1/orders", _ask(provider, device_class=device_class), 201)
     return provider
 

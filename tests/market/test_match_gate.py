@@ -1,0 +1,153 @@
+"""What may trade: a real market server on a real anvil with a v2 escrow matches a bid only as
+far as its owner's free escrow balance covers it, and an ask only while its provider
+heartbeats (`market.funds.MatchGate`).
+
+Admission already refuses a bid its owner cannot cover; these are the cases admission cannot
+see: a wallet emptied after its bids rest, bids that together outgrow what is left, and a
+provider whose daemon stopped after its ask rested.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.chain import Anvil
+
+from .chain import MIN_WINDOW, ChainWorld, deploy_world
+from .server import market_server
+from .signing import Trader
+
+STAKE = 1_000_000  # the market's default minimum provider stake
+TTL_S = 3  # the market's provider TTL here (`--provider-ttl`)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[ChainWorld]:
+    with Anvil.start(accounts=10) as anvil:
+        yield deploy_world(anvil)
+
+
+@pytest.fixture(scope="module")
+def url(world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("gate") / "data"
+    flags = ["--rpc-url", world.anvil.url, "--escrow", world.escrow.address, "--chain-id", "31337"]
+    with market_server(data_dir, *flags, "--provider-ttl", str(TTL_S)) as served:
+        yield served
+
+
+def _fresh(world: ChainWorld) -> Trader:
+    key = "0x" + os.urandom(32).hex()
+    world.fund(key)
+    return world.trader(key)
+
+
+def _post(url: str, path: str, body: dict[str, Any], status: int) -> dict[str, Any]:
+    response = httpx.post(url + path, json=body, timeout=30)
+    assert response.status_code == status, response.text
+    reply: dict[str, Any] = response.json()
+    return reply
+
+
+def _beat(url: str, provider: Trader, device_class: str) -> float:
+    """Heartbeat `provider`; return when (the market clock is this host's)."""
+    sent = time.time()
+    _post(
+        url,
+        "/v1/providers/heartbeat",
+        provider.heartbeat(int(sent), device_class=device_class),
+        200,
+    )
+    return sent
+
+
+def _provider(world: ChainWorld, url: str, device_class: str) -> Trader:
+    provider = _fresh(world)
+    world.escrow.stake(provider.key, 2 * STAKE)
+    _beat(url, provider, device_class)
+    return provider
+
+
+def _ask(url: str, provider: Trader, device_class: str, *, quantity: int) -> dict[str, Any]:
+    now = int(time.time())
+    quote = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
+    body = provider.ask(now, price=100, quantity=quantity, quote=quote, device_class=device_class)
+    return _post(url, "/v1/orders", body, 201)
+
+
+def _bid(url: str, client: Trader, device_class: str, *, quantity: int) -> dict[str, Any]:
+    body = client.bid(int(time.time()), price=100, quantity=quantity, device_class=device_class)
+    return _post(url, "/v1/orders", body, 201)
+
+
+def _order(url: str, order_id: str) -> dict[str, Any]:
+    reply: dict[str, Any] = httpx.get(f"{url}/v1/orders/{order_id}", timeout=10).json()
+    return reply
+
+
+def test_bid_when_its_wallet_was_emptied_after_it_rested_then_it_never_fills(
+    world: ChainWorld, url: str
+) -> None:
+    name = "gate-empty"
+    provider = _provider(world, url, name)
+    client = _fresh(world)
+    world.escrow.deposit(client.key, 600)
+    bid = _bid(url, client, name, quantity=6)["order"]  # admitted: 600 covers it
+    world.escrow.withdraw(client.key, 600)  # the wallet is empty, the bid rests
+    # The provider's last 6 units, at the bid's price: the empty wallet takes none of them.
+    ask = _ask(url, provider, name, quantity=6)
+    assert ask["fills"] == [] and ask["order"]["state"] == "open"
+    assert _order(url, bid["order_id"])["remaining"] == 6
+    # A funded client behind it gets them.
+    other = _fresh(world)
+    world.escrow.deposit(other.key, 600)
+    placed = _bid(url, other, name, quantity=6)
+    assert [(f["ask_id"], f["quantity"]) for f in placed["fills"]] == [
+        (ask["order"]["order_id"], 6)
+    ]
+    assert _order(url, bid["order_id"])["state"] == "open"
+
+
+def test_two_bids_when_together_they_outgrow_the_wallet_then_they_fill_only_up_to_it(
+    world: ChainWorld, url: str
+) -> None:
+    name = "gate-two"
+    provider = _provider(world, url, name)
+    client = _fresh(world)
+    world.escrow.deposit(client.key, 2_000)
+    first = _bid(url, client, name, quantity=10)["order"]
+    second = _bid(url, client, name, quantity=10)["order"]  # 2,000 covered both at admission
+    world.escrow.withdraw(client.key, 1_300)  # 700 left: 7 units at 100
+    ask = _ask(url, provider, name, quantity=20)
+    assert [(f["bid_id"], f["quantity"]) for f in ask["fills"]] == [(first["order_id"], 7)]
+    assert (ask["order"]["state"], ask["order"]["remaining"]) == ("partially_filled", 13)
+    assert _order(url, first["order_id"])["remaining"] == 3
+    assert _order(url, second["order_id"])["remaining"] == 10
+    # Its unopened deal's 700 stays counted: a deposit of 500 pays for 5 more units, not 12.
+    world.escrow.deposit(client.key, 500)
+    again = _ask(url, provider, name, quantity=20)
+    assert sum(f["quantity"] for f in again["fills"]) == 5
+
+
+def test_ask_when_its_provider_stops_heartbeating_then_it_stops_matching_until_it_beats(
+    world: ChainWorld, url: str
+) -> None:
+    name = "gate-live"
+    provider = _provider(world, url, name)
+    client = _fresh(world)
+    world.escrow.deposit(client.key, 10_000)
+    ask = _ask(url, provider, name, quantity=10)["order"]
+    assert len(_bid(url, client, name, quantity=1)["fills"]) == 1  # live: it trades
+    last = _beat(url, provider, name)
+    time.sleep(max(0.0, last + TTL_S + 1.5 - time.time()))  # its daemon stopped: the TTL passes
+    silent = _bid(url, client, name, quantity=1)
+    assert silent["fills"] == [] and silent["order"]["state"] == "open"
+    assert _order(url, ask["order_id"])["remaining"] == 9
+    _beat(url, provider, name)  # the daemon is back
+    placed = _bid(url, client, name, quantity=1)
+    assert [f["ask_id"] for f in placed["fills"]] == [ask["order_id"]]
