@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from client.amounts import tokens
 from client.errors import ClientError, DealMismatch, SpendingCapExceeded
 from client.market_http import MarketHttp
 from contracts.binding import DEAL_OPEN, Escrow, Token, TxResult
@@ -145,7 +146,8 @@ class ClientAccount:
             raise DealMismatch(f"{what} names {quote.arbiter} as arbiter: the provider or nobody")
         if not 0 < max_spend <= quote.max_spend:
             raise DealMismatch(
-                f"{what}: a cap of {max_spend} is outside the quote's (0, {quote.max_spend}]"
+                f"{what}: a cap of {tokens(max_spend)} tokens is outside the quote's "
+                f"(0, {tokens(quote.max_spend)}]"
             )
         if terms is not None:
             changed = [t for t in TERMS if getattr(quote, t) != getattr(terms, t)]
@@ -165,8 +167,9 @@ class ClientAccount:
         self.check_quote(quote, max_spend, terms=terms)
         if self.spending_cap is not None and self.committed_caps() + max_spend > self.spending_cap:
             raise SpendingCapExceeded(
-                f"a deal capped at {max_spend} would bring open deals to "
-                f"{self.committed_caps() + max_spend}, past the client cap {self.spending_cap}"
+                f"a deal capped at {tokens(max_spend)} tokens would bring open deals to "
+                f"{tokens(self.committed_caps() + max_spend)}, past the client cap "
+                f"{tokens(self.spending_cap)}"
             )
         result = self.escrow.open_deal(self.key, quote, signature, max_spend)
         deal_id = int(result.event("DealOpened").args["dealId"])

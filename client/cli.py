@@ -1,10 +1,13 @@
-"""`tpumarket client ...`: a client's balances, deposits, withdrawals, deals and bids.
+"""`tpumarket client ...`: what every client and job command shares, and their registration.
 
-Browsing offers, cancelling orders and opening matched deals live in `client.market_cli`.
-
-A thin layer over the SDK (`client.accounts`, `client.market_http`, `contracts.orders`):
-tables for people, `--json` (one JSON object on the last line) for scripts. SDK errors print
-`error: ...` and exit 1; bad input exits 2.
+The commands live beside it: `client.wallet_cli` (balances, deposit, withdraw),
+`client.market_cli` (offers, bid, orders, cancel), `client.deal_cli` (deals, open, close) and
+`client.job_cli` (`tpumarket job ...`). A thin layer over the SDK (`client.accounts`,
+`client.market_http`, `contracts.orders`): tables in tokens for people, `--json` (one JSON
+object on the last line, amounts in base units) for scripts. Keys, addresses and the escrow are
+checked at the door. Exit codes: 0 done; 2 a usage or input error (a bad key, address, amount,
+file or id); 1 a failure of the chain, the market or a provider; 130 Ctrl-C. Every error is one
+line on stderr (`error: ...`).
 """
 
 from __future__ import annotations
@@ -13,43 +16,36 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
 from typing import Any, TextIO
 
-from client.accounts import Balances, ClientAccount
-from client.errors import ClientError
+import httpx
+import requests
+from web3.exceptions import Web3Exception
+
+from client.accounts import ClientAccount
+from client.amounts import to_units
+from client.errors import ClientError, ClientInputError
 from client.market_http import MarketHttp
 from contracts.binding import Chain, Escrow
+from contracts.cli import InputError, check_address, check_contract, check_private_key, dispatch
 from contracts.errors import EscrowError
-from contracts.messages import address_of
-from contracts.orders import Bid, market_domain, order_id
 
-DECIMALS = 6
-UNIT = 10**DECIMALS
 KEY_ENV = "TPUMARKET_CLIENT_KEY"
-PLANS = ("flat", "metered", "outcome", "tiered", "reserved")
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-class UsageError(Exception):
+class UsageError(InputError):
     """Bad input found after parsing (a missing key or option): exit code 2."""
 
 
 def parse_amount(text: str) -> int:
     """Parse a positive token amount with at most 6 decimals (``1.5``) into base units."""
     try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"not an amount of tokens: {text!r}") from None
-    if not value.is_finite() or value <= 0:
-        raise argparse.ArgumentTypeError(f"amount must be a positive number of tokens: {text!r}")
-    units = value * UNIT
-    if units != units.to_integral_value():
-        raise argparse.ArgumentTypeError(f"amount has more than {DECIMALS} decimals: {text!r}")
-    return int(units)
+        return to_units(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
@@ -63,7 +59,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """Parse an integer option that may be 0."""
     try:
         value = int(text)
     except ValueError:
@@ -71,13 +68,6 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative: {text!r}")
     return value
-
-
-def tokens(units: int) -> str:
-    """Format base units as tokens with all 6 decimals."""
-    sign = "-" if units < 0 else ""
-    whole, frac = divmod(abs(units), UNIT)
-    return f"{sign}{whole}.{frac:06d}"
 
 
 class Progress:
@@ -117,22 +107,40 @@ def emit_json(value: dict[str, Any]) -> None:
     print(json.dumps(value, sort_keys=True), flush=True)
 
 
-# ---- connections ---------------------------------------------------------------------------
+def note(message: str) -> None:
+    """Say something on stderr (progress and notes; stdout keeps tables and JSON)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- connections, checked at the door ------------------------------------------------------
 
 
 def key_from(args: argparse.Namespace) -> str:
-    """Return the client key from `--key` or the environment."""
+    """Return the client key from `--key` or the environment, checked (never padded)."""
     key = args.key or os.environ.get(KEY_ENV)
     if not key:
         raise UsageError(f"no client key: pass --key or set {KEY_ENV}")
-    return str(key)
+    what = "--key" if args.key else KEY_ENV
+    return check_private_key(str(key), what=what)
 
 
 def escrow_from(args: argparse.Namespace) -> Escrow:
-    """Return the escrow named by `--escrow` on `--rpc-url`."""
+    """Return the escrow named by `--escrow` on `--rpc-url`, checked to be an escrow there."""
+    bound: Escrow | None = getattr(args, "_escrow_bound", None)
+    if bound is not None:
+        return bound
     if not args.escrow:
         raise UsageError("no escrow address: pass --escrow or set TPUMARKET_ESCROW")
-    return Chain(args.rpc_url).escrow(args.escrow)
+    address = check_address(str(args.escrow), what="--escrow")
+    chain = Chain(args.rpc_url)
+    check_contract(chain, address, what="--escrow")
+    escrow = chain.escrow(address)
+    try:
+        escrow.token()
+    except (Web3Exception, ValueError, EscrowError) as exc:  # it answered get_code just now
+        raise InputError(f"--escrow {address} is a contract but not a tpumarket escrow") from exc
+    args._escrow_bound = escrow
+    return escrow
 
 
 def account_from(args: argparse.Namespace) -> ClientAccount:
@@ -147,191 +155,43 @@ def market_from(args: argparse.Namespace) -> MarketHttp:
     """Return a client of the market at `--market-url`."""
     if not args.market_url:
         raise UsageError("no market: pass --market-url or set TPUMARKET_MARKET_URL")
+    if not str(args.market_url).startswith(("http://", "https://")):
+        raise UsageError(f"--market-url is not an http(s) URL: {args.market_url!r}")
     return MarketHttp(args.market_url)
 
 
-# ---- handlers ------------------------------------------------------------------------------
+# ---- errors --------------------------------------------------------------------------------
 
-
-def _locked(account: ClientAccount) -> int:
-    """Sum what the client's open deals on chain still lock, scanning every deal."""
-    count = account.escrow.deal_count()
-    progress = Progress("scanning deals", count) if count else None
-    locked = 0
-    me = account.address.lower()
-    for deal_id in range(1, count + 1):
-        deal = account.escrow.get_deal(deal_id)
-        if deal.client.lower() == me:
-            locked += deal.locked
-        if progress:
-            progress.step(f"deal {deal_id}")
-    return locked
-
-
-def _balances(args: argparse.Namespace) -> int:
-    account = account_from(args)
-    plain = account.balances()
-    balances = Balances(wallet=plain.wallet, free=plain.free, locked=_locked(account))
-    if args.json:
-        emit_json(
-            {
-                "address": account.address,
-                "wallet": balances.wallet,
-                "free": balances.free,
-                "locked": balances.locked,
-                "total": balances.total,
-            }
-        )
-        return 0
-    print(f"client {account.address}")
-    rows = [
-        ["wallet", tokens(balances.wallet)],
-        ["free", tokens(balances.free)],
-        ["locked", tokens(balances.locked)],
-        ["total", tokens(balances.total)],
-    ]
-    print_table(["balance", "tokens"], rows)
-    return 0
-
-
-def _move(args: argparse.Namespace, action: str) -> int:
-    account = account_from(args)
-    amount: int = args.amount
-    progress = Progress(action, 1)
-    result = account.deposit(amount) if action == "deposit" else account.withdraw(amount)
-    progress.step("confirmed")
-    after = account.balances()
-    tx = result.tx_hash
-    if args.json:
-        emit_json(
-            {
-                "action": action,
-                "amount": amount,
-                "tx": tx,
-                "wallet": after.wallet,
-                "free": after.free,
-            }
-        )
-        return 0
-    print(f"{action} {tokens(amount)} tokens: tx {tx}")
-    print_table(
-        ["balance", "tokens"], [["wallet", tokens(after.wallet)], ["free", tokens(after.free)]]
-    )
-    return 0
-
-
-def _deposit(args: argparse.Namespace) -> int:
-    return _move(args, "deposit")
-
-
-def _withdraw(args: argparse.Namespace) -> int:
-    return _move(args, "withdraw")
-
-
-def _deals(args: argparse.Namespace) -> int:
-    address = address_of(key_from(args))
-    market = market_from(args)
-    try:
-        records = market.deals(address, limit=args.limit)
-    finally:
-        market.close()
-    rows: list[list[str]] = []
-    deals: list[dict[str, Any]] = []
-    for r in records:
-        price, quantity = int(r["price"]), int(r["quantity"])
-        status = str(r.get("status", ""))
-        deals.append(
-            {
-                "deal_id": str(r["deal_id"]),
-                "provider": str(r["provider"]),
-                "price": price,
-                "quantity": quantity,
-                "total": price * quantity,
-                "status": status,
-                "chain_deal_id": r.get("chain_deal_id"),
-            }
-        )
-        total = f"{tokens(price)} x {quantity} = {tokens(price * quantity)}"
-        rows.append([str(r["deal_id"]), str(r["provider"]), total, status])
-    if args.json:
-        emit_json({"client": address, "deals": deals})
-        return 0
-    if not deals:
-        print(f"no deals for {address}")
-        return 0
-    print_table(["id", "provider", "price x qty", "status"], rows)
-    return 0
-
-
-def _bid(args: argparse.Namespace) -> int:
-    key = key_from(args)
-    escrow = escrow_from(args)
-    market = market_from(args)
-    progress = Progress("bid", 2)
-    try:
-        domain = market_domain(escrow.domain.chain_id, escrow.address)
-        bid = Bid(
-            owner=address_of(key),
-            device_class=args.device_class,
-            quantity=args.quantity,
-            price=args.price,
-            plan=args.plan,
-            slo_ms=args.slo_ms,
-            memory=args.memory,
-            expiry=int(time.time()) + args.expiry_s,
-            nonce=args.nonce if args.nonce is not None else time.time_ns() // 1000,
-        )
-        progress.step("signed")
-        reply = market.place_bid(bid, domain, key)
-        progress.step("placed")
-    finally:
-        market.close()
-    order = reply.get("order") or {}
-    fills: list[dict[str, Any]] = []
-    rows: list[list[str]] = []
-    for f in reply.get("fills") or []:
-        price, quantity = int(f["price"]), int(f["quantity"])
-        fills.append(
-            {
-                "fill_id": int(f["fill_id"]),
-                "ask_id": str(f["ask_id"]),
-                "price": price,
-                "quantity": quantity,
-            }
-        )
-        total = f"{tokens(price)} x {quantity} = {tokens(price * quantity)}"
-        rows.append([str(f["fill_id"]), str(f["ask_id"]), total])
-    summary = {
-        "order_id": str(order.get("order_id", order_id(bid, domain))),
-        "state": str(order.get("state", "")),
-        "remaining": int(order.get("remaining", bid.quantity)),
-        "fills": fills,
-    }
-    if args.json:
-        emit_json(summary)
-        return 0
-    print(f"order {summary['order_id']} ({summary['state']}, {summary['remaining']} unmatched)")
-    if fills:
-        print_table(["fill", "ask", "price x qty"], rows)
-    else:
-        print("no fills yet")
-    return 0
+REMOTE_ERRORS = (
+    ClientError,
+    EscrowError,
+    OSError,
+    Web3Exception,
+    requests.RequestException,
+    httpx.HTTPError,
+)
+"""Failures of the chain, the market or a provider (and of this machine): exit code 1."""
 
 
 def guarded(handler: Handler) -> Handler:
-    """Wrap a handler: SDK errors print `error: ...` and exit 1, bad input exits 2."""
+    """Wrap a handler: one-line errors; bad input exits 2, remote failures exit 1."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
-        except UsageError as exc:
+        except (InputError, ClientInputError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 2
-        except (ClientError, EscrowError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except REMOTE_ERRORS as exc:
+            print(f"error: {_one_line(exc)}", file=sys.stderr, flush=True)
             return 1
 
     return run
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 # ---- parser --------------------------------------------------------------------------------
@@ -364,49 +224,21 @@ def common_options() -> argparse.ArgumentParser:
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `tpumarket client ...` and `tpumarket job ...` (`client.job_cli`)."""
-    from client import job_cli, market_cli  # they build on this module's helpers
+    from client import deal_cli, job_cli, market_cli, wallet_cli  # they build on this module
 
     job_cli.register(commands)
     client = commands.add_parser(
-        "client", help="a client's balances, deposits, offers, bids and deals"
+        "client", help="a client's balances, deposits, offers, bids, orders and deals"
     )
     actions = client.add_subparsers(dest="action", required=True)
     common = common_options()
-
-    balances = actions.add_parser(
-        "balances", parents=[common], help="wallet, free and locked tokens"
-    )
-    balances.set_defaults(handler=guarded(_balances))
-
-    for name, handler, what in (
-        ("deposit", _deposit, "deposit tokens into the escrow (approving it if needed)"),
-        ("withdraw", _withdraw, "withdraw free tokens from the escrow"),
-    ):
-        move = actions.add_parser(name, parents=[common], help=what)
-        move.add_argument("amount", type=parse_amount, help="tokens, up to 6 decimals (1.5)")
-        move.set_defaults(handler=guarded(handler))
-
-    deals = actions.add_parser("deals", parents=[common], help="the client's deals on the market")
-    deals.add_argument("--limit", type=positive_int, default=50, help="at most this many")
-    deals.set_defaults(handler=guarded(_deals))
-
-    bid = actions.add_parser("bid", parents=[common], help="place a signed bid on the market")
-    bid.add_argument("--device-class", required=True, help="e.g. tpu-v5e")
-    bid.add_argument("--quantity", type=positive_int, required=True, help="units wanted")
-    bid.add_argument("--price", type=parse_amount, required=True, help="tokens per unit, at most")
-    bid.add_argument("--plan", choices=PLANS, default="flat", help="plan kind to trade under")
-    bid.add_argument("--slo-ms", type=positive_int, required=True, help="worst latency accepted")
-    bid.add_argument("--memory", type=_non_negative_int, default=0, help="bytes needed")
-    bid.add_argument(
-        "--expiry-s", type=positive_int, default=1_800, help="seconds the bid may trade"
-    )
-    bid.add_argument("--nonce", type=_non_negative_int, default=None, help="default: the time")
-    bid.set_defaults(handler=guarded(_bid))
+    wallet_cli.register(actions, common)
     market_cli.register(actions, common)
+    deal_cli.register(actions, common)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return a `tpumarket` parser with only the `client` subcommands (for tests and -m)."""
+    """Return a `tpumarket` parser with only the `client` and `job` commands (tests and -m)."""
     parser = argparse.ArgumentParser(prog="tpumarket", description="Accelerator compute market")
     register(parser.add_subparsers(dest="command", required=True))
     return parser
@@ -414,9 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `tpumarket client ...` without the entry point: `python -m client.cli client ...`."""
-    args = build_parser().parse_args(argv)
-    code: int = args.handler(args)
-    return code
+    return dispatch(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

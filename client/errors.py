@@ -36,7 +36,11 @@ class ConverterUnavailableError(ClientError, ImportError):
     """An optional converter or model source (torch, torchax, torch_xla, onnx) is missing."""
 
 
-class ProgramInputsError(ClientError, ValueError):
+class ClientInputError(ClientError, ValueError):
+    """The caller's own input is wrong (a file, a tensor, an id): the CLI exits 2."""
+
+
+class ProgramInputsError(ClientInputError):
     """Inputs do not match an exported program's signature (count, shape, dtype, batch)."""
 
 

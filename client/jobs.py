@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from client.amounts import tokens
 from client.errors import (
     ClientError,
     DeliveryRejected,
-    ProgramInputsError,
     ProviderRejected,
     ProviderUnavailable,
 )
+from client.job_files import JobTask
 from client.ledger import OPEN_STATES, ChainState, DealLedger, TaskRecord, TaskState
 from client.provider_http import TaskView
 from client.session import (
@@ -42,112 +43,12 @@ from client.session import (
     settle_by,
 )
 from client.watch import ClaimWatcher, WatchReport
-from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan, TaskRequest, Voucher, task_bitmap
+from contracts.messages import TaskRequest, Voucher, task_bitmap
 from contracts.program import (
-    Array,
     ArrayFormat,
-    ProgramEnvelope,
     ProgramFormatError,
     decode_arrays,
-    decode_envelope,
-    encode_arrays,
 )
-
-
-class JobFileError(ClientError, ValueError):
-    """A program or inputs file cannot be read or does not fit the program."""
-
-
-@dataclass(frozen=True)
-class JobTask:
-    """One task of a batch: a label for the tables and what to submit."""
-
-    label: str
-    spec: TaskSpec
-
-
-# ---- files ---------------------------------------------------------------------------------
-
-
-def read_envelope(path: Path) -> ProgramEnvelope:
-    """Read a program envelope file and check its hashes and sizes."""
-    try:
-        return decode_envelope(path.read_bytes())
-    except (OSError, ProgramFormatError) as exc:
-        raise JobFileError(f"{path}: not a readable program envelope: {exc}") from exc
-
-
-def read_arrays(path: Path) -> dict[str, Array]:
-    """Read a safetensors or ``.npz`` file (told apart by content, never unpickled)."""
-    try:
-        data = path.read_bytes()
-        fmt = ArrayFormat.NPZ if data[:4] == b"PK\x03\x04" else ArrayFormat.SAFETENSORS
-        return dict(decode_arrays(data, fmt))
-    except (OSError, ProgramFormatError, ValueError) as exc:
-        raise JobFileError(f"{path}: not a safetensors or npz file: {exc}") from exc
-
-
-def inference_tasks(
-    envelope: ProgramEnvelope, inputs: Sequence[Path], max_price: int
-) -> list[JobTask]:
-    """Return one inference task per inputs file (none given: the envelope's own inputs).
-
-    Each file's tensors replace the envelope's inputs section; the weights section is kept
-    byte for byte. Names must be flat argument indices not already given by the weights.
-    """
-    if not inputs:
-        return [
-            JobTask("inference (envelope inputs)", TaskSpec(KIND_INFERENCE, envelope, max_price))
-        ]
-    weight_names = (
-        set(decode_arrays(envelope.weights, envelope.array_format)) if envelope.weights else set()
-    )
-    tasks = []
-    for path in inputs:
-        arrays = read_arrays(path)
-        bad = sorted(n for n in arrays if not n.isdigit() or n in weight_names)
-        if bad:
-            raise JobFileError(
-                f"{path}: tensors {bad} are not flat argument indices of program inputs "
-                f"(weights hold {sorted(weight_names, key=int) or 'none'})"
-            )
-        try:
-            encoded = encode_arrays(arrays, envelope.array_format)
-            task_envelope = ProgramEnvelope.create(
-                program=envelope.program,
-                inputs=encoded,
-                producer=envelope.producer,
-                platforms=envelope.platforms,
-                array_format=envelope.array_format,
-                weights=envelope.weights,
-            )
-        except (ProgramFormatError, ValueError) as exc:
-            raise ProgramInputsError(f"{path}: {exc}") from exc
-        tasks.append(
-            JobTask(f"inference {path.name}", TaskSpec(KIND_INFERENCE, task_envelope, max_price))
-        )
-    return tasks
-
-
-def compile_tasks(
-    envelope: ProgramEnvelope, targets: Sequence[str], max_price: int
-) -> list[JobTask]:
-    """Return one compile task per target (``local``, ``v5e:1x1`` ...)."""
-    return [
-        JobTask(f"compile for {t}", TaskSpec(KIND_COMPILE, envelope, max_price, t)) for t in targets
-    ]
-
-
-def default_max_price(plan: Plan, kind: int) -> int | None:
-    """Return the most a task of ``kind`` can cost under ``plan``, or None if usage decides.
-
-    Flat and outcome-based prices are known before the task runs (discounts only lower
-    them); a metered plan charges by device time, so the caller must name a maximum.
-    """
-    if plan.price_per_device_ms:
-        return None
-    return plan.compile_price if kind == KIND_COMPILE else plan.inference_price
-
 
 # ---- the cap -------------------------------------------------------------------------------
 
@@ -173,13 +74,13 @@ class CapPlan:
         wanted = self.projected + sum(t.spec.max_price for t in self.skipped)
         if self.skipped:
             return (
-                f"the batch could cost {wanted}, past the cap {self.cap} "
-                f"({self.owed} already owed): {len(self.skipped)} task(s) not sent"
+                f"the batch could cost {tokens(wanted)}, past the cap {tokens(self.cap)} "
+                f"({tokens(self.owed)} already owed): {len(self.skipped)} task(s) not sent"
             )
         if self.cap and self.projected >= self.warn_at * self.cap:
             return (
-                f"projected bill {self.projected} is {self.projected / self.cap:.0%} "
-                f"of the cap {self.cap}"
+                f"projected bill {tokens(self.projected)} is {self.projected / self.cap:.0%} "
+                f"of the cap {tokens(self.cap)}"
             )
         return None
 

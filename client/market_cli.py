@@ -1,52 +1,42 @@
-"""`tpumarket client offers|cancel|open`: browse the asks, withdraw an order, open a deal.
+"""`tpumarket client offers|bid|orders|cancel`: browse the asks, bid, see and withdraw orders.
 
-`open` waits (bounded, with progress) for the provider's quote for this fill, checks it against
-the ask the client bid on (`ClientAccount.open_market_deal`) and records the deal's open block
-in its ledger, so later commands read its claims from there.
+`bid` trades under the terms of the offers it can take: without `--plan` or `--slo-ms` it takes
+them from the cheapest live offer at or below its price in its class (and says so), so a bid
+at an ask's price matches that ask. Before signing, it checks that the free escrow balance
+covers price x quantity.
 
 Registered by `client.cli.register` under `tpumarket client`, with the same options, output
-(tables, or one JSON object on the last line with `--json`) and exit codes.
+(tables in tokens, or one JSON object on the last line with `--json`, in base units) and exit
+codes.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
-from client.accounts import DEFAULT_MIN_CHALLENGE_WINDOW, open_market_deal
+from client.amounts import tokens
 from client.cli import (
-    account_from,
+    Progress,
     emit_json,
     escrow_from,
     guarded,
     key_from,
     market_from,
+    non_negative_int,
+    note,
     parse_amount,
     positive_int,
     print_table,
-    tokens,
 )
-from client.market_http import Level
-from contracts.orders import market_domain
+from client.errors import ClientError
+from client.market_http import MarketHttp
+from contracts.messages import address_of
+from contracts.orders import Bid, market_domain, order_id
 
-
-def _asks(levels: tuple[Level, ...]) -> list[dict[str, int]]:
-    """Return ask levels, cheapest first, each with the units available at it or cheaper."""
-    depth = 0
-    rows = []
-    for level in levels:
-        depth += level.quantity
-        rows.append(
-            {
-                "price": level.price,
-                "quantity": level.quantity,
-                "orders": level.orders,
-                "depth": depth,
-            }
-        )
-    return rows
+PLANS = ("flat", "metered", "outcome", "tiered", "reserved")
+DEFAULT_SLO_MS = 60_000  # a bid's SLO when no offer is there to take one from
 
 
 def _ago(seconds: float) -> str:
@@ -59,65 +49,201 @@ def _ago(seconds: float) -> str:
     return f"{whole // 3_600}h ago"
 
 
+def _reliability(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f}"
+
+
 def _offers(args: argparse.Namespace) -> int:
     market = market_from(args)
     try:
-        classes = [args.device_class] if args.device_class else market.classes()
-        books = {name: _asks(market.book(name, levels=args.levels).asks) for name in classes}
-        providers = [
-            p
-            for p in market.providers()
-            if not args.device_class or p.get("device_class") == args.device_class
-        ]
+        offers = market.offers(
+            device_class=args.device_class,
+            plan=args.plan,
+            max_slo_ms=args.max_slo_ms,
+            min_memory=args.min_memory,
+            max_price=args.max_price,
+            online=args.online or None,
+            sort=args.sort,
+            limit=args.limit,
+        )
     finally:
         market.close()
-    now = time.time()
-    adverts: list[dict[str, Any]] = [
-        {
-            "address": str(p["address"]),
-            "device_class": str(p["device_class"]),
-            "device_kind": str(p["device_kind"]),
-            "price": int(p["price"]),
-            "throughput": float(p["throughput"]),
-            "reliability": float(p["reliability"]),
-            "last_seen": float(p["last_seen"]),
-            "online": bool(p.get("online", True)),
-        }
-        for p in providers
-    ]
     if args.json:
-        emit_json({"asks": books, "providers": adverts})
+        emit_json({"offers": offers})
         return 0
-    for name, asks in books.items():
-        if not asks:
-            print(f"{name}: no asks")
-            continue
-        print(f"{name} asks")
-        print_table(
-            ["price", "units", "orders", "depth"],
-            [
-                [tokens(a["price"]), str(a["quantity"]), str(a["orders"]), str(a["depth"])]
-                for a in asks
-            ],
-        )
-    if not adverts:
-        print("no providers")
+    if not offers:
+        print("no offers" + (f" in {args.device_class}" if args.device_class else ""))
         return 0
-    print("providers")
     rows = [
         [
-            a["address"],
-            a["device_class"],
-            a["device_kind"],
-            tokens(a["price"]),
-            f"{a['throughput']:g}",
-            f"{a['reliability']:.2f}",
-            _ago(now - a["last_seen"]) + ("" if a["online"] else " (offline)"),
+            str(o["device_class"]),
+            tokens(int(o["price"])),
+            str(o["quantity"]),
+            str(o["plan"]),
+            str(o["slo_ms"]),
+            str(o["memory"]),
+            str(o["provider"]),
+            _reliability(o.get("reliability")),
+            "yes" if o.get("online") else "no",
         ]
-        for a in adverts
+        for o in offers
     ]
-    header = ["provider", "class", "device", "price", "throughput", "reliability", "last seen"]
+    header = ["class", "price", "units", "plan", "slo ms", "memory", "provider", "rel.", "online"]
     print_table(header, rows)
+    print(f"take the first: {offers[0]['command']}")
+    return 0
+
+
+def _terms(args: argparse.Namespace, market: MarketHttp) -> tuple[str, int]:
+    """Return the bid's plan and SLO: as given, else those of the cheapest offer it can take."""
+    if args.plan is not None and args.slo_ms is not None:
+        return args.plan, args.slo_ms
+    offers = market.offers(
+        device_class=args.device_class,
+        plan=args.plan,
+        max_slo_ms=args.slo_ms,
+        min_memory=args.memory or None,
+        max_price=args.price,
+        sort="price",
+        limit=1,
+    )
+    if not offers:
+        plan = args.plan or "flat"
+        slo_ms = args.slo_ms or DEFAULT_SLO_MS
+        note(
+            f"no offer in {args.device_class} at or below {tokens(args.price)}: the bid rests "
+            f"with plan {plan} and SLO {slo_ms} ms (--plan and --slo-ms choose others)"
+        )
+        return plan, slo_ms
+    best = offers[0]
+    plan = args.plan or str(best["plan"])
+    slo_ms = args.slo_ms or int(best["slo_ms"])
+    note(
+        f"plan {plan}, SLO {slo_ms} ms: the terms of the cheapest offer at or below "
+        f"{tokens(args.price)} ({tokens(int(best['price']))} from {best['provider']}); "
+        "--plan and --slo-ms choose others"
+    )
+    return plan, slo_ms
+
+
+def _bid(args: argparse.Namespace) -> int:
+    key = key_from(args)
+    escrow = escrow_from(args)
+    owner = address_of(key)
+    need = args.price * args.quantity
+    free = escrow.balance_of(owner)
+    if free < need:
+        raise ClientError(
+            f"a bid of {args.quantity} x {tokens(args.price)} needs {tokens(need)} tokens free "
+            f"in the escrow; {owner} has {tokens(free)}: `tpumarket client deposit "
+            f"{tokens(need - free)}` first"
+        )
+    market = market_from(args)
+    progress = Progress("bid", 2)
+    try:
+        plan, slo_ms = _terms(args, market)
+        domain = market_domain(escrow.domain.chain_id, escrow.address)
+        bid = Bid(
+            owner=owner,
+            device_class=args.device_class,
+            quantity=args.quantity,
+            price=args.price,
+            plan=plan,
+            slo_ms=slo_ms,
+            memory=args.memory,
+            expiry=int(time.time()) + args.expiry_s,
+            nonce=args.nonce if args.nonce is not None else time.time_ns() // 1000,
+        )
+        progress.step("signed")
+        reply = market.place_bid(bid, domain, key)
+        progress.step("placed")
+    finally:
+        market.close()
+    order = reply.get("order") or {}
+    fills: list[dict[str, Any]] = []
+    rows: list[list[str]] = []
+    for f in reply.get("fills") or []:
+        price, quantity = int(f["price"]), int(f["quantity"])
+        deal = f"{args.device_class}:{int(f['fill_id'])}"
+        fills.append(
+            {
+                "fill_id": int(f["fill_id"]),
+                "deal_id": deal,
+                "ask_id": str(f["ask_id"]),
+                "price": price,
+                "quantity": quantity,
+            }
+        )
+        total = f"{tokens(price)} x {quantity} = {tokens(price * quantity)}"
+        rows.append([deal, str(f["ask_id"]), total])
+    summary = {
+        "order_id": str(order.get("order_id", order_id(bid, domain))),
+        "state": str(order.get("state", "")),
+        "remaining": int(order.get("remaining", bid.quantity)),
+        "plan": plan,
+        "slo_ms": slo_ms,
+        "fills": fills,
+        "deals": [f["deal_id"] for f in fills],
+    }
+    if args.json:
+        emit_json(summary)
+        return 0
+    print(f"order {summary['order_id']} ({summary['state']}, {summary['remaining']} unmatched)")
+    if fills:
+        print_table(["deal", "ask", "price x qty"], rows)
+        print(f"open it on chain: tpumarket client open {fills[0]['deal_id']}")
+    else:
+        print("no fills yet: the bid rests on the book (`tpumarket client orders`)")
+    return 0
+
+
+def _orders(args: argparse.Namespace) -> int:
+    owner = address_of(key_from(args))
+    market = market_from(args)
+    try:
+        orders = market.orders(
+            owner, device_class=args.device_class, live=args.live, limit=args.limit
+        )
+    finally:
+        market.close()
+    rows: list[dict[str, Any]] = [
+        {
+            "order_id": str(o["order_id"]),
+            "side": str(o["side"]),
+            "device_class": str(o["device_class"]),
+            "price": int(o["price"]),
+            "quantity": int(o["quantity"]),
+            "filled": int(o["filled"]),
+            "remaining": int(o["remaining"]),
+            "plan": str(o["plan"]),
+            "slo_ms": int(o["slo_ms"]),
+            "state": str(o["state"]),
+            "expiry": int(o["expiry"]),
+        }
+        for o in orders
+    ]
+    if args.json:
+        emit_json({"owner": owner, "orders": rows})
+        return 0
+    if not rows:
+        print(f"no {'live ' if args.live else ''}orders for {owner}")
+        return 0
+    print_table(
+        ["order", "side", "class", "price", "filled/qty", "plan", "slo ms", "state"],
+        [
+            [
+                str(r["order_id"]),
+                str(r["side"]),
+                str(r["device_class"]),
+                tokens(int(r["price"])),
+                f"{r['filled']}/{r['quantity']}",
+                str(r["plan"]),
+                str(r["slo_ms"]),
+                str(r["state"]),
+            ]
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -146,101 +272,68 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open(args: argparse.Namespace) -> int:
-    from client.job_cli import state_dir_of
-    from client.ledger import DealLedger
-
-    account = account_from(args)
-    account.min_challenge_window = args.min_window
-    market = market_from(args)
-    waited = {"last": -10.0}
-
-    def waiting(seconds: float) -> None:
-        if seconds - waited["last"] >= 5:
-            waited["last"] = seconds
-            print(
-                f"waiting for the provider's quote for deal {args.deal_id} ({seconds:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    try:
-        opened = open_market_deal(
-            market,
-            account,
-            args.deal_id,
-            max_spend=args.max_spend,
-            wait_s=args.quote_wait_s,
-            on_wait=waiting,
+def _order_id(text: str) -> str:
+    value = text.strip()
+    digits = value.removeprefix("0x")
+    if len(digits) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+        raise argparse.ArgumentTypeError(
+            f"not an order id: {text!r} (0x and 64 hex digits, as `client orders` shows)"
         )
-    finally:
-        market.close()
-    # The deal's ledger learns the block it opened in: its claims are read from there.
-    escrow = account.escrow
-    ledger = DealLedger.open(
-        state_dir_of(args), escrow.domain.chain_id, escrow.address, opened.chain_deal_id
-    )
-    try:
-        ledger.open_block = opened.open_block
-        ledger.save()
-    finally:
-        ledger.close()
-    summary = {
-        "deal_id": opened.market_id,
-        "chain_deal_id": opened.chain_deal_id,
-        "provider": opened.quote.provider,
-        "max_spend": opened.max_spend,
-        "locked": opened.locked,
-    }
-    if args.json:
-        emit_json(summary)
-        return 0
-    print(f"deal {opened.market_id} opened on chain as deal {opened.chain_deal_id}")
-    print_table(
-        ["field", "value"],
-        [
-            ["provider", opened.quote.provider],
-            ["cap", tokens(opened.max_spend)],
-            ["locked", tokens(opened.locked)],
-        ],
-    )
-    return 0
+    return "0x" + digits.lower()
 
 
 def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
-    """Add `offers`, `cancel` and `open` to `tpumarket client`."""
+    """Add `offers`, `bid`, `orders` and `cancel` to `tpumarket client`."""
     offers = actions.add_parser(
-        "offers", parents=[common], help="asks by price level and the providers behind them"
+        "offers", parents=[common], help="live asks: provider, terms, price, reliability"
     )
     offers.add_argument("--device-class", default=None, help="one class (default: every class)")
-    offers.add_argument("--levels", type=positive_int, default=20, help="price levels per class")
+    offers.add_argument("--plan", choices=PLANS, default=None, help="this plan only")
+    offers.add_argument("--max-slo-ms", type=positive_int, default=None, help="this fast or faster")
+    offers.add_argument("--min-memory", type=non_negative_int, default=None, help="bytes, at least")
+    offers.add_argument("--max-price", type=parse_amount, default=None, help="tokens, at most")
+    offers.add_argument("--online", action="store_true", help="providers heard from recently")
+    offers.add_argument(
+        "--sort",
+        default="price",
+        choices=[
+            f"{s}{f}"
+            for f in ("price", "reliability", "slo_ms", "memory", "capacity", "quantity")
+            for s in ("", "-")
+        ],
+        help="a field; '-' in front for descending (default price)",
+    )
+    offers.add_argument("--limit", type=positive_int, default=50, help="at most this many")
     offers.set_defaults(handler=guarded(_offers))
 
-    cancel = actions.add_parser("cancel", parents=[common], help="cancel one of your orders")
-    cancel.add_argument("order_id", help="the order's id (0x and 64 hex digits)")
-    cancel.set_defaults(handler=guarded(_cancel))
-
-    open_ = actions.add_parser(
-        "open", parents=[common], help="open a matched deal on chain with the provider's quote"
+    bid = actions.add_parser("bid", parents=[common], help="place a signed bid on the market")
+    bid.add_argument("--device-class", required=True, help="e.g. cpu, tpu-v5e, compile-v5e")
+    bid.add_argument("--quantity", type=positive_int, required=True, help="units wanted")
+    bid.add_argument("--price", type=parse_amount, required=True, help="tokens per unit, at most")
+    bid.add_argument(
+        "--plan", choices=PLANS, default=None, help="default: the cheapest offer's plan"
     )
-    open_.add_argument("deal_id", help="the market's deal id (<device class>:<fill id>)")
-    open_.add_argument(
-        "--max-spend",
-        type=parse_amount,
-        default=None,
-        help="tokens to lock, up to the quote's (default: price x quantity)",
-    )
-    open_.add_argument(
-        "--quote-wait-s",
-        type=float,
-        default=60.0,
-        help="how long to wait for the provider's quote for this fill",
-    )
-    open_.add_argument(
-        "--min-window",
+    bid.add_argument(
+        "--slo-ms",
         type=positive_int,
-        default=DEFAULT_MIN_CHALLENGE_WINDOW,
-        help="the shortest challenge window accepted, seconds (time to dispute a claim)",
+        default=None,
+        help="worst latency accepted (default: the cheapest offer's)",
     )
-    open_.add_argument("--state-dir", default=None, help="deal ledgers (as for `tpumarket job`)")
-    open_.set_defaults(handler=guarded(_open))
+    bid.add_argument("--memory", type=non_negative_int, default=0, help="bytes needed")
+    bid.add_argument(
+        "--expiry-s", type=positive_int, default=1_800, help="seconds the bid may trade"
+    )
+    bid.add_argument("--nonce", type=non_negative_int, default=None, help="default: the time")
+    bid.set_defaults(handler=guarded(_bid))
+
+    orders = actions.add_parser(
+        "orders", parents=[common], help="your orders on the market: resting, filled, cancelled"
+    )
+    orders.add_argument("--device-class", default=None, help="one class (default: every class)")
+    orders.add_argument("--live", action="store_true", help="resting orders only")
+    orders.add_argument("--limit", type=positive_int, default=50, help="at most this many")
+    orders.set_defaults(handler=guarded(_orders))
+
+    cancel = actions.add_parser("cancel", parents=[common], help="cancel one of your orders")
+    cancel.add_argument("order_id", type=_order_id, help="the order's id (0x and 64 hex digits)")
+    cancel.set_defaults(handler=guarded(_cancel))

@@ -204,6 +204,23 @@ class MarketHttp:
             raise MarketHttpError(f"deal {deal_id}: unexpected reply to a quote")
         return reply
 
+    def orders(
+        self, owner: str, *, device_class: str | None = None, live: bool = False, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """Return one owner's orders (resting, filled, cancelled, expired), newest first."""
+        params: dict[str, Any] = {"owner": owner, "live": live, "limit": limit}
+        if device_class:
+            params["device_class"] = device_class
+        reply = self._call("GET", "/v1/orders", params=params)
+        return [o for o in reply if isinstance(o, dict)] if isinstance(reply, list) else []
+
+    def offers(self, **filters: Any) -> list[dict[str, Any]]:
+        """Return live asks as offers (``GET /v1/offers``: device_class, plan, max_slo_ms,
+        min_memory, max_price, online, sort, limit), cheapest first by default."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        reply = self._call("GET", "/v1/offers", params=params)
+        return [o for o in reply if isinstance(o, dict)] if isinstance(reply, list) else []
+
     def providers(self) -> list[dict[str, Any]]:
         """Return the providers the market heard from, with their adverts' endpoints."""
         reply = self._call("GET", "/v1/providers")

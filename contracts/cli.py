@@ -1,4 +1,9 @@
-"""The `tpumarket` command: subcommands are registered by each package through entry points."""
+"""The `tpumarket` command: subcommands are registered by each package through entry points.
+
+Also what every command checks at the door (keys, addresses, contracts, chain ids) and how every
+command ends: `dispatch` turns a bad input into one line on stderr and exit 2, a failure of the
+chain or another remote party into one line and exit 1, Ctrl-C into `interrupted` and exit 130.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import argparse
 import contextlib
 import json
 import signal
+import string
 import sys
 import threading
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from typing import Any
 
 from contracts.binding import DEFAULT_MIN_CHALLENGE_WINDOW, Chain
 from contracts.chain import Anvil
@@ -17,24 +24,84 @@ from contracts.errors import EscrowError
 from contracts.messages import address_of
 
 DEV_TOKENS = 10**6 * 10**6  # one million tokens of 6 decimals per dev account
+INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+DEFAULT_MARKET_URL = "http://127.0.0.1:8000"  # `tpumarket market serve` without --port
 
 Register = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
+
+
+class InputError(EscrowError, ValueError):
+    """A bad input found at the door (a key, an address, a chain id): exit code 2."""
+
+
+def check_private_key(text: str, *, what: str = "key") -> str:
+    """Return `text` as a private key (0x and 64 hex digits, in 1..n-1); never pad or echo it."""
+    digits = text.strip().removeprefix("0x").removeprefix("0X")
+    if len(digits) != 64 or any(c not in string.hexdigits for c in digits):
+        shape = "hex digits" if all(c in string.hexdigits for c in digits) else "characters"
+        raise InputError(
+            f"{what} is not a private key: expected 0x and 64 hex digits, got {len(digits)} {shape}"
+        )
+    if not 0 < int(digits, 16) < SECP256K1_ORDER:
+        raise InputError(f"{what} is not a private key: it must be between 1 and the curve order")
+    return "0x" + digits.lower()
+
+
+def check_address(text: str, *, what: str = "address") -> str:
+    """Return `text` as a checksummed address (0x and 40 hex digits; mixed case must check)."""
+    from eth_utils.address import is_address, to_checksum_address
+
+    if not is_address(text.strip()):
+        raise InputError(f"{what} is not an address: {text!r} (expected 0x and 40 hex digits)")
+    return str(to_checksum_address(text.strip()))
+
+
+def check_contract(chain: Chain, address: str, *, what: str = "contract") -> None:
+    """Raise InputError unless the chain holds contract code at `address`."""
+    if not chain.w3.eth.get_code(check_address(address, what=what)):  # type: ignore[arg-type]
+        raise InputError(
+            f"{what} {address} has no contract code on chain {chain.w3.eth.chain_id} at "
+            f"{chain.rpc_url}: is it the address `tpumarket chain up` printed?"
+        )
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run a parsed command: one-line errors (2: bad input, 1: remote failure), 130: Ctrl-C."""
+    try:
+        code: int = args.handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except EscrowError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return code
+
+
+def _version() -> str:
+    try:
+        return version("tpumarket")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `tpumarket` command line."""
     parser = argparse.ArgumentParser(prog="tpumarket", description="Accelerator compute market")
+    parser.add_argument("--version", action="version", version=f"tpumarket {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     for entry in sorted(entry_points(group="tpumarket.commands"), key=lambda e: e.name):
         register: Register = entry.load()
         register(commands)
-    args = parser.parse_args(argv)
     try:
-        code: int = args.handler(args)
-    except EscrowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return code
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    return dispatch(args)
 
 
 def register_chain(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -43,7 +110,9 @@ def register_chain(commands: argparse._SubParsersAction) -> None:  # type: ignor
     actions = chain.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="start anvil, deploy token and escrow, fund dev accounts")
     up.add_argument("--port", type=int, default=None, help="RPC port (default: a free one)")
-    up.add_argument("--accounts", type=int, default=10, help="dev accounts to fund")
+    up.add_argument(
+        "--accounts", type=_dev_accounts, default=10, help="dev accounts to fund (at least 4)"
+    )
     up.add_argument("--json", action="store_true", help="print the chain's details as JSON")
     up.add_argument(
         "--min-challenge-window",
@@ -55,13 +124,22 @@ def register_chain(commands: argparse._SubParsersAction) -> None:  # type: ignor
     up.set_defaults(handler=_chain_up)
 
 
+def _dev_accounts(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if count < 4:  # deployer, client, provider, arbiter
+        raise argparse.ArgumentTypeError(f"at least 4 accounts: {text!r}")
+    return count
+
+
 def _chain_up(args: argparse.Namespace) -> int:
+    if args.min_challenge_window < 1:
+        raise InputError("--min-challenge-window must be at least 1 second")
     with Anvil.start(port=args.port, accounts=args.accounts) as anvil:
         chain = Chain(anvil.url)
         deployer = anvil.keys[0]
-        if args.min_challenge_window < 1:
-            print("error: --min-challenge-window must be at least 1 second", file=sys.stderr)
-            return 2
         deployment = chain.deploy(deployer, min_challenge_window=args.min_challenge_window)
         token = chain.token(deployment.token)
         for key in anvil.keys:
@@ -85,16 +163,32 @@ def _chain_up(args: argparse.Namespace) -> int:
             print("dev accounts (each holds 1,000,000 tokens and 10,000 ether):")
             for account in details["dev_accounts"]:  # type: ignore[attr-defined]
                 print(f"  {account['address']}  {account['private_key']}")
-            print("In another shell:")
-            print(f"  export TPUMARKET_RPC_URL={anvil.url}")
-            print(f"  export TPUMARKET_ESCROW={deployment.escrow}")
-            print(f"  export TPUMARKET_CLIENT_KEY={anvil.keys[1]}")
+            print("In each other shell (the client is dev account 1, the provider account 2,")
+            print(f"the arbiter account 3; the market at {DEFAULT_MARKET_URL}):")
+            for line in export_lines(details):
+                print(f"  {line}")
             print("Ctrl-C stops the chain.", flush=True)
-        stop = threading.Event()
+        stop = threading.Event()  # SIGTERM stops the chain; Ctrl-C too (KeyboardInterrupt)
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         with contextlib.suppress(KeyboardInterrupt):
             stop.wait()
     return 0
+
+
+def export_lines(details: dict[str, Any]) -> list[str]:
+    """Return the shell lines that point the client, provider and market commands at a chain."""
+    keys = [str(a["private_key"]) for a in details["dev_accounts"]]
+    rpc, escrow = details["rpc_url"], details["escrow"]
+    return [
+        f"export TPUMARKET_RPC_URL={rpc} TPUMARKET_ESCROW={escrow} "
+        f"TPUMARKET_CHAIN_ID={details['chain_id']}",
+        f"export TPUMARKET_MARKET_URL={DEFAULT_MARKET_URL}",
+        f"export TPUMARKET_CLIENT_KEY={keys[1]}",
+        f"export TPUMARKET_PROVIDER_PRIVATE_KEY={keys[2]} TPUMARKET_PROVIDER_RPC_URL={rpc} "
+        f"TPUMARKET_PROVIDER_ESCROW={escrow}",
+        f"export TPUMARKET_PROVIDER_MARKET_URL={DEFAULT_MARKET_URL} "
+        f"TPUMARKET_PROVIDER_ASK_ARBITER={address_of(keys[3])}",
+    ]
 
 
 if __name__ == "__main__":

@@ -1,16 +1,24 @@
 """`tpumarket market serve`: run the market (API, web order book, jobs) in one process.
 
 One process per region: matching is single-writer per device class inside it, so do not run
-several workers against one database.
+several workers against one database. At start it checks its chain (the RPC answers, its chain
+id is `--chain-id`, or becomes it when none is given; the escrow has code) and prints where it
+listens, where it stores its data and which chain and escrow it serves.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+from contracts.binding import connect
+from contracts.cli import InputError, check_address
+from contracts.errors import EscrowError
 from market.service import Settings
+from market.storage import SQLITE_FILE
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -119,11 +127,66 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**overrides)
 
 
+def check_chain(settings: Settings, *, chain_id_given: bool) -> Settings:
+    """Check the settings' chain at start; return them with the RPC's chain id if none given.
+
+    Raise InputError for a chain id other than the RPC's or an escrow with no code, ChainError
+    when the RPC does not answer.
+    """
+    if settings.rpc_url is None:
+        return settings
+    w3 = connect(settings.rpc_url, timeout_s=10.0)
+    actual = int(w3.eth.chain_id)
+    if chain_id_given and settings.chain_id != actual:
+        raise InputError(
+            f"--chain-id {settings.chain_id}, but the chain at {settings.rpc_url} has chain id "
+            f"{actual}: orders signed for one would not verify on the other"
+        )
+    settings.chain_id = actual
+    escrow = check_address(settings.escrow, what="--escrow")
+    if int(escrow, 16) and not w3.eth.get_code(escrow):  # type: ignore[arg-type]
+        raise InputError(
+            f"--escrow {escrow} has no contract code on chain {actual} at {settings.rpc_url}"
+        )
+    settings.escrow = escrow
+    return settings
+
+
+def _storage(settings: Settings) -> str:
+    if settings.database_url:
+        parts = urlsplit(settings.database_url)
+        host = parts.hostname or ""
+        netloc = f"{parts.username}@{host}" if parts.username else host
+        if parts.port:
+            netloc += f":{parts.port}"
+        return f"{parts.scheme.split('+')[0]} {urlunsplit(parts._replace(netloc=netloc))}"
+    return f"SQLite {(settings.data_dir / SQLITE_FILE).resolve()}"
+
+
 def _serve(args: argparse.Namespace) -> int:
     from market.api.app import create_app
     from market.api.server import serve
 
-    settings = settings_from_args(args)
+    try:
+        settings = check_chain(
+            settings_from_args(args),
+            chain_id_given=args.chain_id is not None or bool(os.environ.get("MARKET_CHAIN_ID")),
+        )
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except EscrowError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    url = f"http://{host}:{args.port}"
+    print(f"market    {url} (order book page {url}/, API docs {url}/docs)")
+    print(f"storage   {_storage(settings)}")
+    if settings.rpc_url:
+        print(f"chain     {settings.chain_id} at {settings.rpc_url}, escrow {settings.escrow}")
+    else:
+        print("chain     none (--rpc-url): orders are not checked against an escrow's funds")
+    print("Ctrl-C stops it.", flush=True)
     serve(create_app(settings), settings, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

@@ -39,17 +39,25 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 def _run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from contracts.errors import EscrowError
     from provider.api import create_app
     from provider.api.server import serve
     from provider.config import load_config
     from provider.daemon import Daemon
     from provider.logs import configure_logging
+    from provider.operator import connect
 
     try:
         config = load_config(args.config)
+        connect(args)  # the config's escrow: an address with an escrow's code on its chain
     except ProviderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except EscrowError as exc:  # the chain does not answer
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # A relative data dir is the operator's working directory's, also for the sandbox's mounts.
+    config = dataclasses.replace(config, data_dir=config.data_dir.resolve())
     if args.host is not None:
         config = dataclasses.replace(config, host=args.host)
     if args.port is not None:

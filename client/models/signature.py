@@ -54,6 +54,48 @@ class ProgramSignature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
+    @classmethod
+    def from_avals(
+        cls,
+        in_avals: Sequence[tuple[Sequence[Dim], str]],
+        out_avals: Sequence[tuple[Sequence[Dim], str]],
+        *,
+        weights: int,
+    ) -> ProgramSignature:
+        """Return the signature of a program taking ``in_avals`` (shape, dtype) flat, the first
+        ``weights`` of them its weights; labels are the flat positions."""
+
+        def spec(index: int, label: str, aval: tuple[Sequence[Dim], str]) -> TensorSpec:
+            return TensorSpec(index, label, tuple(aval[0]), aval[1])
+
+        return cls(
+            weights=tuple(spec(i, f"weight{i}", a) for i, a in enumerate(in_avals[:weights])),
+            inputs=tuple(
+                spec(weights + i, f"input{weights + i}", a)
+                for i, a in enumerate(in_avals[weights:])
+            ),
+            outputs=tuple(spec(i, f"output{i}", a) for i, a in enumerate(out_avals)),
+        )
+
+    def check_named(self, arrays: Mapping[str, npt.ArrayLike]) -> dict[str, Array]:
+        """Check one task's inputs named by flat index (as an inputs file holds them).
+
+        Every input of the program must be there and nothing else; then as ``bind_inputs``.
+        """
+        expected = [spec.key for spec in self.inputs]
+        missing = [k for k in expected if k not in arrays]
+        if missing:
+            wanted = ", ".join(s.describe() for s in self.inputs if s.key in missing)
+            raise ProgramInputsError(
+                f"missing inputs {missing} ({wanted}); the program takes inputs {expected}"
+            )
+        extra = sorted(set(arrays) - set(expected), key=_index_order)
+        if extra:
+            raise ProgramInputsError(
+                f"tensors {extra} are not inputs of the program (it takes {expected})"
+            )
+        return self.bind_inputs([arrays[k] for k in expected])
+
     @property
     def symbolic_dims(self) -> tuple[str, ...]:
         """Return the names of the symbolic dimensions, in order of first appearance."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from tests.contracts.conftest import World
 from tests.market.server import market_server
 
 CHAIN_ID = "31337"
+_beats = itertools.count()  # heartbeat timestamps must grow: now + a count, within the skew
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def test_sdk_errors_exit_1_and_missing_key_exits_2(
 ) -> None:
     assert _cli(world, "withdraw", "1", key=client_key) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: Escrow") and "Traceback" not in err
+    assert err == "error: cannot withdraw 1.000000 tokens: the free balance is 0.000000 tokens\n"
 
     assert _cli(world, "balances") == 2
     assert "error: no client key: pass --key or set TPUMARKET_CLIENT_KEY" in capsys.readouterr().err
@@ -191,6 +193,7 @@ def market(world: World, tmp_path: Path) -> Iterator[str]:
 def _post_ask(world: World, market: str, provider: str, quantity: int, price: int) -> Quote:
     """Post an ask with its signed terms (a quote naming nobody); return those terms."""
     from client.market_http import MarketHttp
+    from tests.market.signing import Trader
 
     world.escrow.stake(provider, 10**6)  # the market lists asks of staked providers only
     q = quote(world, provider, world.clients[0], stake=0, max_spend=quantity * price)
@@ -208,8 +211,11 @@ def _post_ask(world: World, market: str, provider: str, quantity: int, price: in
         quote_hash=q.struct_hash(),
     )
     domain = market_domain(world.escrow.domain.chain_id, world.escrow.address)
+    trader = Trader(key=provider, chain_id=int(CHAIN_ID), escrow=world.escrow.address)
     http = MarketHttp(market)
     try:
+        # Asks match while their provider is online (one heartbeat a second at most here).
+        http.heartbeat(trader.heartbeat(int(time.time()) + next(_beats)))
         http.place_order(
             ask,
             ask.sign(domain, provider),
@@ -245,7 +251,7 @@ def test_bid_fills_and_deals_list(
 
     assert _cli(world, "deals", key=client_key, market=market) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["id", "provider", "price", "x", "qty", "status"]
+    assert lines[0].split() == ["id", "on", "chain", "provider", "price", "x", "qty", "status"]
     assert deal["deal_id"] in lines[1] and "0.010000 x 3 = 0.030000" in lines[1]
     assert lines[1].rstrip().endswith(deal["status"])
 
@@ -286,40 +292,28 @@ def _book(market: str) -> Any:
 def test_offers_show_asks_by_level_with_depth_and_the_providers(
     world: World, client_key: str, market: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from client.market_http import MarketHttp
-    from tests.market.signing import Trader
 
     provider = world.providers[0]
     _post_ask(world, market, provider, quantity=4, price=10_000)
     _post_ask(world, market, provider, quantity=2, price=12_000)
-    trader = Trader(key=provider, chain_id=int(CHAIN_ID), escrow=world.escrow.address)
-    http = MarketHttp(market)
-    try:
-        http.heartbeat(trader.heartbeat(int(time.time()), throughput=7.5))
-    finally:
-        http.close()
 
     assert _cli(world, "offers", "--device-class", "tpu-v5e", "--json", market=market) == 0
-    offers = _last_json(capsys.readouterr().out)
-    assert offers["asks"] == {
-        "tpu-v5e": [
-            {"price": 10_000, "quantity": 4, "orders": 1, "depth": 4},
-            {"price": 12_000, "quantity": 2, "orders": 1, "depth": 6},
-        ]
-    }
-    [advert] = offers["providers"]
-    assert advert["address"].lower() == world.addr(provider).lower()
-    assert (advert["device_kind"], advert["throughput"]) == ("TPU v5 lite", 7.5)
+    offers = _last_json(capsys.readouterr().out)["offers"]
+    plan = plan_kind(quote(world, provider, world.clients[0]).plan)
+    assert [(o["price"], o["quantity"], o["plan"], o["slo_ms"]) for o in offers] == [
+        (10_000, 4, plan, 2_000),
+        (12_000, 2, plan, 2_000),
+    ]
+    assert {o["provider"].lower() for o in offers} == {world.addr(provider).lower()}
+    assert offers[0]["device_kind"] == "TPU v5 lite" and offers[0]["online"]
 
-    assert _cli(world, "offers", market=market) == 0
+    assert _cli(world, "offers", "--max-price", "0.011", market=market) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "tpu-v5e asks"
-    assert lines[1].split() == ["price", "units", "orders", "depth"]
-    assert lines[2].split() == ["0.010000", "4", "1", "4"]
-    assert lines[3].split() == ["0.012000", "2", "1", "6"]
-    assert lines[4] == "providers"
-    assert lines[5].split()[:4] == ["provider", "class", "device", "price"]
-    assert lines[6].startswith(advert["address"]) and "TPU v5 lite" in lines[6]
+    assert lines[0].split() == [
+        "class", "price", "units", "plan", "slo", "ms", "memory", "provider", "rel.", "online"
+    ]  # fmt: skip
+    assert lines[1].split()[:6] == ["tpu-v5e", "0.010000", "4", plan, "2000", "0"]
+    assert len(lines) == 3 and lines[2].startswith("take the first: tpumarket client bid ")
 
 
 def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
@@ -351,8 +345,9 @@ def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
     unknown = "0x" + "ab" * 32
     assert _cli(world, "cancel", unknown, key=client_key, market=market) == 1
     assert "it is not on the market" in capsys.readouterr().err
-    assert _cli(world, "cancel", "0x12", key=client_key, market=market) == 1
-    assert "not an order id" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        _cli(world, "cancel", "0x12", key=client_key, market=market)
+    assert usage.value.code == 2 and "not an order id" in capsys.readouterr().err
 
 
 def _attach(world: World, market: str, deal_id: str, fill: Quote, provider: str) -> None:
@@ -395,7 +390,7 @@ def test_open_waits_for_the_fills_quote_then_opens_the_deal_with_the_cap_locked(
     _attach(world, market, deal["deal_id"], fill, provider)
     too_much = ["--max-spend", "0.05"]  # the quote allows 4 x 0.01
     assert _cli(world, "open", deal["deal_id"], *too_much, key=client_key, market=market) == 1
-    assert "outside the quote's (0, 40000]" in capsys.readouterr().err
+    assert "outside the quote's (0, 0.040000]" in capsys.readouterr().err
     assert world.escrow.deal_count() == count
     assert world.escrow.balance_of(address) == 1_000_000
 

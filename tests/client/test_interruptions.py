@@ -14,7 +14,8 @@ import pytest
 
 from client.accounts import ClientAccount
 from client.errors import ProviderRejected
-from client.jobs import JobRunner, fit_under_cap, inference_tasks, read_envelope
+from client.job_files import inference_tasks, read_envelope
+from client.jobs import JobRunner, fit_under_cap
 from client.ledger import ChainState, DealLedger, TaskState
 from client.provider_http import ProviderHttp
 from client.session import DealSession, request_deadline

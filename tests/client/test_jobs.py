@@ -8,20 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from client.cli import main
-from client.errors import ClientError
-from client.jobs import (
-    JobFileError,
-    JobTask,
-    fit_under_cap,
-    inference_tasks,
-    read_arrays,
-    read_envelope,
-)
+from client.errors import ClientError, ProgramInputsError
+from client.job_files import JobFileError, JobTask, inference_tasks, read_arrays, read_envelope
+from client.jobs import fit_under_cap
 from client.ledger import (
     FORMAT,
     DealLedger,
@@ -54,6 +49,17 @@ def _envelope() -> ProgramEnvelope:
     )
 
 
+def _program() -> ProgramEnvelope:
+    """A real exported program: weights (3,) float32 as argument 0, one input (2,) float32."""
+    from client.models import export_jax
+
+    def fn(w: Any, x: Any) -> Any:
+        return x * w.sum()
+
+    model = export_jax(fn, weights=np.ones(3, np.float32), example_inputs=[np.zeros(2, np.float32)])
+    return model.example_envelope()
+
+
 def _tasks(*prices: int) -> list[JobTask]:
     return [JobTask(str(p), TaskSpec(KIND_INFERENCE, _envelope(), p)) for p in prices]
 
@@ -62,7 +68,7 @@ def test_fit_under_cap_when_the_batch_fits_then_warns_only_near_the_cap() -> Non
     plan = fit_under_cap(_tasks(10, 10), owed=0, cap=100)
     assert (len(plan.run), plan.skipped, plan.projected, plan.warning) == (2, (), 20, None)
     near = fit_under_cap(_tasks(10, 10), owed=65, cap=100)
-    assert near.warning == "projected bill 85 is 85% of the cap 100"
+    assert near.warning == "projected bill 0.000085 is 85% of the cap 0.000100"
 
 
 def test_fit_under_cap_when_tasks_would_pass_it_then_they_are_not_sent() -> None:
@@ -72,7 +78,8 @@ def test_fit_under_cap_when_tasks_would_pass_it_then_they_are_not_sent() -> None
     assert plan.projected == 80 <= plan.cap
     assert (
         plan.warning
-        == "the batch could cost 115, past the cap 100 (50 already owed): 2 task(s) not sent"
+        == "the batch could cost 0.000115, past the cap 0.000100 (0.000050 already owed): "
+        "2 task(s) not sent"
     )
 
 
@@ -82,7 +89,7 @@ def test_inference_tasks_keep_the_weights_and_take_inputs_from_npz_or_safetensor
     npz, st = tmp_path / "a.npz", tmp_path / "b.safetensors"
     np.savez(npz, **{"1": np.zeros(2, np.float32)})
     st.write_bytes(encode_arrays({"1": np.ones(2, np.float32)}))
-    base = _envelope()
+    base = _program()
     tasks = inference_tasks(base, [npz, st], 7)
     assert [t.label for t in tasks] == ["inference a.npz", "inference b.safetensors"]
     assert all(t.spec.envelope.weights == base.weights for t in tasks)
@@ -94,8 +101,19 @@ def test_inference_tasks_keep_the_weights_and_take_inputs_from_npz_or_safetensor
 def test_inference_tasks_when_inputs_name_a_weight_or_a_label_then_refuse(tmp_path: Path) -> None:
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(encode_arrays({"0": np.ones(2, np.float32), "audio": np.ones(1, np.float32)}))
-    with pytest.raises(JobFileError, match=r"\['0', 'audio'\] are not flat argument indices"):
-        inference_tasks(_envelope(), [bad], 7)
+    with pytest.raises(ProgramInputsError, match=r"missing inputs \['1'\]"):
+        inference_tasks(_program(), [bad], 7)
+    bad.write_bytes(encode_arrays({"1": np.ones(2, np.float32), "audio": np.ones(1, np.float32)}))
+    with pytest.raises(ProgramInputsError, match=r"\['audio'\] are not inputs of the program"):
+        inference_tasks(_program(), [bad], 7)
+    for wrong, why in (
+        (np.ones(3, np.float32), "axis 0 must be 2"),
+        (np.ones(2, np.float64), "got dtype float64, expected float32"),
+        (np.ones((2, 1), np.float32), "got rank 2"),
+    ):
+        bad.write_bytes(encode_arrays({"1": wrong}))
+        with pytest.raises(ProgramInputsError, match=why):
+            inference_tasks(_program(), [bad], 7)
     junk = tmp_path / "junk.npz"
     junk.write_bytes(b"PK\x03\x04 not a zip")
     with pytest.raises(JobFileError):

@@ -146,7 +146,7 @@ def test_job_run_pays_verified_tasks_across_runs_within_the_cap_then_the_deal_cl
     assert [t["index"] for t in second["tasks"]] == [2, None]
     assert second["summary"]["voucher_total"] == 28_000 == second["summary"]["cap"]
     assert "projected bill 0.028000 of cap 0.028000" in stderr
-    assert "warning: the batch could cost 32000, past the cap 28000" in stderr
+    assert "warning: the batch could cost 0.032000, past the cap 0.028000" in stderr
 
     wait_until(lambda: st.escrow.get_deal(deal_id).vouched == 28_000, 60, "voucher redeemed")
     assert [st.escrow.task_status(deal_id, i) for i in range(4)] == [TASK_VOUCHED] * 3 + [TASK_NONE]
