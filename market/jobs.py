@@ -1,5 +1,5 @@
 """Scheduled jobs of the market (apscheduler): expire orders, mark silent providers offline,
-index the escrow's events."""
+index the escrow's events, delete history past its retention."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from market import storage
 from market.indexer import Indexer
 from market.service import MarketService
 
@@ -21,6 +22,33 @@ def _guard(name: str, job: object) -> object:
             log.exception("job %s failed", name)
 
     return run
+
+
+PRUNE_BATCH = 10_000
+"""Rows deleted per transaction by the retention job (the writer waits at most that long)."""
+
+
+def prune_history(service: MarketService) -> tuple[int, int]:
+    """Delete fills and finished orders past the settings' retention, a batch per transaction;
+    return (fills, orders) deleted."""
+    settings = service.settings
+    total = [0, 0]
+    while True:
+        with service.db.begin() as connection:
+            fills, orders = storage.prune_history(
+                connection=connection,
+                now=service.now(),
+                fills_days=settings.fills_retention_days,
+                orders_days=settings.orders_retention_days,
+                limit=PRUNE_BATCH,
+            )
+        total[0] += fills
+        total[1] += orders
+        if fills < PRUNE_BATCH and orders < PRUNE_BATCH:
+            break
+    if any(total):
+        log.info("retention: deleted %d fills and %d orders", *total)
+    return total[0], total[1]
 
 
 def start_scheduler(service: MarketService, indexer: Indexer | None) -> BackgroundScheduler:
@@ -48,6 +76,14 @@ def start_scheduler(service: MarketService, indexer: Indexer | None) -> Backgrou
             "interval",
             seconds=settings.index_every_s,
             id="index",
+            **common,
+        )
+    if settings.fills_retention_days is not None or settings.orders_retention_days is not None:
+        scheduler.add_job(
+            _guard("retention", lambda: prune_history(service)),
+            "interval",
+            seconds=settings.retention_every_s,
+            id="retention",
             **common,
         )
     scheduler.start()

@@ -141,11 +141,17 @@ class Settings:
     min_challenge_window: int = 1
     # The prior of the reputation score, in token base units (docs/market.md, "Reputation").
     reputation_prior: int = 1_000_000
+    # History kept on disk, in days (None keeps all): fills older than this and finished orders
+    # whose expiry passed this long ago are deleted by the retention job (`storage.prune_history`).
+    fills_retention_days: float | None = None
+    orders_retention_days: float | None = None
+    retention_every_s: float = 3_600.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         """Read `MARKET_DATA_DIR`, `DATABASE_URL`, `MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`,
-        `MARKET_FROM_BLOCK`, `MARKET_MIN_CHALLENGE_WINDOW`."""
+        `MARKET_FROM_BLOCK`, `MARKET_MIN_CHALLENGE_WINDOW`, `MARKET_FILLS_RETENTION_DAYS`,
+        `MARKET_ORDERS_RETENTION_DAYS`."""
         env = os.environ
         values: dict[str, Any] = {
             "data_dir": Path(env.get("MARKET_DATA_DIR", "data")),
@@ -155,6 +161,9 @@ class Settings:
             "rpc_url": env.get("RPC_URL") or None,
             "index_from_block": _optional_int(env.get("MARKET_FROM_BLOCK")),
         }
+        for name in ("fills_retention_days", "orders_retention_days"):
+            if env.get(f"MARKET_{name.upper()}"):
+                values[name] = float(env[f"MARKET_{name.upper()}"])
         if env.get("MARKET_MIN_CHALLENGE_WINDOW"):
             values["min_challenge_window"] = int(env["MARKET_MIN_CHALLENGE_WINDOW"])
         values.update({k: v for k, v in overrides.items() if v is not None})

@@ -80,6 +80,22 @@ _RETIRED_INDEXES = (
 )
 
 
+# The queries of the page and the API over tables that grow with history, each served by an
+# index so its cost follows the rows it returns, not the rows ever stored: an owner's and a
+# class's orders newest first (`list_orders`), a class's fills newest first and since a time
+# (`market.tape`: recent fills, price history, 24 h statistics), the last fill id of a class
+# (`load_snapshot`), deals newest first (`list_deals`).
+_HISTORY_INDEXES = (
+    "ix_orders_owner_created ON orders (owner, created_at)",
+    "ix_orders_class_created ON orders (device_class, created_at)",
+    "ix_orders_created ON orders (created_at)",
+    "ix_fills_class_seq ON fills (device_class, seq)",
+    "ix_fills_class_time ON fills (device_class, time)",
+    "ix_fills_class_fill_id ON fills (device_class, fill_id)",
+    "ix_deals_created ON deals (created_at)",
+)
+
+
 # Tables the chain indexer derives from the escrow's events, dependants first. They hold
 # nothing the chain does not: when their shape changes they are dropped and indexed again.
 CHAIN_TABLES = ("provider_clients", "chain_events", "chain_deals", "indexer_state")
@@ -108,6 +124,8 @@ def init_db(*, engine: Engine) -> None:
         )
         for name in _RETIRED_INDEXES:
             connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
+        for index in _HISTORY_INDEXES:
+            connection.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {index}")
 
 
 def _number_fills(engine: Engine) -> None:
@@ -331,6 +349,42 @@ def record_progress(*, connection: Connection, updates: Iterable[tuple[str, str,
     connection.exec_driver_sql(
         f"UPDATE orders SET state = {mark}, remaining = {mark} WHERE order_id = {mark}", params
     )
+
+
+def prune_history(
+    *,
+    connection: Connection,
+    now: int,
+    fills_days: float | None,
+    orders_days: float | None,
+    limit: int = 10_000,
+) -> tuple[int, int]:
+    """Delete up to ``limit`` fills older than ``fills_days`` and up to ``limit`` orders that
+    expired or were cancelled without trading, whose expiry passed more than ``orders_days``
+    ago; return how many of each (None keeps them all). An order that traded stays: its deals
+    show it.
+
+    The newest fill of each class stays: the next fill's id and ``seq`` follow it (a fill's
+    id is its deal's). An order past its expiry can never be placed again (its signature
+    expired with it), so its row no longer guards its nonce.
+    """
+    mark = _placeholder(connection)
+    fills = orders = 0
+    if fills_days is not None:
+        fills = connection.exec_driver_sql(
+            f"DELETE FROM fills WHERE id IN (SELECT id FROM fills f WHERE time < {mark} AND "
+            "seq < (SELECT MAX(seq) FROM fills l WHERE l.device_class = f.device_class) "
+            f"LIMIT {int(limit)})",
+            (now - int(fills_days * 86_400),),
+        ).rowcount
+    if orders_days is not None:
+        orders = connection.exec_driver_sql(
+            "DELETE FROM orders WHERE order_id IN (SELECT order_id FROM orders WHERE expiry < "
+            f"{mark} AND state IN ('expired', 'cancelled') AND remaining = quantity "
+            f"LIMIT {int(limit)})",
+            (now - int(orders_days * 86_400),),
+        ).rowcount
+    return fills, orders
 
 
 def get_order(*, session: Session, order_id: str) -> Order | None:
