@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -270,7 +271,7 @@ def floods(world: World, tally: Tally, quick: bool) -> dict[str, Any]:
     funded key's orders beyond its funds; spread over many source addresses."""
     chain_id, escrow = world.st.escrow.domain.chain_id, world.st.escrow.address
     now = world.st.anvil.latest_timestamp()
-    count = 40 if quick else 400
+    count = 20 if quick else 400
     sources = [f"127.0.2.{n}" for n in range(1, 21)]
     pools = [client(world.market, s) for s in sources]
     fields: dict[str, Any] = {"device_class": DEVICE_CLASS, "plan": "flat", "slo_ms": SLO_MS}
@@ -398,7 +399,9 @@ def smaller(world: World, tally: Tally, quick: bool) -> dict[str, Any]:
         headers["X-Tpumarket-Target"] = "v5e 1x1"
         reply = daemon.post("/v1/tasks", content=world.envelope, headers=headers)
         figures["bad_compile_target"] = reply.status_code
-    count = 30 if quick else 100
+    if quick:  # tests/market/test_hostile_http.py and tests/provider/test_daemon_connections.py
+        return figures
+    count = 100
     services = {"market": world.market, "daemon": world.daemon}
     with ThreadPoolExecutor(max_workers=2) as both:  # both services dripped on at once
         cuts = both.map(
@@ -525,10 +528,23 @@ def _cpu_s(pid: int) -> float:
 
 def idle_streams(world: World, count: int, span_s: float) -> dict[str, Any]:
     """Open ``count`` live-update streams (16 per source address, the cap), leave them idle
-    and measure the market's CPU share over ``span_s``; then the same span with none open."""
+    and measure the market's CPU share over ``span_s``; then the same span with none open.
+
+    The daemon is stopped (SIGSTOP) meanwhile: its heartbeat every 2 s changes the market,
+    which would send every stream an update. Updates received during the span are counted.
+    """
+    os.kill(world.daemon_pid, signal.SIGSTOP)
+    try:
+        return _idle_streams(world, count, span_s)
+    finally:
+        os.kill(world.daemon_pid, signal.SIGCONT)
+
+
+def _idle_streams(world: World, count: int, span_s: float) -> dict[str, Any]:
     port = int(world.market.rsplit(":", 1)[1])
     pid = world.market_pid
     socks = []
+    updates = 0
     try:
         for n in range(count):
             host = f"127.0.3.{1 + n // 16}"
@@ -549,6 +565,10 @@ def idle_streams(world: World, count: int, span_s: float) -> dict[str, Any]:
         before, started = _cpu_s(pid), time.monotonic()
         time.sleep(span_s)  # measuring the idle cost over a fixed span
         busy = (_cpu_s(pid) - before) / (time.monotonic() - started)
+        for sock in socks:
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                updates += sock.recv(65_536).count(b"event: update")
     finally:
         for sock in socks:
             sock.close()
@@ -558,7 +578,9 @@ def idle_streams(world: World, count: int, span_s: float) -> dict[str, Any]:
     idle = (_cpu_s(pid) - before) / (time.monotonic() - started)
     return {
         "streams": opened,
+        "updates_during_span": updates,
         "span_s": span_s,
         "cpu_pct": round(100 * busy, 2),
         "no_streams_cpu_pct": round(100 * idle, 2),
+        "cpu_us_per_s_per_idle_stream": round(1e6 * max(0.0, busy - idle) / max(1, opened), 2),
     }

@@ -69,6 +69,7 @@ class Normal:
     """What the normal client did during the attacks."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     orders_placed: int = 0
     tasks_acked: list[int] = field(default_factory=list)
@@ -283,7 +284,9 @@ def normal_client(world: World, stop: threading.Event, pause: threading.Event) -
             except httpx.HTTPError as exc:
                 normal.errors.append(f"{what}: {exc!r}"[:200])
                 return None
-            normal.latencies_ms.append((time.perf_counter() - started) * 1000)
+            ms = (time.perf_counter() - started) * 1000
+            normal.latencies_ms.append(ms)
+            normal.by_kind.setdefault(what, []).append(ms)
             if reply.status_code >= 300:
                 normal.errors.append(f"{what}: {reply.status_code} {reply.text[:120]}")
             return reply
@@ -294,7 +297,7 @@ def normal_client(world: World, stop: threading.Event, pause: threading.Event) -
                 time.sleep(0.1)
                 continue
             turn += 1
-            now = world.st.anvil.latest_timestamp()
+            now = int(time.time())  # the market's clock (the chain's moves only with blocks)
             order = trader.bid(now, **fields)
             placed = timed(partial(market.post, "/v1/orders", json=order), "order")
             if placed is not None and placed.status_code == 201:
