@@ -12,6 +12,13 @@ engine has changed yet and its requests are retried one by one. If anything fail
 engines changed, the transaction rolls back, every request of the group gets the error, and the
 touched classes are rebuilt from SQL, so an engine never holds an order the database lacks.
 
+The writer remembers the nonces of committed orders only while those orders could still be
+placed (until their expiry: a later copy of a signed order is refused as expired before any
+nonce is looked up), and cancels' nonces for good (cancels are few). An order that reuses a
+nonce forgotten since is stopped by the unique (owner, nonce) index: its group rolls back and
+its requests are retried one by one, the reusing one answered `ReplayError`. So memory holds
+the orders of the validity window, not the whole history.
+
 One writer serves every device class (each class is still written by exactly one thread): the
 database has one write lock and the interpreter one lock, so more writers would only contend,
 and a batch spanning classes commits atomically.
@@ -19,14 +26,17 @@ and a batch spanning classes commits atomically.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import ExitStack
 from typing import NamedTuple, TypeVar
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
 
 from market import storage
 from market.books import Books, ClassBook
@@ -81,7 +91,7 @@ class Writer:
         self._db = db
         self._on_commit = on_commit
         with db.connect() as connection:
-            self._nonces = storage.used_nonces(connection=connection)
+            self._nonces = _Nonces.load(connection, int(time.time()))
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
         self._thread.start()
@@ -112,17 +122,23 @@ class Writer:
         return job.future.result()  # type: ignore[return-value]  # the future holds a T
 
     def nonce_used(self, owner: str, nonce: int) -> bool:
-        """Return whether an order or a cancel of `owner` used `nonce` (writer thread only)."""
-        return nonce in self._nonces.get(owner, ())
+        """Return whether an order or a cancel of `owner` used `nonce` (writer thread only):
+        remembered, or else stored (one indexed read)."""
+        if self._nonces.remembers(owner, nonce):
+            return True
+        with self._db.connect() as connection:
+            return _stored(connection, [(owner, nonce)])
 
     def claim_nonces(self, pairs: list[tuple[str, int]]) -> None:
-        """Remember committed (signer, nonce) pairs as used (writer thread only)."""
-        nonces = self._nonces
+        """Remember committed cancels' (signer, nonce) pairs as used, for good (writer thread
+        only; orders' nonces are remembered by the writer itself, until their expiry)."""
         for owner, nonce in pairs:
-            mine = nonces.get(owner)
-            if mine is None:
-                mine = nonces[owner] = set()
-            mine.add(nonce)
+            self._nonces.claim(owner, nonce, None)
+
+    def remembered_nonces(self) -> int:
+        """Return how many (signer, nonce) pairs the writer holds in memory (a gauge of its
+        growth: orders' pairs leave at their expiry)."""
+        return len(self._nonces)
 
     def pending(self) -> int:
         """Return how many jobs wait for the writer (approximately: the queue is live)."""
@@ -195,8 +211,10 @@ class Writer:
                 return True
             # Each order claims its nonce in its own row (a unique index is the backstop); the
             # writer knows every committed nonce, so a used one fails before any matching.
+            self._nonces.forget(live[0].now)
             pairs = [(c.order.owner, c.nonce) for r in live for c in r.orders]
-            used = sorted(p for p in pairs if self.nonce_used(*p))
+            remembers = self._nonces.remembers
+            used = sorted(p for p in pairs if remembers(*p))
             if used or len(set(pairs)) < len(pairs):
                 if not alone:
                     return False
@@ -217,15 +235,97 @@ class Writer:
                         deals=rows.deals,
                     )
                     connection.commit()
+                except IntegrityError:
+                    connection.rollback()
+                    self._books.rebuild(names)
+                    if not alone:
+                        return False  # a nonce forgotten since: retried one request at a time
+                    used = sorted(p for p in pairs if _stored(connection, [p]))
+                    if not used:
+                        raise
+                    owner, nonce = used[0]
+                    live[0].future.set_exception(
+                        ReplayError(f"nonce {nonce} of {owner} was used before")
+                    )
+                    return True
                 except BaseException:
                     connection.rollback()
                     self._books.rebuild(names)
                     raise
-            self.claim_nonces(pairs)
+            claim = self._nonces.claim
+            for r in live:
+                for c in r.orders:
+                    claim(c.order.owner, c.nonce, c.order.expiry)
         for request, placed in zip(live, results, strict=True):
             request.future.set_result(placed)
         self._on_commit(results)
         return True
+
+
+class _Nonces:
+    """Used (signer, nonce) pairs: an order's until its expiry, a cancel's for good."""
+
+    def __init__(self) -> None:
+        self._expiry: dict[tuple[str, int], int | None] = {}  # None: kept for good
+        self._due: dict[int, list[tuple[str, int]]] = {}  # expiry -> pairs
+        self._heap: list[int] = []
+
+    @classmethod
+    def load(cls, connection: Connection, now: int) -> _Nonces:
+        """Return the pairs of stored orders still live at `now` and of every stored cancel."""
+        nonces = cls()
+        rows = connection.exec_driver_sql(
+            f"SELECT owner, nonce, expiry FROM orders WHERE expiry > {int(now)} "
+            "UNION ALL SELECT owner, nonce, NULL FROM nonces"
+        )
+        for owner, nonce, expiry in rows:
+            nonces.claim(owner, nonce, expiry)
+        return nonces
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+    def remembers(self, owner: str, nonce: int) -> bool:
+        """Return whether the pair is remembered as used."""
+        return (owner, nonce) in self._expiry
+
+    def claim(self, owner: str, nonce: int, expiry: int | None) -> None:
+        """Remember a pair until `expiry` (None: for good)."""
+        pair = (owner, nonce)
+        held = self._expiry.get(pair, 0)
+        if held is None or (expiry is not None and expiry <= held):
+            return
+        self._expiry[pair] = expiry
+        if expiry is not None:
+            due = self._due.get(expiry)
+            if due is None:
+                self._due[expiry] = [pair]
+                heapq.heappush(self._heap, expiry)
+            else:
+                due.append(pair)
+
+    def forget(self, now: int) -> None:
+        """Forget orders' pairs whose expiry is `now` or earlier."""
+        heap, due, expiry_of = self._heap, self._due, self._expiry
+        while heap and heap[0] <= now:
+            expiry = heapq.heappop(heap)
+            for pair in due.pop(expiry):
+                if expiry_of.get(pair, 0) == expiry:
+                    del expiry_of[pair]
+
+
+def _stored(connection: Connection, pairs: list[tuple[str, int]]) -> bool:
+    """Return whether an order or a cancel stored in SQL used one of `pairs`."""
+    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    for owner, nonce in pairs:
+        row = connection.exec_driver_sql(
+            f"SELECT 1 FROM orders WHERE owner = {mark} AND nonce = {mark} "
+            f"UNION ALL SELECT 1 FROM nonces WHERE owner = {mark} AND nonce = {mark}",
+            (owner, nonce, owner, nonce),
+        ).first()
+        if row is not None:
+            return True
+    return False
 
 
 def _fresh(request: _Request, books: dict[str, ClassBook]) -> bool:

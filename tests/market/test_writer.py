@@ -14,7 +14,7 @@ from market.errors import DuplicateOrderError, ReplayError
 from market.models import OrderCreate, PlaceResult
 from market.service import MarketService
 
-from .conftest import START
+from .conftest import START, Clock
 from .signing import Trader
 
 
@@ -108,3 +108,37 @@ def test_group_when_commit_fails_then_every_request_fails_and_books_rebuilt(
             future.result(10)
     assert service.engine_snapshot("tpu-v5e") == snapshot
     assert service.orders(owner=alice.address, device_class=None, live_only=False, limit=9) == []
+
+
+def test_nonce_when_its_order_expired_then_forgotten_and_a_reuse_is_still_refused(
+    service: MarketService, clock: Clock
+) -> None:
+    alice, bob = Trader(), Trader()
+    service.place([OrderCreate.model_validate(alice.bid(START, nonce=7, expiry=START + 60))])
+    held = service.writer.remembered_nonces()
+    clock.advance(61)  # the order can no longer be placed: its nonce leaves the writer's memory
+    now = service.now()
+    reuse = alice.bid(now, price=101, nonce=7)
+    fresh = bob.bid(now, price=99)
+    futures = _queued_together(service, [_place(service, fresh), _place(service, reuse)])
+    assert futures[0].result(10)[0].order.state == "open"  # its group-mate still commits
+    with pytest.raises(ReplayError, match="nonce 7"):
+        futures[1].result(10)  # the unique (owner, nonce) index stopped it
+    assert service.writer.remembered_nonces() == held  # bob's pair in, alice's first one out
+    assert service.writer.nonce_used(alice.address, 7)  # asked directly: read from SQL
+    assert [
+        o.nonce
+        for o in service.orders(owner=alice.address, device_class=None, live_only=False, limit=9)
+    ] == [7]
+
+
+def test_nonces_when_many_orders_expire_then_memory_holds_only_the_live_window(
+    service: MarketService, clock: Clock
+) -> None:
+    traders = [Trader() for _ in range(4)]
+    for round_ in range(5):
+        now = service.now()
+        batch = [t.bid(now, price=10 + round_, expiry=now + 30) for t in traders for _ in range(25)]
+        service.place_batch([OrderCreate.model_validate(b) for b in batch])
+        assert service.writer.remembered_nonces() == 100  # the previous round's are forgotten
+        clock.advance(31)
