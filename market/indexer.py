@@ -316,6 +316,9 @@ def _closed(deal: ChainDeal, _pair: Any, args: dict[str, Any]) -> None:
     deal.status = "closed"
     deal.closed_tx = deal.last_tx
     deal.returned_to_client = str(args["returnedToClient"])
+    # The escrow closes a deal only once no claim is pending: no batch event can follow, so
+    # the per-batch working map goes; the deal's totals above summarise it.
+    deal.batches_json = "{}"
 
 
 _APPLY: dict[str, Callable[[ChainDeal, Any, dict[str, Any]], None]] = {

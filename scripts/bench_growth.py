@@ -195,6 +195,35 @@ def clone_history(path: Path, signed: int, total: int, open_: int) -> None:
     db.close()
 
 
+def strip_history(source: Path, path: Path) -> None:
+    """Copy the journal without its sealed deals: the same open deals, no history."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with sqlite3.connect(source) as src, sqlite3.connect(path) as target:
+        src.backup(target)
+    db = sqlite3.connect(path, isolation_level=None)
+    triggers = db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
+    for name, _ in triggers:
+        db.execute(f"DROP TRIGGER {name}")
+    for table in ("acks", "receipts", "vouchers", "settlements", "deals", "seals"):
+        db.execute(f"DELETE FROM {table} WHERE deal_id IN (SELECT deal_id FROM seals)")
+    for _, create in triggers:
+        db.execute(create)
+    db.execute("VACUUM")
+    db.close()
+
+
+def _measure(path: Path) -> dict[str, Any]:
+    measured = subprocess.run(
+        [sys.executable, __file__, "--measure-journal", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    figures: dict[str, Any] = json.loads(measured.stdout.strip().splitlines()[-1])
+    return figures
+
+
 def measure_open(path: Path) -> dict[str, float]:
     """Open the journal in this (fresh) process; return seconds and RSS."""
     from contracts.messages import address_of
@@ -236,13 +265,18 @@ def journal_figures(args: argparse.Namespace) -> dict[str, Any]:
                 source.backup(target)
             clone_history(path, signed, args.closed_deals, args.open_deals)
             grown.write_text("copied\n")
-    measured = subprocess.run(
-        [sys.executable, __file__, "--measure-journal", str(path)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    figures: dict[str, Any] = json.loads(measured.stdout.strip().splitlines()[-1])
+    bare = args.cache / f"journal-{shape}-no-history.sqlite3"
+    if not bare.with_suffix(".built").exists():
+        strip_history(built, bare)
+        bare.with_suffix(".built").write_text("stripped\n")
+    figures = _measure(path)
+    # The same open deals beside less history, measured in the same run (the host's load moves
+    # every absolute figure; the differences are what history costs).
+    figures["journal_open_s_signed_history"] = _measure(built)["journal_open_s"]
+    no_history = _measure(bare)
+    figures["journal_open_s_no_history"] = no_history["journal_open_s"]
+    figures["journal_rss_mb_no_history"] = no_history["journal_rss_mb"]
+    figures["load_average"] = round(os.getloadavg()[0], 1)
     figures["journal_tasks"] = args.closed_deals * args.tasks
     figures["journal_signed_tasks"] = signed * args.tasks
     figures["journal_file_mb"] = round(path.stat().st_size / 2**20, 1)

@@ -47,11 +47,12 @@ _ROWS = (
 )
 
 
-def receipt_digest(receipt: Receipt, domain: Domain, protocol: int = PROTOCOL) -> bytes:
-    """Return a receipt's digest under the domain version of the protocol it was signed in."""
-    if protocol == PROTOCOL:
-        return receipt.digest(domain)
-    return receipt.digest(replace(domain, version=str(protocol)))
+def receipt_digest(struct_hash: bytes, domain: Domain, protocol: int = PROTOCOL) -> bytes:
+    """Return the digest of a receipt (given its struct hash) under the domain version of the
+    protocol it was signed in."""
+    if protocol != PROTOCOL:
+        domain = replace(domain, version=str(protocol))
+    return keccak256(b"\x19\x01" + domain.separator() + struct_hash)
 
 
 def _check_receipt(
@@ -69,12 +70,13 @@ def _check_receipt(
         raise JournalCorruptError(f"{where}: receipt chain broken")
     if receipt.struct_hash() != stored_hash:
         raise JournalCorruptError(f"{where}: stored hash differs from receipt")
+    # the stored hash is the receipt's now: its digest needs no second struct hash
     if ack_deadline is None:
         raise JournalCorruptError(f"{where}: receipt without an ack")
     if receipt.deadline != ack_deadline:
         raise JournalCorruptError(f"{where}: receipt deadline differs from request")
     try:
-        signer = recover_digest(receipt_digest(receipt, domain, protocol), signature)
+        signer = recover_digest(receipt_digest(stored_hash, domain, protocol), signature)
     except SignatureError as exc:
         raise JournalCorruptError(f"{where}: bad receipt signature") from exc
     if signer.lower() != provider.lower():
