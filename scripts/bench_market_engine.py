@@ -7,7 +7,14 @@ mismatches (plans, SLO, memory), replay it against a fresh engine and print one 
 the engine ran as the C extensions `make setup` builds, see `market.native`). Orders are built
 before the clock starts (as if parsed by the API); the timed loop is the engine alone, including
 periodic `expire` calls.
-`scripts/bench-market` imports `run` from here; run this file directly for the engine alone.
+`scripts/bench-market` imports `run` and `versus_peer` from here; run this file directly for the
+engine alone.
+
+`versus_peer` times the engine against lightmatchingengine (PyPI, a dev dependency) on one stream
+of random limit orders over 3 device classes, both from the orders' wire form (decoded JSON
+objects): the engine's time includes building its validated `Order`, the peer's its own order
+object. Runs alternate between the two (interleaved), the fastest of each counts, and the units
+traded are compared once outside the clock.
 """
 
 from __future__ import annotations
@@ -167,14 +174,118 @@ def run(orders: int = 200_000, seed: int = 1, repeat: int = 3) -> dict[str, floa
     }
 
 
+PEER_CLASSES = {"tpu-v5e": 1_000, "tpu-v6e": 1_600, "cpu": 50}
+
+
+def wire_stream(orders: int, seed: int = 7) -> list[dict[str, object]]:
+    """Return `orders` random limit orders over `PEER_CLASSES` as decoded JSON objects, all of
+    one plan, SLO and memory (the peer knows none of these)."""
+    rng = random.Random(seed)
+    stream: list[dict[str, object]] = []
+    for n in range(orders):
+        device_class = rng.choice(tuple(PEER_CLASSES))
+        bid = rng.random() < 0.5
+        skew = -0.005 if bid else 0.005
+        price = max(1, round(PEER_CLASSES[device_class] * (1 + rng.gauss(skew, 0.01))))
+        stream.append(
+            {
+                "side": "bid" if bid else "ask",
+                "order_id": f"o{n}",
+                "owner": "0x" + "ab" * 20,
+                "device_class": device_class,
+                "quantity": rng.randint(1, 100),
+                "price": price,
+                "plan": "metered",
+                "slo_ms": 100,
+                "memory": 0,
+                "expiry": 2_000_000_000,
+            }
+        )
+    return stream
+
+
+def _ours(stream: list[dict[str, object]]) -> tuple[float, int]:
+    """Place `stream` on a fresh engine from its wire form; return (seconds, units traded)."""
+    sides = {"bid": Side.BID, "ask": Side.ASK}
+    engine = MatchingEngine()
+    place = engine.place
+    units = 0
+    start = time.perf_counter()
+    for w in stream:
+        order = Order(
+            sides[w["side"]],  # type: ignore[index]  # the stream's sides are "bid" or "ask"
+            w["order_id"],
+            w["owner"],
+            w["device_class"],
+            w["quantity"],
+            w["price"],
+            w["plan"],
+            w["slo_ms"],
+            w["memory"],
+            w["expiry"],
+        )
+        for fill in place(order, now=1):
+            units += fill.quantity
+    return time.perf_counter() - start, units
+
+
+def _peer(stream: list[dict[str, object]]) -> tuple[float, int]:
+    """Place `stream` on a fresh lightmatchingengine; return (seconds, units traded)."""
+    from lightmatchingengine.lightmatchingengine import LightMatchingEngine
+    from lightmatchingengine.lightmatchingengine import Side as PeerSide
+
+    sides = {"bid": PeerSide.BUY, "ask": PeerSide.SELL}
+    engine = LightMatchingEngine()
+    add = engine.add_order
+    units = 0
+    start = time.perf_counter()
+    for w in stream:
+        order, trades = add(w["device_class"], w["price"], w["quantity"], sides[w["side"]])  # type: ignore[index]
+        if trades:
+            units += order.cum_qty
+    return time.perf_counter() - start, units
+
+
+def versus_peer(orders: int = 100_000, rounds: int = 5) -> dict[str, float | int | bool]:
+    """Return the engine's and the peer's orders/s on one stream (fastest of `rounds`
+    interleaved runs each), their ratio, and whether both traded the same units."""
+    stream = wire_stream(orders)
+    ours_best = peer_best = float("inf")
+    ours_units = peer_units = -1
+    gc.collect()
+    gc.freeze()
+    try:
+        for number in range(rounds):
+            runs = (_ours, _peer) if number % 2 == 0 else (_peer, _ours)
+            for run_one in runs:
+                gc.collect()
+                seconds, units = run_one(stream)
+                if run_one is _ours:
+                    ours_best, ours_units = min(ours_best, seconds), units
+                else:
+                    peer_best, peer_units = min(peer_best, seconds), units
+    finally:
+        gc.unfreeze()
+    return {
+        "engine_wire_orders_per_s": round(orders / ours_best),
+        "peer_wire_orders_per_s": round(orders / peer_best),
+        "engine_vs_peer": round(peer_best / ours_best, 2),
+        "same_units_traded": ours_units == peer_units,
+        "units_traded": ours_units,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the benchmark and print its JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--orders", type=int, default=200_000, help="places + cancels")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="replays; the fastest counts")
+    parser.add_argument("--peer", action="store_true", help="also time lightmatchingengine")
     args = parser.parse_args(argv)
     print(json.dumps(run(args.orders, args.seed, args.repeat)))
+    if args.peer:
+        print(json.dumps(versus_peer()))
     return 0
 
 
