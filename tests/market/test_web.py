@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,13 +66,25 @@ def _post(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+TOKEN = 1_000_000
+"""One token of 6 decimals, in base units."""
+
+
+def _cells(page: Any, rows: str) -> list[list[str]]:
+    """Return the text of each cell of each row (textContent: it needs no layout)."""
+    found: list[list[str]] = page.eval_on_selector_all(
+        rows, "rows => rows.map(r => [...r.cells].map(c => c.textContent.trim()))"
+    )
+    return found
+
+
 def _seed(url: str) -> tuple[Trader, Trader]:
     client, provider = Trader(), Trader()
     now = int(time.time())
-    orders = [provider.ask(now, price=100 + i, quantity=5 + i) for i in range(4)]
-    orders += [client.bid(now, price=95 - i, quantity=3 + i) for i in range(4)]
+    orders = [provider.ask(now, price=TOKEN + 10_000 * i, quantity=5 + i) for i in range(4)]
+    orders += [client.bid(now, price=950_000 - 10_000 * i, quantity=3 + i) for i in range(4)]
     _post(url, "/v1/orders/batch", {"orders": orders})
-    _post(url, "/v1/orders", client.bid(now, price=101, quantity=7))  # trades 5 @100, 2 @101
+    _post(url, "/v1/orders", client.bid(now, price=1_010_000, quantity=7))  # 5 @1.00, 2 @1.01
     _post(url, "/v1/providers/heartbeat", provider.heartbeat(now))
     return client, provider
 
@@ -86,8 +99,9 @@ def test_page_when_loaded_then_shows_seeded_book_without_console_errors(
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(server + "/")
     page.wait_for_selector("[data-testid=asks] tbody tr")
-    asks = page.locator("[data-testid=asks] tbody tr").all_inner_texts()
-    assert asks[0].split() == ["101", "4", "1"]  # 6 - 2 left at 101
+    asks = _cells(page, "[data-testid=asks] tbody tr")
+    # 6 - 2 left at 1.01 tokens, with the terms that decide what it can trade with
+    assert asks[0] == ["1.01", "4", "1", "100 ms", "16 GiB", "metered"]
     assert page.locator("[data-testid=bids] tbody tr").count() == 4
     assert page.locator("[data-testid=fills] tbody tr").count() == 2
     assert page.locator("[data-testid=deals] tbody tr").count() == 2
@@ -107,10 +121,10 @@ def test_page_when_order_placed_through_api_then_appears_without_reload(
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
     now = int(time.time())
-    _post(server, "/v1/orders", Trader().bid(now, price=77, quantity=42))
+    _post(server, "/v1/orders", Trader().bid(now, price=770_000, quantity=42))
     page.wait_for_function(
         "() => [...document.querySelectorAll('[data-testid=bids] tbody tr')]"
-        ".some(r => r.innerText.includes('42') && r.innerText.includes('77'))",
+        ".some(r => r.innerText.includes('42') && r.innerText.includes('0.77'))",
         timeout=10_000,
     )
     assert navigations == []
@@ -174,9 +188,9 @@ def test_page_when_deal_settles_on_chain_then_shows_status_and_tx_hashes(
     assert "paid" in text and "4242" in text
     assert row.locator(f"code[title='{opened}']").count() == 1
     assert row.locator(f"code[title='{paid}']").count() == 1
-    # The provider's reputation: value paid (paying clients) / refunded + penalties.
+    # The provider's reputation: tokens paid (paying clients) / refunded + penalties.
     seller = page.locator("[data-testid=providers] tbody tr", has_text=provider.address[-4:])
-    assert "12,345,678 (1) / 500 + 50,000" in seller.inner_text()
+    assert "12.345678 (1) / 0.0005 + 0.05" in seller.inner_text()  # in tokens
     assert errors == []
     page.close()
 
@@ -216,4 +230,182 @@ def test_page_when_framed_by_another_origin_then_the_browser_refuses(
     ) as refused:
         page.goto(framing.as_uri())
     assert "has been blocked" in refused.value.text
+    page.close()
+
+
+# -- a buyer's page: offers, filters, the command, at desktop and phone widths -----------------
+
+VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
+OVERFLOW_JS = """() => {
+  const width = document.documentElement.clientWidth;
+  const out = [];
+  for (const e of document.body.querySelectorAll('*')) {
+    if (e.parentElement.closest('.scroll')) continue;  // a table scrolls in its own container
+    const r = e.getBoundingClientRect();
+    if (r.width && (r.right > width + 0.5 || r.left < -0.5)) {
+      out.push(`${e.tagName}#${e.id}.${e.className} ${Math.round(r.left)}..${Math.round(r.right)}`);
+    }
+  }
+  return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth, out};
+}"""
+
+
+def _class_tab(page: Any, name: str) -> None:
+    page.locator(f"[data-testid=classes] button[data-class='{name}']").click()
+    page.wait_for_selector(f"[data-testid=classes] button.active[data-class='{name}']")
+
+
+@pytest.mark.parametrize("viewport", VIEWPORTS)
+def test_page_at_each_viewport_then_nothing_overflows_sideways_and_charts_have_axes(
+    server: str, browser: Any, tmp_path: Path, viewport: str
+) -> None:
+    _seed(server)
+    width, height = VIEWPORTS[viewport]
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v5e")
+    page.wait_for_selector("[data-testid=offers] tbody tr")
+    page.wait_for_selector("[data-testid=asks] tbody tr")
+    page.wait_for_selector("[data-testid=fills] tbody tr")
+    shot = tmp_path / f"market-{viewport}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    layout = page.evaluate(OVERFLOW_JS)
+    assert layout["scroll"] <= layout["inner"] == width and layout["out"] == [], layout
+    for chart, titles in (
+        ("depth-chart", ("price (tokens per unit)", "cumulative units")),
+        ("history-chart", ("time (1-minute bars)", "price (tokens)")),
+    ):
+        axes = json.loads(page.locator(f"[data-testid={chart}]").get_attribute("data-axes"))
+        assert (axes["xTitle"], axes["yTitle"]) == titles
+        assert len(axes["x"]) >= 2 and len(axes["y"]) >= 2, axes
+    stats = page.locator("[data-testid=stats]").inner_text()
+    assert "1.01 tokens" in stats and "units in" in stats  # the last trade: 2 units @1.01
+    assert errors == []
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def v6e(server: str) -> dict[str, Trader]:
+    """Class tpu-v6e: two providers' offers on different terms, and two bids."""
+    now = int(time.time())
+    fast, spot, buyer = Trader(), Trader(), Trader()
+    for provider, kind in ((fast, "TPU v6e"), (spot, "TPU v6e spot")):
+        heartbeat = provider.heartbeat(now, device_class="tpu-v6e", device_kind=kind)
+        _post(server, "/v1/providers/heartbeat", heartbeat)
+    big = 32 << 30
+    ask = fast.ask(now, device_class="tpu-v6e", price=2_500_000, quantity=3, slo_ms=50, memory=big)
+    _post(server, "/v1/orders", ask)
+    _post(
+        server,
+        "/v1/orders",
+        spot.ask(
+            now, device_class="tpu-v6e", price=1_200_000, quantity=9, slo_ms=300, memory=8 << 30
+        ),
+    )
+    # Crosses the spot ask's price, but needs 100 ms and 16 GiB: only the fast ask could serve it.
+    _post(
+        server,
+        "/v1/orders",
+        buyer.bid(
+            now, device_class="tpu-v6e", price=2_000_000, quantity=2, slo_ms=100, memory=16 << 30
+        ),
+    )
+    return {"fast": fast, "spot": spot, "buyer": buyer}
+
+
+def _offer_rows(page: Any) -> list[str]:
+    return [" ".join(row) for row in _cells(page, "[data-testid=offers] tbody tr")]
+
+
+def test_offers_when_sorted_filtered_and_taken_then_the_exact_command_shows(
+    server: str, browser: Any, tmp_path: Path, v6e: dict[str, Trader]
+) -> None:
+    page = browser.new_page()
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v6e")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=offers] tbody tr')"
+                           ".length === 2")  # fmt: skip
+    rows = _offer_rows(page)
+    assert "1.2" in rows[0] and "TPU v6e spot" in rows[0] and "300 ms" in rows[0]
+    assert "2.5" in rows[1] and "50.0%" in rows[1] and "32 GiB" in rows[1]
+    page.locator("[data-testid=offers] th button[data-sort=price]").click()  # now descending
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=offers] tbody tr').innerText.includes('2.5')"
+    )
+    assert page.locator("th[aria-sort=descending] button[data-sort=price]").count() == 1
+    page.locator("[data-testid=offer-filters] input[name=max_slo_ms]").fill("100")
+    page.locator("[data-testid=offer-filters] input[name=max_slo_ms]").press("Tab")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=offers] tbody tr')"
+                           ".length === 1")  # fmt: skip
+    assert v6e["fast"].address[-4:] in _offer_rows(page)[0]
+    page.locator("[data-testid=offers] tbody tr button.take-button").click()
+    command = page.locator("[data-testid=command]")
+    command.wait_for()
+    [offer] = httpx.get(
+        server + "/v1/offers", params={"device_class": "tpu-v6e", "max_slo_ms": 100}, timeout=10
+    ).json()
+    lines = command.inner_text().splitlines()
+    assert lines[0].startswith(f"export TPUMARKET_MARKET_URL={server} TPUMARKET_ESCROW=0x")
+    assert (
+        lines[1]
+        == offer["command"]
+        == (
+            "tpumarket client bid --device-class tpu-v6e --plan metered --slo-ms 50 "
+            f"--memory {32 << 30} --price 2.5 --quantity 3"
+        )
+    )
+    layout = page.evaluate(OVERFLOW_JS)
+    assert layout["scroll"] <= 390 and layout["out"] == [], layout
+    page.screenshot(path=str(tmp_path / "offer-taken-phone.png"), full_page=True)
+    page.close()
+
+
+def test_book_when_buyer_picks_terms_then_only_levels_that_trade_and_a_real_spread(
+    server: str, browser: Any, tmp_path: Path, v6e: dict[str, Trader]
+) -> None:
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v6e")
+    spread = page.locator("[data-testid=spread]")
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=spread]').innerText.includes('mixed terms')"
+    )  # best bid 2.0 above best ask 1.2: they cannot trade (SLO and memory), so no spread
+    assert "best bid 2 · best ask 1.2" in spread.inner_text()
+    filters = page.locator("[data-testid=book-filters]")
+    filters.locator("select[name=plan]").select_option("metered")
+    filters.locator("select[name=slo_ms]").select_option("100")
+    filters.locator("select[name=memory]").select_option(str(16 << 30))
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=spread]').innerText.includes('spread 0.5')"
+    )
+    assert spread.inner_text() == "best bid 2 · best ask 2.5 · spread 0.5"
+    assert _cells(page, "[data-testid=asks] tbody tr")[0][:2] == ["2.5", "3"]
+    page.screenshot(path=str(tmp_path / "book-filtered.png"), full_page=True)
+    page.close()
+
+
+def test_recent_matches_when_classes_trade_within_one_second_then_newest_first(
+    server: str, browser: Any
+) -> None:
+    client, provider = Trader(), Trader()
+    now = int(time.time())
+    for i, device_class in enumerate(("cpu-b", "cpu-c", "cpu-b", "cpu-c", "cpu-b")):
+        price = 310_000 + 10_000 * i
+        _post(server, "/v1/orders", provider.ask(now, device_class=device_class, price=price))
+        _post(server, "/v1/orders", client.bid(now, device_class=device_class, price=price))
+    newest = httpx.get(server + "/v1/fills", params={"limit": 1}, timeout=10).json()[0]
+    assert (newest["device_class"], newest["price"]) == ("cpu-b", 350_000)
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    page.locator("[data-testid=fills] tbody tr").first.wait_for()
+    assert _cells(page, "[data-testid=fills] tbody tr")[0][1:4] == ["cpu-b", "0.35", "10"]
     page.close()
