@@ -313,3 +313,43 @@ def test_journal_of_schema_v2_when_opened_then_migrated_and_its_closed_deal_seal
         journal.close()
     report = verify_journal(path, PROVIDER)
     assert report.ok and (report.deals, report.sealed, report.receipts) == (2, 1, 5)
+
+
+SEAL_AT_OPEN = """
+import sys
+from pathlib import Path
+from tests.provider.test_journal_sealing import open_journal
+open_journal(Path(sys.argv[1]))  # seals every closed deal while it opens
+"""
+
+
+def test_journal_when_killed_while_sealing_then_reopens_whole_and_seals_the_rest(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = open_journal(path, key=None)  # closed deals, no seal yet
+    deals = 120
+    for deal_id in range(1, deals + 1):
+        serve(journal, deal_id, 3)
+    journal.close()
+
+    sealer = subprocess.Popen([sys.executable, "-c", SEAL_AT_OPEN, str(path)], cwd=REPO)
+    try:
+        reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        sealed_before = 0
+        while sealed_before == 0 and sealer.poll() is None:  # wait for the first seals
+            sealed_before = reader.execute("SELECT COUNT(*) FROM seals").fetchone()[0]
+        reader.close()
+    finally:
+        sealer.kill()  # SIGKILL: mid-transaction or between two seals
+        sealer.wait()
+
+    reopened = open_journal(path)
+    try:
+        assert list(reopened.iter_books()) == []
+        assert all(reopened.sealed(d) for d in range(1, deals + 1))
+    finally:
+        reopened.close()
+    report = verify_journal(path, PROVIDER)
+    assert report.ok, report.problems
+    assert (report.deals, report.sealed, report.receipts) == (deals, deals, 3 * deals)
