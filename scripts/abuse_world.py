@@ -144,7 +144,8 @@ class World:
             program_hash=self.program_hash,
             input_hash=self.input_hash,
             max_price=PLAN.inference_price,
-            deadline=self.st.anvil.latest_timestamp() + 120,
+            # The daemon's clock runs on from the last block; anvil mines only on transactions.
+            deadline=max(self.st.anvil.latest_timestamp(), int(time.time())) + 120,
         )
 
     def task_headers(self, request: TaskRequest, signature: bytes) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """The abuse run, short (``scripts/abuse --quick``): anvil, the market and a staked provider
 daemon as processes, every attack of a network attacker against them while a normal client
-keeps working. Nothing of a deal reaches a non-party, no terms change, nothing crashes, every
-client error is a 4xx, and the normal client's orders and tasks all go through.
+keeps working (slow connections and idle streams, which take their timeouts, are left to
+`tests/provider/test_daemon_connections.py` and `tests/market/test_hostile_http.py`). Nothing of
+a deal reaches a non-party, no terms change, nothing crashes, every client error is a 4xx, and
+the normal client's orders and tasks all go through.
 
 The figures (latencies, memory, CPU) are printed, not asserted: `scripts/abuse` without
 ``--quick`` measures them (docs/benchmarks.md).
@@ -46,7 +48,6 @@ def test_abuse_when_every_attack_runs_then_no_data_leaks_no_terms_change_nothing
     assert figures["terms_changed_by_stranger"] == 0
     assert figures["services_crashed"] == 0
     assert figures["server_errors"] == 0
-    assert figures["slow_connections_left_open"] == 0
     assert figures["attack_calls"] > 200
     attacks = figures["attacks"]
     assert set(attacks["1_replayed_requests"]["statuses"].values()) == {403}
