@@ -27,7 +27,8 @@ market's CPU share measured. The last line of stdout is one JSON object: ``unaut
 ``terms_changed_by_stranger`` (the matched deal's quote terms after the attacks differ from the
 ask's), ``services_crashed`` (processes dead or not answering their health check),
 ``server_errors`` (5xx answers), ``normal_p99_ms_under_abuse`` (the normal client's order
-placements, cancels and task submissions), ``peak_rss_mb`` (VmHWM of market + daemon),
+placements, cancels and task submissions during the attacks; ``normal_p99_ms_alone``: the same
+calls in the 30 s before them), ``peak_rss_mb`` (VmHWM of market + daemon),
 ``idle_streams_cpu_pct_1000``, then each attack's own figures.
 
 Usage: scripts/abuse [--quick] [--work-dir DIR]
@@ -85,6 +86,9 @@ def run(world: World, quick: bool) -> dict[str, Any]:
     stop, pause = threading.Event(), threading.Event()
     normal = threading.Thread(target=normal_client, args=(world, stop, pause), daemon=True)
     normal.start()
+    time.sleep(5.0 if quick else 30.0)  # the normal client alone first: its figures unloaded
+    baseline, world.normal.latencies_ms, world.normal.by_kind = world.normal.latencies_ms, [], {}
+    say(f"normal client alone: p99 {percentile(baseline, 0.99):.1f} ms over {len(baseline)} calls")
     started = time.monotonic()
     down: set[str] = set()  # services found dead or not answering after any attack
     try:
@@ -116,6 +120,8 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "slow_connections_left_open": tally.slow_connections_left,
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),
+        "normal_p99_ms_alone": round(percentile(baseline, 0.99), 1),
+        "normal_p50_ms_alone": round(percentile(baseline, 0.50), 1),
         "normal_p99_ms_by_call": {
             kind: round(percentile(ms, 0.99), 1) for kind, ms in world.normal.by_kind.items()
         },
