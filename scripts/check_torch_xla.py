@@ -1,13 +1,13 @@
 """Check the torch_xla route: export, run by a daemon, compare with torch eager, diagnose.
 
 Three modules (an MLP, a conv net, a transformer block; ``tests/client/models/torch_zoo.py``)
-are exported by torch_xla (in ``.venv-xla``) and by torchax, each program runs as an inference
-task on a real provider daemon (anvil, escrow, sandboxed JAX worker) and compiles for TPU v5e
-through its compile task; four modules that cannot be exported (no lowering, dynamic shape,
-data-dependent branch, custom op) must come back diagnosed. Prints one line per program and
-one JSON object last: ``models_exported`` (by both routes, run and compiled), ``max_abs_err``
-(worst over models and routes), ``failures_diagnosed`` (torch_xla failures whose category
-is the expected one).
+and Silero VAD with the trained weights of the ``silero-vad`` wheel are exported by torch_xla
+(in ``.venv-xla``) and by torchax; each program runs as an inference task on a real provider
+daemon (anvil, escrow, sandboxed JAX worker) and compiles for TPU v5e through its compile
+task; four modules that cannot be exported (no lowering, dynamic shape, data-dependent branch,
+custom op) must come back diagnosed. Prints one line per program and one JSON object last:
+``models_exported`` (by both routes, run and compiled), ``max_abs_err`` (worst over models and
+routes), ``failures_diagnosed`` (torch_xla failures whose category is the expected one).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-
 from client.models import ExportedModel  # noqa: E402
 from client.models.export_diagnosis import ExportFailed  # noqa: E402
 from contracts.messages import KIND_COMPILE  # noqa: E402
@@ -35,6 +33,7 @@ from tests.client.models.torch_support import (  # noqa: E402
     export_torchax,
     export_xla,
     make_cases,
+    max_error,
     run_task,
     start_node,
 )
@@ -57,14 +56,14 @@ def main() -> int:
                     print(f"{name} {route}: {model}", flush=True)
                     ok = False
                     continue
-                body = run_task(node, model.envelope(case.x))
+                body = run_task(node, model.envelope(*case.inputs))
                 compiled = run_task(node, model.compile_envelope(), KIND_COMPILE, "v5e:1x1")
                 if body["state"] != "succeeded" or compiled["state"] != "succeeded":
                     print(f"{name} {route}: {body.get('diagnosis')} {compiled.get('diagnosis')}")
                     ok = False
                     continue
-                (out,) = model.decode_outputs(base64.b64decode(body["outputs_b64"]))
-                errors[f"{name}/{route}"] = float(np.abs(out - case.expected).max())
+                outputs = model.decode_outputs(base64.b64decode(body["outputs_b64"]))
+                errors[f"{name}/{route}"] = max_error(outputs, case)
                 report = compiled["report"]
                 print(
                     f"{name} {route}: max abs err {errors[f'{name}/{route}']:.2e}, "

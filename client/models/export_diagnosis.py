@@ -146,7 +146,7 @@ _NOISE = re.compile(
     r"Set TORCH_LOGS|For more information|For C\+\+ stack trace|WARNING:|"
     r"I\d{4} |W\d{4} )"
 )
-_EXC_PREFIX = re.compile(r"^(?:[\w.]+\.)?(?:\w*Error|\w*Exception|\w*NotFound)(?:\(\w+\))?:\s*")
+_EXC_PREFIX = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:\(\w+\))?:\s+")  # "torch.x.SomeError: "
 
 
 def first_error_line(text: str) -> str:

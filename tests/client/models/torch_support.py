@@ -34,6 +34,8 @@ from tests.provider.daemon_support import ChainWorld, provider_config, sign_task
 TOLERANCE = 1e-4  # max abs error against torch eager, float32 (measured: about 1e-6)
 ROUTES = ("torchax", "torch_xla")
 MODELS = {"mlp": (4, 32), "conv": (2, 3, 16, 16), "transformer": (2, 16, 64)}
+TRAINED = "silero_vad"  # trained weights from the silero-vad wheel (2 clips x 8 chunks)
+NAMES = (*MODELS, TRAINED)
 FAILURES: dict[str, tuple[tuple[int, ...], ExportCategory, dict[str, str]]] = {
     "no_lowering": (
         (4, 4),
@@ -56,11 +58,11 @@ FAILURES: dict[str, tuple[tuple[int, ...], ExportCategory, dict[str, str]]] = {
 
 @dataclass
 class Case:
-    """A module, its example input and torch eager's output on it."""
+    """A module, its example inputs and torch eager's outputs on them."""
 
     module: Any
-    x: np.ndarray[Any, Any]
-    expected: np.ndarray[Any, Any]
+    inputs: list[np.ndarray[Any, Any]]
+    expected: list[np.ndarray[Any, Any]]
 
 
 @dataclass
@@ -104,23 +106,40 @@ def run_task(
     return body
 
 
+def make_case(module: Any, inputs: list[np.ndarray[Any, Any]]) -> Case:
+    """Run ``module`` eagerly (torch 2.13) on ``inputs``."""
+    with torch.no_grad():
+        out = module(*(torch.from_numpy(x) for x in inputs))
+    outputs = out if isinstance(out, tuple) else (out,)
+    return Case(module, inputs, [t.numpy() for t in outputs])
+
+
 def make_cases() -> dict[str, Case]:
-    """The three modules (built here, torch 2.13) with their inputs and eager outputs."""
-    out = {}
-    for seed, (name, shape) in enumerate(MODELS.items()):
-        module = getattr(torch_zoo, f"make_{name}")()
-        x = example(shape, seed)
-        with torch.no_grad():
-            expected = module(torch.from_numpy(x)).numpy()
-        out[name] = Case(module, x, expected)
-    return out
+    """The three modules and Silero VAD with its trained weights, eager outputs included."""
+    from client.models.zoo import silero_vad
+
+    cases = {
+        name: make_case(getattr(torch_zoo, f"make_{name}")(), [example(shape, seed)])
+        for seed, (name, shape) in enumerate(MODELS.items())
+    }
+    vad = torch_zoo.make_silero_vad()
+    vad.load_state_dict({k: torch.tensor(v) for k, v in silero_vad.load_weights().items()})
+    state, context = silero_vad.initial_state(2)
+    cases[TRAINED] = make_case(vad, [silero_vad.speech_like_audio(2, 8), state, context])
+    return cases
+
+
+def max_error(got: list[np.ndarray[Any, Any]], case: Case) -> float:
+    """Return the largest absolute difference from torch eager over every output."""
+    assert [g.shape for g in got] == [e.shape for e in case.expected]
+    return max(float(np.abs(g - e).max()) for g, e in zip(got, case.expected, strict=True))
 
 
 def export_xla(cases: dict[str, Case]) -> dict[str, ExportedModel | ExportFailed]:
     """Every module (the cases, then the failures) exported by torch_xla in one worker."""
     zoo = Path(torch_zoo.__file__)
     jobs = [
-        XlaJob(f"{zoo}:make_{name}", [case.x], state_dict=case.module.state_dict())
+        XlaJob(f"{zoo}:make_{name}", case.inputs, state_dict=case.module.state_dict())
         for name, case in cases.items()
     ] + [
         XlaJob(f"{zoo}:make_{name}", [example(shape, 0)]) for name, (shape, *_) in FAILURES.items()
@@ -132,7 +151,7 @@ def export_torchax(case: Case) -> ExportedModel:
     """The case's module by torchax, static shapes, for CPU and TPU."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return export_torch(case.module, [case.x])
+        return export_torch(case.module, case.inputs)
 
 
 @contextmanager

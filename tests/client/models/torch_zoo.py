@@ -92,6 +92,53 @@ def make_transformer() -> nn.Module:
     return _seeded(TransformerBlock())
 
 
+class SileroVad(nn.Module):
+    """Silero VAD v6 (16 kHz) in PyTorch, named so the trained weights load as a state dict.
+
+    The same network as ``client.models.zoo.silero_vad`` (which reads the weights out of the
+    ``silero-vad`` wheel's ONNX file): per 512-sample chunk with 64 samples of context, an STFT
+    as a strided conv, four conv1d + ReLU, an LSTM cell carried across chunks, ReLU, a 1x1 conv
+    and a sigmoid. ``forward(audio (B, N*512), state (2, B, 128), context (B, 64))`` returns
+    the per-chunk speech probabilities (B, N) and the state and context to continue with.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stft = nn.Module()
+        self.stft.register_buffer("forward_basis_buffer", torch.zeros(258, 1, 256))
+        self.encoder = nn.ModuleList()
+        for c_in, c_out, stride in ((129, 128, 1), (128, 64, 2), (64, 64, 2), (64, 128, 1)):
+            layer = nn.Module()
+            layer.reparam_conv = nn.Conv1d(c_in, c_out, 3, stride=stride, padding=1)
+            self.encoder.append(layer)
+        self.decoder = nn.Module()
+        self.decoder.rnn = nn.LSTMCell(128, 128)
+        self.decoder.decoder = nn.Sequential(nn.Dropout(0.1), nn.ReLU(), nn.Conv1d(128, 1, 1))
+
+    def forward(self, audio: torch.Tensor, state: torch.Tensor, context: torch.Tensor) -> Any:
+        h, c = state[0], state[1]
+        probs = []
+        for start in range(0, audio.shape[1], 512):
+            chunk = audio[:, start : start + 512]
+            x = nn.functional.pad(
+                torch.cat([context, chunk], dim=1)[:, None, :], (0, 64), "reflect"
+            )
+            spectrum = nn.functional.conv1d(x, self.stft.forward_basis_buffer, stride=128)
+            real, imag = spectrum[:, :129], spectrum[:, 129:]
+            y = torch.sqrt(real**2 + imag**2)
+            for layer in self.encoder:
+                y = torch.relu(layer.reparam_conv(y))
+            h, c = self.decoder.rnn(y[:, :, 0], (h, c))
+            probs.append(torch.sigmoid(self.decoder.decoder(h[:, :, None]))[:, 0, 0])
+            context = chunk[:, -64:]
+        return torch.stack(probs, dim=1), torch.stack([h, c]), context
+
+
+def make_silero_vad() -> nn.Module:
+    """The Silero VAD architecture; load the trained weights as its state dict."""
+    return SileroVad().eval()
+
+
 # ---- models that cannot be exported, one per kind of failure -----------------------------
 
 
