@@ -136,11 +136,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 
 def guarded_protocol(
-    name: str, *, read_timeout: float, max_header_bytes: int, min_body_rate: float = 0.0
+    name: str,
+    *,
+    read_timeout: float,
+    max_header_bytes: int,
+    min_body_rate: float = 0.0,
+    timeout_body: bytes | None = None,
 ) -> type[GuardedHttpToolsProtocol]:
-    """Return the protocol class (called `name`) with these limits, for `uvicorn.run(http=...)`."""
-    body = b'{"detail":"request not received within %d s","error":"RequestTimeout"}' % int(
-        read_timeout
+    """Return the protocol class (called `name`) with these limits, for `uvicorn.run(http=...)`.
+
+    `timeout_body` is the JSON of the 408 (in the service's own error shape).
+    """
+    body = timeout_body or (
+        b'{"detail":"request not received within %d s","error":"RequestTimeout"}'
+        % int(read_timeout)
     )
     return type(
         name,

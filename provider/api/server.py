@@ -10,11 +10,13 @@ completed); request line and headers hold at most :data:`MAX_HEADER_BYTES`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import uvicorn
 
 from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol
+from provider.api.errors import error_body
 from provider.config import ProviderConfig
 
 MIN_UPLOAD_RATE = 64 * 1024
@@ -32,6 +34,13 @@ def daemon_protocol(config: ProviderConfig) -> type[GuardedHttpToolsProtocol]:
         read_timeout=config.request_read_timeout_s,
         max_header_bytes=MAX_HEADER_BYTES,
         min_body_rate=MIN_UPLOAD_RATE,
+        timeout_body=json.dumps(
+            error_body(
+                "request_timeout",
+                f"request not received within {config.request_read_timeout_s:g} s",
+            ),
+            separators=(",", ":"),
+        ).encode(),
     )
 
 

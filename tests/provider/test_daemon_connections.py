@@ -150,7 +150,7 @@ def test_headers_when_sent_a_byte_a_second_then_408_and_closed(served: Served) -
     with socket.create_connection(("127.0.0.1", served.port)) as sock:
         seconds, received = _drip(sock, request, READ_TIMEOUT_S + 20)
     assert received.startswith(b"HTTP/1.1 408")
-    assert b"RequestTimeout" in received
+    assert b'"error":"request_timeout"' in received
     assert seconds < READ_TIMEOUT_S + SLACK_S
 
 
