@@ -124,9 +124,10 @@ def history(
     service: ServiceDep,
     since: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     bucket_s: Annotated[int, Query(ge=1, le=86_400)] = 60,
-) -> list[tuple[int, int, int, int, int, int]]:
-    """Return price bars (start, open, high, low, close, volume) of a class's fills."""
-    return service.history(device_class, since=since, bucket_s=bucket_s)
+) -> list[list[int]]:
+    """Return price bars `[start, open, high, low, close, volume]` of a class's fills, oldest
+    first (prices in token base units)."""
+    return [list(bar) for bar in service.history(device_class, since=since, bucket_s=bucket_s)]
 
 
 @router.get("/stats/{device_class}")
