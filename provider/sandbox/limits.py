@@ -25,6 +25,8 @@ class SandboxLimits:
     file_size_bytes: int = 8 << 30
     processes: int = 4096
     cpu_seconds_per_task: int = 3600
+    nice: int = 0  # added to the worker's nice value at start (validators yield the CPU)
+    warm_up: bool = True  # compile a tiny program before saying ready (executors)
 
     def __post_init__(self) -> None:
         """Reject limits that cannot work."""
@@ -42,6 +44,8 @@ class SandboxLimits:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not 0 <= self.nice <= 19:
+            raise ValueError("nice must be within 0..19")
         for name in (
             "start_timeout_s",
             "validate_timeout_s",

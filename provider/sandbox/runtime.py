@@ -39,6 +39,7 @@ from provider.sandbox.checks import (
     check_stablehlo,
     parse_version,
 )
+from provider.sandbox.figures import cost_figures, memory_figures, total_bytes
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.opwalk import UnparsableModule, walk_module
 from provider.sandbox.targets import (
@@ -368,8 +369,8 @@ class WorkerRuntime:
                 jax.config.update("jax_enable_compilation_cache", True)
         compile_time = time.perf_counter() - started
         cache_hit = self._cache_hits > hits_before
-        memory = _memory_figures(executable)
-        cost = _cost_figures(executable)
+        memory = memory_figures(executable)
+        cost = cost_figures(executable)
         available = self._available_bytes(target, device)
         compiled = _Compiled(
             executable=None if target.is_aot else executable,
@@ -385,7 +386,7 @@ class WorkerRuntime:
         if outputs_bytes > self.limits.max_output_bytes:
             raise TaskError(self._outputs_too_large(outputs_bytes, Stage.COMPILE))
         if memory is not None and available is not None:
-            required = _total(memory)
+            required = total_bytes(memory)
             if required > available:
                 raise TaskError(
                     diagnose(
@@ -468,6 +469,33 @@ class WorkerRuntime:
             "cost": compiled.cost,
             "available_bytes": compiled.available_bytes,
         }, b""
+
+    def validate(self, payload: bytes, platform: str | None) -> tuple[Header, bytes]:
+        """Parse and check a program without compiling it (a validator worker's one task).
+
+        A validator runs apart from the executing workers, so a malformed program retires a
+        validator, never a worker that holds other clients' warm programs. ``platform`` is
+        where the program will run: a program exported for another is refused first, as the
+        executing worker would.
+        """
+        stage = Stage.PARSE
+        started = time.perf_counter()
+        program_sha: bytes | None = None
+        try:
+            envelope, exported = self._load(payload, lambda _: None)
+            program_sha = envelope.program_sha256
+            stage = Stage.VALIDATE
+            accepted = EXPORT_PLATFORM_ALIASES.get(platform or "", (platform,))
+            if platform is not None and not any(p in accepted for p in exported.platforms):
+                raise RejectedProgram(
+                    Category.PLATFORM_MISMATCH,
+                    f"Function '{exported.fun_name}' was exported for platforms "
+                    f"'{tuple(exported.platforms)}' but it is used on '{accepted}'",
+                )
+            self._validate(exported, envelope.program_sha256)
+        except Exception as exc:
+            return _failure(exc, stage, program_sha, time.perf_counter() - started), b""
+        return {"type": "valid", "program_sha256": envelope.program_sha256.hex()}, b""
 
     def run(self, payload: bytes, progress: Progress) -> tuple[Header, bytes]:
         """Validate, compile (or reuse) and execute a program on the local devices.
@@ -642,46 +670,4 @@ def diagnosis_to_wire(diagnosis: Diagnosis) -> Header:
         "required_bytes": diagnosis.required_bytes,
         "available_bytes": diagnosis.available_bytes,
         "hints": hint_set_name(diagnosis.hints),
-    }
-
-
-def _memory_figures(executable: Any) -> dict[str, int] | None:
-    try:
-        stats = executable.memory_analysis()
-    except Exception:
-        return None
-    if stats is None:
-        return None
-    return {
-        "argument_bytes": int(stats.argument_size_in_bytes),
-        "output_bytes": int(stats.output_size_in_bytes),
-        "temp_bytes": int(stats.temp_size_in_bytes),
-        "alias_bytes": int(stats.alias_size_in_bytes),
-        "generated_code_bytes": int(stats.generated_code_size_in_bytes),
-    }
-
-
-def _total(memory: dict[str, int]) -> int:
-    return (
-        memory["argument_bytes"]
-        + memory["output_bytes"]
-        + memory["temp_bytes"]
-        + memory["generated_code_bytes"]
-        - memory["alias_bytes"]
-    )
-
-
-def _cost_figures(executable: Any) -> dict[str, float] | None:
-    try:
-        cost = executable.cost_analysis()
-    except Exception:
-        return None
-    if isinstance(cost, list):
-        cost = cost[0] if cost else None
-    if not cost:
-        return None
-    return {
-        "flops": float(cost.get("flops", 0.0)),
-        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-        "transcendentals": float(cost.get("transcendentals", 0.0)),
     }

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from contracts.program import ProgramEnvelope, ProgramFormatError, encode_envelope
+from contracts.program import (
+    ProgramEnvelope,
+    ProgramFormatError,
+    decode_envelope,
+    encode_envelope,
+)
 from provider.capacity import Capacity, capacity_from_wire
 from provider.diagnosis import HINT_SETS, Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
@@ -28,6 +36,10 @@ from provider.sandbox.targets import parse_target, platform_refusal
 from provider.sandbox.wire import Header
 
 Envelope = ProgramEnvelope | bytes
+VALIDATOR_NICE = 19
+"""Validators parse strangers' new programs at this lower priority than the executing workers."""
+VALIDATED_ENTRIES = 4096
+"""How many validated (program, metadata) pairs the parent remembers."""
 
 
 class Sandbox:
@@ -48,8 +60,11 @@ class Sandbox:
     ) -> None:
         """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``.
 
-        ``spares`` ready workers more stand by to replace one retired after a malformed
-        program or a crash (default: enough for three ready workers in all).
+        ``spares`` ready workers more stand by to replace one retired after a crash or a
+        timeout (default: enough for two ready workers in all). Apart from them, a validator
+        (and a spare) parses and checks every program not seen before, on the CPU at a
+        lower priority: a malformed program retires a validator, never a worker that holds
+        other clients' warm programs, and its replacement starts off the task path.
         """
         self.limits = limits or SandboxLimits()
         env = {} if jax_platforms is None else {"JAX_PLATFORMS": jax_platforms}
@@ -59,8 +74,26 @@ class Sandbox:
             # daemons on one host may load it; its single-process lockfile would refuse them.
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
         self._pool = WorkerPool(
-            pool_size, self.limits, cache_dir, worker_env(env), on_stage, spares=spares
+            pool_size,
+            self.limits,
+            cache_dir,
+            worker_env(env),
+            on_stage,
+            spares=max(0, 2 - pool_size) if spares is None else spares,
         )
+        try:
+            self._validators = WorkerPool(
+                1,
+                dataclasses.replace(self.limits, nice=VALIDATOR_NICE, warm_up=False),
+                None,
+                worker_env({"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}),
+                spares=1,
+            )
+        except BaseException:
+            self._pool.close()
+            raise
+        self._validated: OrderedDict[bytes, None] = OrderedDict()
+        self._validated_lock = threading.Lock()
 
     def __enter__(self) -> Sandbox:
         """Return the sandbox itself."""
@@ -76,18 +109,23 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Stop every worker."""
+        """Stop every worker and validator."""
         self._pool.close()
+        self._validators.close()
 
     @property
     def replacements(self) -> int:
-        """How many workers were replaced after a crash, timeout or recycle."""
-        return self._pool.replacements
+        """How many workers and validators were replaced after a crash, timeout or recycle."""
+        return self._pool.replacements + self._validators.replacements
 
     @property
     def start_waits(self) -> int:
-        """How many tasks found no ready worker while replacements were starting."""
-        return self._pool.start_waits
+        """How many tasks found no ready worker (or validator) while replacements started."""
+        return self._pool.start_waits + self._validators.start_waits
+
+    def validators(self) -> list[WorkerInfo]:
+        """Return the pid, start time and devices of each live validator."""
+        return self._validators.worker_infos()
 
     @property
     def isolation(self) -> str:
@@ -122,22 +160,91 @@ class Sandbox:
             )
         return data
 
+    def _validation_key(
+        self, payload: bytes, decoded: ProgramEnvelope | None
+    ) -> bytes | TaskFailure:
+        """Return what names a program as validated: its hash and its stated metadata."""
+        if decoded is None:
+            try:
+                decoded = decode_envelope(payload, max_bytes=self.limits.max_envelope_bytes)
+            except ProgramFormatError as exc:
+                return TaskFailure(
+                    diagnosis=diagnose(Category.MALFORMED_INPUT, str(exc), stage=Stage.PARSE),
+                    program_sha256=None,
+                    elapsed_s=0.0,
+                )
+        return decoded.program_sha256 + _metadata_digest(decoded)
+
+    def _validate_request(self, request: Header) -> Header:
+        """Ask a validator to check a program for where ``request`` will run it."""
+        target = parse_target(str(request.get("target", "local")))
+        if target.is_aot:
+            return {"op": "validate", "platform": "tpu"}
+        infos = self._pool.worker_infos()
+        return {"op": "validate", "platform": infos[0].platform if infos else None}
+
+    def _is_validated(self, key: bytes) -> bool:
+        with self._validated_lock:
+            if key in self._validated:
+                self._validated.move_to_end(key)
+                return True
+            return False
+
+    def _validated_now(
+        self, key: bytes, reply: tuple[Header, bytes] | Diagnosis, started: float
+    ) -> TaskFailure | None:
+        """Record a validator's verdict; return the failure to answer, or None: go on."""
+        answer = _reply(reply, started)
+        if isinstance(answer, TaskFailure):
+            return answer
+        if answer[0].get("type") != "valid":
+            return _bad_reply(ValueError(f"validator answered {answer[0].get('type')!r}"))
+        with self._validated_lock:
+            self._validated[key] = None
+            while len(self._validated) > VALIDATED_ENTRIES:
+                self._validated.popitem(last=False)
+        return None
+
     def _call(
-        self, request: Header, envelope: Envelope, warm: WarmCall | None = None
+        self,
+        request: Header,
+        envelope: Envelope,
+        warm: WarmCall | None = None,
+        decoded: ProgramEnvelope | None = None,
     ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
         payload = self._payload(envelope)
         if isinstance(payload, TaskFailure):
             return payload
+        key = self._validation_key(payload, decoded)
+        if isinstance(key, TaskFailure):
+            return key
+        if not self._is_validated(key):
+            verdict = self._validators.call(self._validate_request(request), payload)
+            failure = self._validated_now(key, verdict, started)
+            if failure is not None:
+                return failure
         return _reply(self._pool.call(request, payload, warm=warm), started)
 
     async def _call_async(
-        self, request: Header, envelope: Envelope, warm: WarmCall | None = None
+        self,
+        request: Header,
+        envelope: Envelope,
+        warm: WarmCall | None = None,
+        decoded: ProgramEnvelope | None = None,
     ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
         payload = self._payload(envelope)
         if isinstance(payload, TaskFailure):
             return payload
+        key = self._validation_key(payload, decoded)
+        if isinstance(key, TaskFailure):
+            return key
+        if not self._is_validated(key):
+            verdict = await self._validators.call_async(self._validate_request(request), payload)
+            failure = self._validated_now(key, verdict, started)
+            if failure is not None:
+                return failure
         return _reply(await self._pool.call_async(request, payload, warm=warm), started)
 
     def target_refusal(self, target: str) -> str | None:
@@ -167,7 +274,8 @@ class Sandbox:
                 program_sha256=None,
                 elapsed_s=0.0,
             )
-        reply = self._call({"op": "compile", "target": target}, envelope)
+        decoded = envelope if isinstance(envelope, ProgramEnvelope) else None
+        reply = self._call({"op": "compile", "target": target}, envelope, decoded=decoded)
         if isinstance(reply, TaskFailure):
             return reply
         header, _ = reply
@@ -200,7 +308,7 @@ class Sandbox:
         if isinstance(envelope, ProgramEnvelope):
             decoded = envelope
         warm = None if decoded is None else _warm(decoded)
-        return _ran(self._call({"op": "run"}, envelope, warm))
+        return _ran(self._call({"op": "run"}, envelope, warm, decoded))
 
     async def run_async(
         self, envelope: Envelope, *, decoded: ProgramEnvelope | None = None
@@ -209,7 +317,7 @@ class Sandbox:
         if isinstance(envelope, ProgramEnvelope):
             decoded = envelope
         warm = None if decoded is None else _warm(decoded)
-        return _ran(await self._call_async({"op": "run"}, envelope, warm))
+        return _ran(await self._call_async({"op": "run"}, envelope, warm, decoded))
 
     def capacity(
         self, *, benchmark: bool = True, aot_targets: tuple[str, ...] = ("v5e:1x1",)
@@ -264,13 +372,9 @@ def _warm(envelope: ProgramEnvelope) -> WarmCall:
     metadata: an envelope stating other producer versions or platforms is checked in full
     (a version refused by a cold worker is refused by a warm one too)."""
     weights = None if envelope.weights is None else hashlib.sha256(envelope.weights).digest()
-    producer = envelope.producer
-    metadata = json.dumps(
-        [producer.jax, producer.jaxlib, producer.calling_convention, list(envelope.platforms)]
-    ).encode()
     return WarmCall(
         key=envelope.program_sha256
-        + hashlib.sha256(metadata).digest()
+        + _metadata_digest(envelope)
         + (b"" if weights is None else weights),
         request={
             "op": "run_warm",
@@ -281,6 +385,13 @@ def _warm(envelope: ProgramEnvelope) -> WarmCall:
         },
         payload=envelope.inputs,
     )
+
+
+def _metadata_digest(envelope: ProgramEnvelope) -> bytes:
+    """Hash what an envelope states about its program besides its bytes."""
+    producer = envelope.producer
+    metadata = [producer.jax, producer.jaxlib, producer.calling_convention, envelope.platforms]
+    return hashlib.sha256(json.dumps(metadata).encode()).digest()
 
 
 def _opt_int(value: Any) -> int | None:

@@ -66,13 +66,16 @@ def worker_main(
     os.environ.update(env)
     started = time.perf_counter()
     limit_resources(limits)
+    if limits.nice:
+        os.nice(limits.nice)
     from provider.sandbox.seccomp import install_filter
 
     filtered = install_filter()
     from provider.sandbox.runtime import WorkerRuntime
 
     runtime = WorkerRuntime(limits, None if cache_root is None else Path(cache_root))
-    runtime.warm_up()
+    if limits.warm_up:
+        runtime.warm_up()
     conn.send_bytes(
         pack(
             {
@@ -105,6 +108,9 @@ def worker_main(
             reply, body = runtime.compile(str(header.get("target", "local")), payload, progress)
         elif op == "run":
             reply, body = runtime.run(payload, progress)
+        elif op == "validate":
+            platform = header.get("platform")
+            reply, body = runtime.validate(payload, None if platform is None else str(platform))
         elif op == "run_warm":
             reply, body = runtime.run_warm(header, payload)
         elif op == "capacity":
