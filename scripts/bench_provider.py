@@ -11,7 +11,14 @@
 2. A transformer block compiled in a fresh sandbox worker with an empty persistent cache
    (``cold_compile_ms``), then in a new worker reading that cache (``warm_compile_ms``).
 
-Usage: scripts/bench-provider [--tasks N] [--throughput-tasks N] [--clients N]
+3. ``output_rss_growth_mb``: the growth of the daemon's and its workers' resident memory over
+   ``--rss-tasks`` (200) tasks that each return 20 MB, measured after as many warm-up tasks as
+   fill the daemon's output memory budget (target <= 64).
+4. ``stall_ratio_after_malformed``: an honest (warm) task's latency right after 2 malformed
+   programs (garbage StableHLO bytecode, acked and diagnosed) over its latency alone, the
+   median of ``--stall-rounds`` (7) interleaved rounds, no pause between them (target <= 2.0).
+
+Usage: scripts/bench-provider [--tasks N] [--throughput-tasks N] [--clients N] [--rss-tasks N]
 """
 
 from __future__ import annotations
@@ -41,9 +48,11 @@ import coincurve  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from contracts.access import ACCESS_TOKEN_HEADER  # noqa: E402
 from contracts.binding import Chain  # noqa: E402
 from contracts.chain import Anvil, free_port  # noqa: E402
 from contracts.messages import (  # noqa: E402
+    KIND_COMPILE,
     KIND_INFERENCE,
     Plan,
     Quote,
@@ -52,7 +61,11 @@ from contracts.messages import (  # noqa: E402
     address_of,
     verify,
 )
-from contracts.program import ProgramEnvelope, encode_envelope  # noqa: E402
+from contracts.program import (  # noqa: E402
+    ProgramEnvelope,
+    encode_envelope,
+    request_input_hash,
+)
 
 PLAN = Plan(compile_price=10, inference_price=1)
 SLO_MS = 60_000
@@ -116,13 +129,14 @@ def open_deal(chain: Chain, escrow_address: str, keys: list[str], token_address:
 
 
 def start_daemon(
-    anvil: Anvil, escrow: str, provider_key: str, data: Path, workers: int
+    anvil: Anvil, escrow: str, provider_key: str, data: Path, workers: int, platforms: str = "cpu"
 ) -> tuple[Any, str]:
+    """Start the daemon by its CLI, its workers on ``platforms``; return it and its URL."""
     port = free_port()
     config = data / "provider.toml"
     config.write_text(
         f'rpc_url = "{anvil.url}"\nescrow = "{escrow}"\ndata_dir = "{data / "state"}"\n'
-        f'jax_platforms = "cpu"\nslo_ms = {SLO_MS}\nbenchmark_on_start = false\n'
+        f'jax_platforms = "{platforms}"\nslo_ms = {SLO_MS}\nbenchmark_on_start = false\n'
         f"pool_size = {workers}\n"
         f'log_level = "WARNING"\n[plan]\ncompile_price = {PLAN.compile_price}\n'
         f"inference_price = {PLAN.inference_price}\n"
@@ -170,24 +184,35 @@ class Submitter:
             return self.index - 1
 
     def sign(
-        self, deal_id: int, envelope: ProgramEnvelope, index: int, slack_s: int = 0
+        self,
+        deal_id: int,
+        envelope: ProgramEnvelope,
+        index: int,
+        slack_s: int = 0,
+        target: str | None = None,
     ) -> dict[str, str]:
+        """Sign an inference task, or a compile task for ``target``; return its headers."""
         request = TaskRequest(
             deal_id=deal_id,
             task_index=index,
-            kind=KIND_INFERENCE,
+            kind=KIND_INFERENCE if target is None else KIND_COMPILE,
             program_hash=envelope.program_sha256,
-            input_hash=envelope.inputs_sha256,
+            input_hash=request_input_hash(
+                KIND_INFERENCE if target is None else KIND_COMPILE, envelope, target
+            ),
             max_price=1_000,
             deadline=int(time.time()) + -(-SLO_MS // 1000) + 2 + slack_s,
         )
         raw = self.signer.sign_recoverable(request.digest(self.domain), hasher=None)
         signature = raw[:64] + bytes([raw[64] + 27])  # r||s||v, as TaskRequest.sign
-        return {
+        headers = {
             "X-Tpumarket-Request": json.dumps(request.to_json(), separators=(",", ":")),
             "X-Tpumarket-Signature": "0x" + signature.hex(),
             "Content-Type": "application/octet-stream",
         }
+        if target is not None:
+            headers["X-Tpumarket-Target"] = target
+        return headers
 
     def connect(self) -> http.client.HTTPConnection:
         """Open a keep-alive connection (stdlib: a lean client, so the figures are the
@@ -195,17 +220,32 @@ class Submitter:
         parsed = urllib.parse.urlsplit(self.url)
         return http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=60)
 
-    def run(self, conn: http.client.HTTPConnection, headers: dict[str, str], body: bytes) -> None:
-        """Submit one task, wait for its result, verify the receipt and the outputs."""
-        conn.request("POST", "/v1/tasks?wait=30", body=body, headers=headers)
+    def submit(
+        self, conn: http.client.HTTPConnection, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]]:
+        """Submit one task and wait for its answer."""
+        conn.request("POST", "/v1/tasks?wait=60", body=body, headers=headers)
         reply = conn.getresponse()
         raw = reply.read()
-        data = json.loads(raw)
-        if reply.status != 200 or data["state"] != "succeeded":
-            raise SystemExit(f"task failed: {reply.status} {raw[:500]!r}")
+        return reply.status, json.loads(raw)
+
+    def run(self, conn: http.client.HTTPConnection, headers: dict[str, str], body: bytes) -> None:
+        """Submit one task, wait for its result, verify the receipt and the outputs."""
+        status, data = self.submit(conn, headers, body)
+        if status != 200 or data["state"] != "succeeded":
+            raise SystemExit(f"task failed: {status} {json.dumps(data)[:500]}")
         receipt = Receipt.from_json(data["receipt"])
         verify(receipt, self.domain, bytes.fromhex(data["receipt_signature"][2:]), self.provider)
-        if hashlib.sha256(base64.b64decode(data["outputs_b64"])).digest() != receipt.output_hash:
+        if data["outputs_b64"] is not None:
+            outputs = base64.b64decode(data["outputs_b64"])
+        else:  # over the inline cap: read the raw bytes with the deal's access token
+            path = f"/v1/tasks/{receipt.deal_id}/{receipt.task_index}/outputs"
+            conn.request("GET", path, headers={ACCESS_TOKEN_HEADER: data["access_token"]})
+            fetched = conn.getresponse()
+            outputs = fetched.read()
+            if fetched.status != 200:
+                raise SystemExit(f"outputs not served: {fetched.status} {outputs[:300]!r}")
+        if hashlib.sha256(outputs).digest() != receipt.output_hash:
             raise SystemExit("output hash mismatch")
 
 
@@ -273,6 +313,100 @@ def tasks_per_s(
     return tasks / (time.perf_counter() - start)
 
 
+def rss_mb(pid: int) -> float:
+    """Return one process's resident set size in MB (Linux /proc; 0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Return the RSS of a process and every descendant (the daemon and its workers)."""
+    return rss_mb(pid) + sum(rss_mb(kid) for kid in children(pid))
+
+
+def _wide_program(value: float) -> ProgramEnvelope:
+    import jax.numpy as jnp
+
+    from tests.provider.programs import envelope_for, export_fn, spec
+
+    def widen(x: Any) -> Any:
+        return jnp.arange(5_000_000, dtype=jnp.float32) + x[0]  # 20 MB out
+
+    return envelope_for(export_fn(widen, spec(1)), [np.array([value], np.float32)])
+
+
+def output_rss_growth_mb(sub: Submitter, deal_id: int, daemon_pid: int, tasks: int) -> float:
+    """Growth of the daemon's and its workers' RSS over ``tasks`` tasks of 20 MB outputs each,
+    after warm-up tasks have filled the daemon's output memory budget (256 MiB) twice over."""
+    conn = sub.connect()
+    try:
+        for i in range(tasks + 30):
+            if i == 30:
+                before = tree_rss_mb(daemon_pid)
+            envelope = _wide_program(float(i))
+            sub.run(conn, sub.sign(deal_id, envelope, sub.next_index()), encode_envelope(envelope))
+        after = tree_rss_mb(daemon_pid)
+    finally:
+        conn.close()
+    print(f"daemon + workers RSS: {before:.0f} MB after warm-up, {after:.0f} MB after {tasks}")
+    return after - before
+
+
+def _malformed(rng: np.random.Generator) -> ProgramEnvelope:
+    """A program whose StableHLO bytecode is garbage after a valid header."""
+    import dataclasses
+
+    from tests.provider.programs import envelope_for, export_fn, spec
+
+    base = export_fn(lambda x: x * 2, spec(4))
+    header = base.mlir_module_serialized[: len(b"ML\xefR") + 1 + len("StableHLO_v1.15.0") + 1]
+    body = rng.integers(0, 256, 256, dtype=np.uint8).tobytes()
+    program = bytes(dataclasses.replace(base, mlir_module_serialized=header + body).serialize())
+    return envelope_for(base, [np.ones(4, np.float32)], program=program)
+
+
+def stall_ratio(sub: Submitter, deal_id: int, honest: ProgramEnvelope, rounds: int) -> float:
+    """Median over interleaved rounds of an honest task's latency right after 2 malformed
+    tasks, over the median of its latency alone (each round: alone, 2 malformed, after)."""
+    rng = np.random.default_rng(7)
+    body = encode_envelope(honest)
+    conn = sub.connect()
+    alone, after = [], []
+
+    def honest_ms() -> float:
+        start = time.perf_counter()
+        sub.run(conn, sub.sign(deal_id, honest, sub.next_index()), body)
+        return (time.perf_counter() - start) * 1000
+
+    try:
+        honest_ms()
+        for _ in range(rounds):
+            alone.append(honest_ms())
+            for _ in range(2):
+                bad = _malformed(rng)
+                status, data = sub.submit(
+                    conn, sub.sign(deal_id, bad, sub.next_index()), encode_envelope(bad)
+                )
+                if status != 200 or data.get("state") != "failed":
+                    raise SystemExit(f"malformed task not diagnosed: {status} {data}")
+                if data.get("diagnosis", {}).get("category") != "malformed_input":
+                    raise SystemExit(f"malformed task diagnosed as {data.get('diagnosis')}")
+            after.append(honest_ms())
+    finally:
+        conn.close()
+    print(
+        f"honest task alone: median {statistics.median(alone):.1f} ms; right after 2 "
+        f"malformed: median {statistics.median(after):.1f} ms "
+        f"({min(after):.1f}-{max(after):.1f}) over {rounds} rounds"
+    )
+    return statistics.median(after) / statistics.median(alone)
+
+
 def compile_cold_warm_ms() -> tuple[float, float]:
     from provider.sandbox import Sandbox, SandboxLimits
     from tests.provider.programs import (
@@ -305,6 +439,8 @@ def main() -> None:
     parser.add_argument("--throughput-tasks", type=int, default=1500)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers of the daemon")
+    parser.add_argument("--rss-tasks", type=int, default=200, help="20 MB-output tasks")
+    parser.add_argument("--stall-rounds", type=int, default=7)
     args = parser.parse_args()
 
     envelope, fn, call_args = _mlp_program()
@@ -327,6 +463,8 @@ def main() -> None:
                 (a - b) * 1000 / (args.tasks + 20) for a, b in zip(after, before, strict=True)
             ]
             throughput = tasks_per_s(sub, deal_id, envelope, args.throughput_tasks, args.clients)
+            ratio = stall_ratio(sub, deal_id, envelope, args.stall_rounds)
+            growth = output_rss_growth_mb(sub, deal_id, process.pid, args.rss_tasks)
         finally:
             os.kill(process.pid, signal.SIGTERM)
             process.wait(60)
@@ -339,6 +477,8 @@ def main() -> None:
         "tasks_per_s": round(throughput, 1),
         "cold_compile_ms": round(cold, 1),
         "warm_compile_ms": round(warm, 1),
+        "output_rss_growth_mb": round(growth, 1),
+        "stall_ratio_after_malformed": round(ratio, 2),
     }
     print(
         f"CPU per sequential task: daemon {per_task[0]:.2f} ms, sandbox worker "
