@@ -657,3 +657,30 @@ def test_rate_limit_when_ip_bucket_just_short_then_429_says_a_real_wait(
         "detail": "rate limit exceeded for testclient; retry after 1 s",
         "problems": [],
     }
+
+
+def test_fills_of_a_database_made_before_seq_when_restarted_then_numbered_oldest_first(
+    settings: Settings, clock: Clock, alice: Trader, bob: Trader
+) -> None:
+    first = MarketService(settings, clock=clock)
+    with TestClient(create_app(service=first)) as client:
+        for device_class in ("tpu-v5e", "cpu", "tpu-v5e"):
+            place(client, bob.ask(NOW, device_class=device_class, price=50, quantity=1))
+            place(client, alice.bid(NOW, device_class=device_class, price=50, quantity=1))
+            clock.advance(1)
+    first.close()
+    with first.db.begin() as connection:  # the fills table as an older market wrote it
+        for index in ("ix_fills_seq", "ix_fills_class_seq"):
+            connection.exec_driver_sql(f"DROP INDEX {index}")
+        connection.exec_driver_sql("ALTER TABLE fills DROP COLUMN seq")
+    second = MarketService(settings, clock=clock)
+    with TestClient(create_app(service=second)) as client:
+        assert [f["id"] for f in client.get("/v1/fills").json()] == [
+            "tpu-v5e:2",
+            "cpu:1",
+            "tpu-v5e:1",
+        ]
+        place(client, bob.ask(NOW, device_class="cpu", price=50, quantity=1))
+        place(client, alice.bid(NOW, device_class="cpu", price=50, quantity=1))
+        assert client.get("/v1/fills").json()[0]["id"] == "cpu:2"
+    second.close()
