@@ -216,9 +216,10 @@ def deliver(world: World, client: Client) -> None:
 
 def build_world(st: Stack, say: Callable[[str], None]) -> World:
     """Start the provider, open the deals, deliver a task each, match a deal on the market."""
-    provider = st.start_provider("p1", PLAN, slo_ms=SLO_MS)
-    model = spin_model()
+    provider = st.start_provider("p1", PLAN, slo_ms=SLO_MS, wait=False)
+    model = spin_model()  # exported while the daemon starts
     envelope = model.example_envelope()
+    provider.ready()
     say(f"provider {provider.address} staked and serving at {provider.url}")
     st.escrow.deposit(st.client, DEPOSIT)
     victim = Client(st.client, _open_deal(st, provider, st.client))
