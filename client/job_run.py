@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -35,13 +36,19 @@ from client.amounts import tokens
 from client.cli import REMOTE_ERRORS, Progress, UsageError, emit_json, print_table
 from client.errors import ClientError
 from client.job_deal import deal_and_ledger, note, open_runner, sigint, warn
-from client.job_files import compile_tasks, default_max_price, inference_tasks, read_envelope
+from client.job_files import (
+    JobTask,
+    compile_tasks,
+    default_max_price,
+    inference_tasks,
+    read_envelope,
+)
 from client.job_status import refund_breaches
 from client.jobs import JobRunner, TaskResult, fit_under_cap, save_outputs
 from client.ledger import OPEN_STATES
 from client.watch import WatchReport
 from contracts.binding import DEAL_OPEN
-from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
+from contracts.messages import Plan
 
 INTERRUPTED = 130  # exit code of a run stopped by a second Ctrl-C
 QUIET_S = 10.0  # after this long with no progress, say what the run waits for
@@ -125,23 +132,25 @@ class Settlement:
             return None
 
 
-def _tasks(args: argparse.Namespace, plan: Plan) -> list[Any]:
+def _tasks(args: argparse.Namespace) -> list[JobTask]:
+    """Read and check the files, before anything else: tasks priced at 0 for now."""
     envelope = read_envelope(Path(args.program))
-    tasks = []
-    for kind, wanted in (
-        (KIND_COMPILE, bool(args.compile)),
-        (KIND_INFERENCE, not args.compile or args.inputs),
-    ):
-        if not wanted:
-            continue
+    tasks = compile_tasks(envelope, args.compile, 0) if args.compile else []
+    if not args.compile or args.inputs:
+        tasks += inference_tasks(envelope, [Path(p) for p in args.inputs], 0)
+    return tasks
+
+
+def _priced(args: argparse.Namespace, tasks: list[JobTask], plan: Plan) -> list[JobTask]:
+    """Give each task its maximum price: ``--max-price``, else the plan's for its kind."""
+    priced = []
+    for task in tasks:
+        kind = task.spec.kind
         max_price = args.max_price if args.max_price is not None else default_max_price(plan, kind)
         if max_price is None:
             raise UsageError("the deal's plan is metered: pass --max-price per task")
-        if kind == KIND_COMPILE:
-            tasks += compile_tasks(envelope, args.compile, max_price)
-        else:
-            tasks += inference_tasks(envelope, [Path(p) for p in args.inputs], max_price)
-    return tasks
+        priced.append(replace(task, spec=replace(task.spec, max_price=max_price)))
+    return priced
 
 
 @contextmanager
@@ -163,12 +172,13 @@ def _ctrl_c(runner: JobRunner, in_flight: Callable[[], int]) -> Iterator[None]:
 
 def job_run(args: argparse.Namespace) -> int:
     """Run the tasks of ``--program`` and ``--inputs`` on ``--deal``; print what became of them."""
+    files = _tasks(args)  # bad files or inputs: exit 2 before the chain or provider is asked
     with deal_and_ledger(args) as (escrow, ledger):
         runner, cap = open_runner(args, args.cap, ledger, escrow)
         if escrow.get_deal(args.deal).status != DEAL_OPEN:
             raise ClientError(f"deal {args.deal} is not open")
         session = runner.session
-        tasks = _tasks(args, session.plan)
+        tasks = _priced(args, files, session.plan)
         plan = fit_under_cap(tasks, owed=session.book.total, cap=cap)
         note(
             f"deal {args.deal}: {len(plan.run)} task(s), projected bill "
