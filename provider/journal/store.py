@@ -259,11 +259,14 @@ class Journal(EnvelopeStore, Sealing):
     def settlement_history(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Yield (action, data) of every settlement row, sealed deals included, oldest first
         (streamed: to recount the money metrics at start)."""
-        with self._read_lock:
-            rows = self._reader.execute("SELECT action, data_json FROM settlements ORDER BY seq")
+        db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)  # its own: no lock held
+        try:
+            rows = db.execute("SELECT action, data_json FROM settlements ORDER BY seq")
             while batch := rows.fetchmany(1000):
                 for action, data in batch:
                     yield str(action), json.loads(data)
+        finally:
+            db.close()
 
     # ---- writes ------------------------------------------------------------------------
 
