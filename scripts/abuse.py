@@ -93,12 +93,14 @@ def run(world: World, quick: bool) -> dict[str, Any]:
     down: set[str] = set()  # services found dead or not answering after any attack
     try:
         for name, attack in ATTACKS:
+            world.normal.phase = name
             began = time.monotonic()
             figures = attack(world, tally, quick)
             tally.figures[name] = figures
             alive = world.alive()
             down |= {service for service, up in alive.items() if not up}
             say(f"{name}: {json.dumps(figures)} ({time.monotonic() - began:.1f} s); up: {alive}")
+        world.normal.phase = "8_routes_as_stranger"
         tally.figures["routes_as_stranger"] = routes_as_stranger(world, tally)
         say(f"routes as stranger: {json.dumps(tally.figures['routes_as_stranger'])}")
     finally:
@@ -124,6 +126,11 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "normal_p50_ms_alone": round(percentile(baseline, 0.50), 1),
         "normal_p99_ms_by_call": {
             kind: round(percentile(ms, 0.99), 1) for kind, ms in world.normal.by_kind.items()
+        },
+        "normal_p99_ms_by_attack": {
+            phase: round(percentile(ms, 0.99), 1)
+            for phase, ms in world.normal.by_phase.items()
+            if phase != "alone"
         },
         "normal_calls": len(latencies),
         "normal_errors": len(world.normal.errors),

@@ -70,6 +70,8 @@ class Normal:
 
     latencies_ms: list[float] = field(default_factory=list)
     by_kind: dict[str, list[float]] = field(default_factory=dict)
+    by_phase: dict[str, list[float]] = field(default_factory=dict)
+    phase: str = "alone"
     errors: list[str] = field(default_factory=list)
     orders_placed: int = 0
     tasks_acked: list[int] = field(default_factory=list)
@@ -289,6 +291,7 @@ def normal_client(world: World, stop: threading.Event, pause: threading.Event) -
             ms = (time.perf_counter() - started) * 1000
             normal.latencies_ms.append(ms)
             normal.by_kind.setdefault(what, []).append(ms)
+            normal.by_phase.setdefault(normal.phase, []).append(ms)
             if reply.status_code >= 300:
                 normal.errors.append(f"{what}: {reply.status_code} {reply.text[:120]}")
             return reply
