@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from client.amounts import tokens
 from client.errors import ClientError, SpendingCapExceeded
 from contracts.messages import Domain, Receipt, Voucher, task_bitmap
 
@@ -89,15 +90,17 @@ class VoucherBook:
             raise ClientError(f"task {index} is already paid or claimed")
         if self.projected(receipt.amount) > self.cap:
             raise SpendingCapExceeded(
-                f"paying task {index} ({receipt.amount}) would bring deal {self.deal_id} "
-                f"to {self.projected(receipt.amount)}, past its cap {self.cap}"
+                f"paying task {index} ({tokens(receipt.amount)} tokens) would bring deal "
+                f"{self.deal_id} to {tokens(self.projected(receipt.amount))}, past its cap "
+                f"{tokens(self.cap)}"
             )
         self._paid[index] = receipt.amount
         if not self._warned and self.total >= self.warn_at * self.cap:
             self._warned = True
             if self.on_warning:
                 self.on_warning(
-                    f"deal {self.deal_id} has spent {self.total} of its cap {self.cap} "
+                    f"deal {self.deal_id} has spent {tokens(self.total)} of its cap "
+                    f"{tokens(self.cap)} tokens "
                     f"({self.total / self.cap:.0%})"
                 )
 

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -26,6 +30,7 @@ from contracts.errors import ContractRevert
 from contracts.messages import ZERO_ADDRESS, Claim, address_of
 from contracts.pricing import outcome_based
 from contracts.program import encode_arrays, encode_envelope
+from tests.client.jobs_support import acked_by_provider
 from tests.e2e.stack import (
     MIN_WINDOW,
     PROVIDER_STAKE,
@@ -214,3 +219,144 @@ def test_job_run_refunds_a_slow_providers_late_tasks_with_the_penalty_and_it_can
     st.escrow.tx.reset_nonces()
     assert st.escrow.balance_of(slow.address) == 0
     assert st.escrow_solvent()
+
+
+class _ChainProxy:
+    """An HTTP proxy to the chain that stops answering at the first JSON-RPC batch it sees.
+
+    The client's first batch is the settlement's (the voucher reconciles the tasks' states on
+    chain in one batch): everything before it passes, everything from it on is cut off.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.cut = threading.Event()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if body.lstrip().startswith(b"["):
+                    proxy.cut.set()
+                if proxy.cut.is_set():
+                    self.close_connection = True  # no answer: the chain stopped answering
+                    return
+                reply = httpx.post(
+                    proxy.upstream, content=body, headers={"Content-Type": "application/json"}
+                )
+                self.send_response(reply.status_code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply.content)))
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_job_run_writes_outputs_and_its_report_when_the_chain_stops_answering_at_settlement(
+    world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
+) -> None:
+    st, fast, _ = world
+    deal_id = st.open_deal(st.quote(fast, max_spend=20_000), fast)
+    proxy = _ChainProxy(st.rpc_url)
+    out = tmp_path / "results"
+    try:
+        done = subprocess.run(
+            [
+                *(sys.executable, "-m", "client.cli", "job", "run", "--json"),
+                *("--deal", str(deal_id), "--provider-url", fast.url, "--rpc-url", proxy.url),
+                *("--program", str(files["program"]), "--inputs", str(files["a"])),
+                *("--out", str(out)),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={
+                **os.environ,
+                "JAX_PLATFORMS": "cpu",
+                "TPUMARKET_ESCROW": st.escrow.address,
+                "TPUMARKET_CLIENT_KEY": st.client,
+                "TPUMARKET_CLIENT_STATE": str(tmp_path / "state"),
+            },
+        )
+    finally:
+        proxy.close()
+    assert proxy.cut.is_set()
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [t["state"] for t in result["tasks"]] == ["paid"]  # verified: the client owes it
+    summary = result["summary"]
+    assert summary["voucher_signed"] is False and summary["pending_payment"] == [0]
+    assert summary["settlement_errors"][0].startswith("voucher: ")
+    assert result["outputs"] == [str(out / "task-0.safetensors")]
+    assert (out / "task-0.safetensors").stat().st_size > 0
+    err = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr
+    assert any(line.startswith("pending: tasks 0 are verified and not paid yet") for line in err)
+    assert err[-1].startswith("error: settlement incomplete (voucher: ")
+
+    # With the chain back, what was pending is paid from the ledger.
+    fetched, _ = job(
+        st, "status", "--deal", str(deal_id), "--provider-url", fast.url, "--fetch",
+        str(tmp_path / "fetched"), state=tmp_path / "state",
+    )  # fmt: skip
+    assert fetched["last_voucher"] == 4_000
+    wait_until(lambda: st.escrow.get_deal(deal_id).vouched == 4_000, 60, "voucher redeemed")
+
+
+def test_job_run_says_what_it_waits_for_while_the_provider_does_not_answer(
+    world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
+) -> None:
+    st, fast, _ = world
+    deal_id = st.open_deal(st.quote(fast, max_spend=20_000), fast)
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "client.cli", "job", "run", "--json"),
+            *("--deal", str(deal_id), "--provider-url", fast.url),
+            *("--program", str(files["program"]), "--inputs", str(files["slow1"])),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "TPUMARKET_RPC_URL": st.rpc_url,
+            "TPUMARKET_ESCROW": st.escrow.address,
+            "TPUMARKET_CLIENT_KEY": st.client,
+            "TPUMARKET_CLIENT_STATE": str(tmp_path / "state"),
+        },
+    )
+    lines: list[str] = []
+    assert process.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr or []), daemon=True)
+    reader.start()
+    # Once the daemon acked the task (a few seconds of device time), it stops answering.
+    wait_until(lambda: acked_by_provider(st, fast, deal_id) == 1, 120, "the task acked")
+    fast.process.signal(signal.SIGSTOP)  # its port stays open; nothing answers
+    try:
+        wait_until(
+            lambda: any("provider" in x and "not answering" in x for x in lines),
+            120,
+            "the client saying the provider does not answer",
+        )
+    finally:
+        fast.process.signal(signal.SIGCONT)
+    out, _ = process.communicate(timeout=300)
+    reader.join(10)
+    said = next(x for x in lines if "not answering" in x)
+    assert said.startswith("waiting ") and f"provider {fast.url} not answering" in said
+    assert f"chain {st.rpc_url} answering" in said
+    assert process.returncode == 0
+    assert [t["state"] for t in json.loads(out.strip().splitlines()[-1])["tasks"]] == ["paid"]
