@@ -187,7 +187,7 @@ class QuoteJob:
         free = self.escrow.stake_of(self.address)
         live = [
             q.quote
-            for q in self.journal.quotes()
+            for q in self.journal.quotes(valid_at=now)
             if q.quote.valid_until >= now and q.quote.nonce != quote.nonce
         ]
         used = (

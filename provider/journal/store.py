@@ -434,19 +434,25 @@ class Journal(EnvelopeStore, Sealing):
             )
         return QuoteRecord(market_deal_id, quote, signature, at, int(cursor.lastrowid or 0))
 
-    def quotes(self, market_deal_id: str | None = None) -> list[QuoteRecord]:
-        """Return the quotes signed for one market deal (or for all), oldest first (read from
-        the database: quotes are not held in memory)."""
+    def quotes(
+        self, market_deal_id: str | None = None, *, valid_at: float | None = None
+    ) -> list[QuoteRecord]:
+        """Return the quotes signed for one market deal (or for all), oldest first; with
+        ``valid_at``, only those still valid then (read from the database: quotes are not held
+        in memory, and the filter runs in SQL, so the history is not parsed)."""
+        where: list[str] = []
+        params: list[str | float] = []
+        if market_deal_id is not None:
+            where.append("market_deal_id = ?")
+            params.append(market_deal_id)
+        if valid_at is not None:
+            where.append("CAST(json_extract(quote_json, '$.valid_until') AS REAL) >= ?")
+            params.append(valid_at)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self._lock:
-            if market_deal_id is not None:
-                rows = self._db.execute(
-                    f"SELECT {QUOTE_COLUMNS} FROM quotes WHERE market_deal_id = ? ORDER BY seq",
-                    (market_deal_id,),
-                ).fetchall()
-            else:
-                rows = self._db.execute(
-                    f"SELECT {QUOTE_COLUMNS} FROM quotes ORDER BY seq"
-                ).fetchall()
+            rows = self._db.execute(
+                f"SELECT {QUOTE_COLUMNS} FROM quotes{clause} ORDER BY seq", params
+            ).fetchall()
         return [quote_of_row(row) for row in rows]
 
     def meta(self, key: str) -> str | None:

@@ -15,8 +15,10 @@ import pytest
 
 from contracts.messages import (
     KIND_INFERENCE,
+    ZERO_ADDRESS,
     Ack,
     Domain,
+    Quote,
     TaskRequest,
     Voucher,
     address_of,
@@ -353,3 +355,32 @@ def test_journal_when_killed_while_sealing_then_reopens_whole_and_seals_the_rest
     report = verify_journal(path, PROVIDER)
     assert report.ok, report.problems
     assert (report.deals, report.sealed, report.receipts) == (deals, deals, 3 * deals)
+
+
+def test_quotes_when_asked_for_those_valid_at_an_instant_then_only_live_ones_are_read(
+    tmp_path: Path,
+) -> None:
+    journal = open_journal(tmp_path / "journal.sqlite3")
+    try:
+        for n, valid_until in enumerate((100, 200, 300)):
+            quote = Quote(
+                provider=PROVIDER,
+                client=ZERO_ADDRESS,
+                arbiter=ZERO_ADDRESS,
+                max_spend=10**9,
+                stake=10**6,
+                penalty=1,
+                duration=3_600,
+                challenge_window=60,
+                slo_ms=100,
+                valid_until=valid_until,
+                nonce=n,
+                plan=PLAN,
+            )
+            journal.record_quote(f"tpu:{n % 2}", quote, quote.sign(DOMAIN, KEY))
+        assert [q.quote.valid_until for q in journal.quotes(valid_at=200)] == [200, 300]
+        assert [q.quote.valid_until for q in journal.quotes("tpu:0", valid_at=150)] == [300]
+        assert [q.quote.nonce for q in journal.quotes("tpu:0")] == [0, 2]
+        assert len(journal.quotes()) == 3
+    finally:
+        journal.close()
