@@ -4,13 +4,22 @@
 The API part starts `python -m market.cli market serve` (uvicorn, SQLite persistence in a temp
 dir, jobs and rate limits off) as a subprocess, signs the orders up front (as clients would),
 then posts them from this process by concurrent clients through the batch endpoint. Each
-request's latency is measured from send to parsed answer. Prints one JSON object as the last
-line: `{"engine_orders_per_s", "api_orders_per_s", "api_p50_ms", "api_p99_ms"}`.
+request's latency is measured from send to parsed answer.
+
+The single-order part posts one signed order per request, as clients do: 32 posters, each with
+its own key and its own keep-alive connection, send their orders one after another through
+real HTTP (a small asyncio HTTP/1.1 client in this process, so the load generator's CPU stays
+small next to the server's). `engine_vs_peer` is `bench_market_engine.versus_peer`.
+
+Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_per_s",
+"api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
+"api_single_p99_ms_32", "engine_vs_peer"}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -46,10 +55,12 @@ def _engine_bench() -> ModuleType:
     return module
 
 
-def sign_orders(count: int, seed: int) -> list[dict[str, Any]]:
-    """Return `count` signed asks and bids over several device classes, near each class's mid."""
+def sign_orders(count: int, seed: int, traders: list[Trader] | None = None) -> list[dict[str, Any]]:
+    """Return `count` signed asks and bids over several device classes, near each class's mid,
+    each signed by one of `traders` (default: 32 random keys) chosen at random."""
     rng = random.Random(seed)
-    traders = [Trader(key="0x" + rng.randbytes(32).hex()) for _ in range(32)]
+    if traders is None:
+        traders = [Trader(key="0x" + rng.randbytes(32).hex()) for _ in range(32)]
     now = int(time.time())
     orders = []
     for _ in range(count):
@@ -155,6 +166,67 @@ def post_all(
     return seconds, latencies
 
 
+def sign_posters(posters: int, per_poster: int, seed: int) -> list[list[bytes]]:
+    """Return, for each of `posters` keys, `per_poster` orders it signed, as request bodies."""
+    rng = random.Random(seed)
+    bodies = []
+    for _ in range(posters):
+        trader = Trader(key="0x" + rng.randbytes(32).hex())
+        mine = sign_orders(per_poster, rng.randrange(1 << 30), [trader])
+        bodies.append([json.dumps(o, separators=(",", ":")).encode() for o in mine])
+    return bodies
+
+
+async def _poster(host: str, port: int, bodies: list[bytes], latencies: list[float]) -> int:
+    """Post `bodies` one per request on one keep-alive connection; return the failures."""
+    reader, writer = await asyncio.open_connection(host, port)
+    failures = 0
+    head = (
+        f"POST /v1/orders HTTP/1.1\r\nhost: {host}:{port}\r\n"
+        "content-type: application/json\r\ncontent-length: "
+    ).encode()
+    try:
+        for body in bodies:
+            started = time.perf_counter()
+            writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+            status_line = await reader.readline()
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answer = await reader.readexactly(length)
+            latencies.append((time.perf_counter() - started) * 1000)
+            if status_line.split()[1] != b"201":
+                failures += 1
+                if failures == 1:
+                    print(f"single order refused: {status_line!r} {answer[:300]!r}", flush=True)
+    finally:
+        writer.close()
+    return failures
+
+
+def post_single(url: str, bodies: list[list[bytes]]) -> tuple[float, list[float]]:
+    """Post each poster's bodies one per request, all posters at once; return (seconds,
+    latencies in ms)."""
+    host, port = url.removeprefix("http://").split(":")
+    latencies: list[float] = []
+
+    async def run() -> int:
+        counts = await asyncio.gather(*(_poster(host, int(port), b, latencies) for b in bodies))
+        return sum(counts)
+
+    started = time.perf_counter()
+    failures = asyncio.run(run())
+    seconds = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{failures} single orders failed")
+    return seconds, latencies
+
+
 def process_cpu_s(pid: int) -> float:
     """Return the CPU seconds (user + system) a process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -175,16 +247,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
     parser.add_argument("--engine-orders", type=int, default=200_000)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--posters", type=int, default=32, help="single-order posters")
+    parser.add_argument("--single", type=int, default=375, help="single orders per poster")
     args = parser.parse_args(argv)
 
     engine = 0.0
+    versus: dict[str, Any] = {"engine_vs_peer": None}
     if not args.skip_engine:
-        figures = _engine_bench().run(args.engine_orders, 1, 3)
+        bench = _engine_bench()
+        figures = bench.run(args.engine_orders, 1, 3)
         engine = float(figures["engine_orders_per_s"])
         print(f"engine: {json.dumps(figures)}", flush=True)
+        versus = bench.versus_peer()
+        print(f"engine vs lightmatchingengine: {json.dumps(versus)}", flush=True)
 
     warmup = sign_orders(1_000, seed=2)
     orders = sign_orders(args.orders, seed=3)
+    singles = sign_posters(args.posters, args.single, seed=4)
+    single_count = sum(len(b) for b in singles)
     with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
         process, url = start_server(Path(tmp))
         try:
@@ -195,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
             server_cpu_us = (process_cpu_s(process.pid) - cpu_before) / len(orders) * 1e6
             client_cpu_us = (time.process_time() - client_before) / len(orders) * 1e6
             stats = httpx.get(url + "/v1/fills", params={"limit": 1}).json()
+            cpu_before = process_cpu_s(process.pid)
+            load_before = os.getloadavg()[0]
+            single_seconds, single_latencies = post_single(url, singles)
+            single_cpu_us = (process_cpu_s(process.pid) - cpu_before) / single_count * 1e6
         finally:
             os.kill(process.pid, signal.SIGTERM)
             process.wait(timeout=15)
@@ -206,11 +290,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f}; last fill {stats[:1]}",
         flush=True,
     )
+    print(
+        f"api single: {single_count} orders, one per request, from {args.posters} posters in "
+        f"{single_seconds:.2f}s; server CPU {single_cpu_us:.0f} us/order; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
+        flush=True,
+    )
     result = {
         "engine_orders_per_s": round(engine),
         "api_orders_per_s": round(len(orders) / seconds),
         "api_p50_ms": round(percentile(latencies, 0.50), 2),
         "api_p99_ms": round(percentile(latencies, 0.99), 2),
+        "api_single_orders_per_s": round(single_count / single_seconds),
+        "api_single_p50_ms": round(percentile(single_latencies, 0.50), 2),
+        "api_single_p99_ms_32": round(percentile(single_latencies, 0.99), 2),
+        "api_single_server_cpu_us": round(single_cpu_us),
+        "engine_vs_peer": versus["engine_vs_peer"],
     }
     print(json.dumps(result))
     return 0

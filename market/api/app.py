@@ -17,6 +17,7 @@ from contracts.serving import restore_recursion_limit
 from market.api import errors
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
+from market.api.fast import FastOrders
 from market.api.limits import BodySizeLimit, SecurityHeaders
 from market.api.routes import book, deals, orders, providers, stream
 from market.indexer import Indexer
@@ -84,6 +85,7 @@ def create_app(
         app.include_router(module.router, dependencies=limited)
     # The bodies the routes read themselves (`market.api.body`), published all the same.
     publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)
+    app.add_middleware(FastOrders, market=app)  # POST /v1/orders without the framework
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(SecurityHeaders)
 
