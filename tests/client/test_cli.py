@@ -20,6 +20,7 @@ from contracts.messages import ZERO_ADDRESS, Quote
 from contracts.orders import Ask, market_domain, plan_kind
 from tests.contracts.builders import quote
 from tests.contracts.conftest import World
+from tests.e2e.stack import wait_until
 from tests.market.server import market_server
 
 CHAIN_ID = "31337"
@@ -420,3 +421,28 @@ def test_open_waits_for_the_fills_quote_then_opens_the_deal_with_the_cap_locked(
     assert _cli(world, "open", deal["deal_id"], key=client_key, market=market) == 1
     assert capsys.readouterr().err.startswith("error: ")
     assert world.escrow.balance_of(address) == 1_000_000 - 20_000
+
+    # The client's orders: its bid, filled.
+    assert _cli(world, "orders", "--json", key=client_key, market=market) == 0
+    orders = _last_json(capsys.readouterr().out)["orders"]
+    assert [(o["side"], o["state"], o["filled"], o["plan"]) for o in orders] == [
+        ("bid", "filled", 3, plan)
+    ]
+    assert _cli(world, "orders", "--live", key=client_key, market=market) == 0
+    assert capsys.readouterr().out.startswith("no live orders for ")
+
+    # Closed by its market id, once the market's indexer has seen it open on chain.
+    def indexed() -> bool:
+        from client.market_http import MarketHttp
+
+        http = MarketHttp(market)
+        try:
+            return http.deal(deal["deal_id"]).get("chain_deal_id") == count + 1
+        finally:
+            http.close()
+
+    wait_until(indexed, 60, "the market indexing the deal")
+    assert _cli(world, "close", deal["deal_id"], "--json", key=client_key, market=market) == 0
+    closed = _last_json(capsys.readouterr().out)
+    assert (closed["deal_id"], closed["closed"], closed["returned"]) == (count + 1, False, 0)
+    assert world.escrow.get_deal(count + 1).client_agreed_close
