@@ -1,5 +1,7 @@
 """What a buyer reads: books split by the terms that decide a match, offers, fills, statistics.
 
+Models and pure builders; the live orders come aggregated from SQL (`market.levels`).
+
 A price level of `/v1/book` holds only orders of one plan, SLO and memory, so two displayed
 levels can trade exactly when their terms are compatible (`market.engine.compatible`), and the
 engine leaves no compatible pair crossed. A buyer's filter (`plan`, `slo_ms`, `memory`) keeps
@@ -20,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic import Field as PField
 
-from market.engine import OrderRecord, Side
+from market.levels import AskGroup, Level
 from market.models import (
     ChainDeal,
     Deal,
@@ -85,83 +87,45 @@ class BookPublic(BaseModel):
 
 
 def book_view(
-    records: tuple[Sequence[OrderRecord], Sequence[OrderRecord]],
+    bids: Sequence[Level],
+    asks: Sequence[Level],
+    terms: Sequence[Sequence[Any]],
     *,
     device_class: str,
-    now: int,
-    levels: int,
     plan: str | None = None,
     slo_ms: int | None = None,
     memory: int | None = None,
-    ask_owners: set[str] | None = None,
 ) -> BookPublic:
-    """Return the book of live (bids, asks) records, each side in priority order, filtered.
-
-    `ask_owners`, if given, are the providers whose asks can trade now (the market matches an
-    ask only while its provider heartbeats): the asks of others are left out.
-    """
-    bid_records, ask_records = ([r for r in side if r.order.expiry > now] for side in records)
-    if ask_owners is not None:
-        ask_records = [r for r in ask_records if r.order.owner in ask_owners]
-    bids = _levels((r for r in bid_records if _bid_shown(r, plan, slo_ms, memory)), Side.BID)
-    asks = _levels((r for r in ask_records if _ask_shown(r, plan, slo_ms, memory)), Side.ASK)
-    bids, asks = bids[:levels], asks[:levels]
-    best_bid = bids[0].price if bids else None
-    best_ask = asks[0].price if asks else None
-    tradable = _all_compatible(bids, asks)
-    every = [*bid_records, *ask_records]
+    """Return the book of levels given best first (`market.levels`), as filtered by the buyer."""
+    bid_levels, ask_levels = ([_level(x) for x in side] for side in (bids, asks))
+    best_bid = bid_levels[0].price if bid_levels else None
+    best_ask = ask_levels[0].price if ask_levels else None
+    tradable = _all_compatible(bid_levels, ask_levels)
+    plans, slos, memories = terms
     return BookPublic(
         device_class=device_class,
         plan=plan,
         slo_ms=slo_ms,
         memory=memory,
-        bids=bids,
-        asks=asks,
+        bids=bid_levels,
+        asks=ask_levels,
         best_bid=best_bid,
         best_ask=best_ask,
         tradable=tradable,
         spread=best_ask - best_bid if tradable and best_bid and best_ask else None,
-        choices=BookChoices(
-            plans=sorted({r.order.plan for r in every})[:MAX_CHOICES],
-            slo_ms=sorted({r.order.slo_ms for r in every})[:MAX_CHOICES],
-            memory=sorted({r.order.memory for r in every})[:MAX_CHOICES],
-        ),
+        choices=BookChoices(plans=list(plans), slo_ms=list(slos), memory=list(memories)),
     )
 
 
-def _bid_shown(r: OrderRecord, plan: str | None, slo_ms: int | None, memory: int | None) -> bool:
-    o = r.order
-    return (
-        (plan is None or o.plan == plan)
-        and (slo_ms is None or o.slo_ms >= slo_ms)
-        and (memory is None or o.memory <= memory)
+def _level(x: Level) -> LevelPublic:
+    return LevelPublic(
+        price=x.price,
+        quantity=x.quantity,
+        orders=x.orders,
+        plan=x.plan,
+        slo_ms=x.slo_ms,
+        memory=x.memory,
     )
-
-
-def _ask_shown(r: OrderRecord, plan: str | None, slo_ms: int | None, memory: int | None) -> bool:
-    o = r.order
-    return (
-        (plan is None or o.plan == plan)
-        and (slo_ms is None or o.slo_ms <= slo_ms)
-        and (memory is None or o.memory >= memory)
-    )
-
-
-def _levels(records: Iterable[OrderRecord], side: Side) -> list[LevelPublic]:
-    """Aggregate records into levels of one price and terms, best price first (then terms)."""
-    found: dict[tuple[int, str, int, int], list[int]] = {}
-    for r in records:
-        o = r.order
-        level = found.setdefault((o.price, o.plan, o.slo_ms, o.memory), [0, 0])
-        level[0] += r.remaining
-        level[1] += 1
-    sign = -1 if side is Side.BID else 1
-    return [
-        LevelPublic(price=p, quantity=q, orders=n, plan=plan, slo_ms=slo, memory=mem)
-        for (p, plan, slo, mem), (q, n) in sorted(
-            found.items(), key=lambda item: (sign * item[0][0], item[0][1:])
-        )
-    ]
 
 
 def _all_compatible(bids: Sequence[LevelPublic], asks: Sequence[LevelPublic]) -> bool:
@@ -201,74 +165,64 @@ OFFER_SORTS = ("price", "reliability", "slo_ms", "memory", "capacity", "quantity
 
 
 def offers_view(
-    asks: Iterable[tuple[str, Sequence[OrderRecord]]],
+    groups: Iterable[AskGroup],
     providers: Sequence[ProviderPublic],
     *,
-    now: int,
-    plan: str | None = None,
-    max_slo_ms: int | None = None,
-    min_memory: int | None = None,
-    max_price: int | None = None,
     min_reliability: float | None = None,
     online_only: bool = False,
     sort: str = "price",
     limit: int = 100,
 ) -> list[OfferPublic]:
-    """Return offers from live asks ((class, records) pairs), filtered and sorted.
+    """Return offers from grouped live asks (`market.levels.ask_groups`), filtered and sorted.
 
     `sort` is a field of `OFFER_SORTS`, `-` in front for descending; ties go to the lower
     price, then the more reliable provider, then the provider's address.
     """
     registry = {p.address.lower(): p for p in providers}
-    grouped: dict[tuple[str, str, str, int, int, int], list[int]] = {}
-    for device_class, records in asks:
-        for r in records:
-            o = r.order
-            if o.expiry <= now:
-                continue
-            if (
-                (plan is not None and o.plan != plan)
-                or (max_slo_ms is not None and o.slo_ms > max_slo_ms)
-                or (min_memory is not None and o.memory < min_memory)
-                or (max_price is not None and o.price > max_price)
-            ):
-                continue
-            key = (o.owner, device_class, o.plan, o.slo_ms, o.memory, o.price)
-            held = grouped.setdefault(key, [0, 0])
-            held[0] += r.remaining
-            held[1] += 1
-    out: list[OfferPublic] = []
-    for (owner, device_class, plan_, slo, mem, price), (quantity, count) in grouped.items():
-        known = registry.get(owner.lower())
+    rows: list[tuple[AskGroup, ProviderPublic | None, float]] = []
+    for g in groups:
+        known = registry.get(g.owner.lower())
         reliability = known.reliability if known else None
-        online = bool(known and known.online)
-        if online_only and not online:
+        if online_only and not (known and known.online):
             continue
         if min_reliability is not None and (reliability or 0.0) < min_reliability:
             continue
-        out.append(
-            OfferPublic(
-                provider=owner,
-                device_class=device_class,
-                device_kind=known.device_kind if known else "",
-                online=online,
-                reliability=reliability,
-                plan=plan_,
-                slo_ms=slo,
-                memory=mem,
-                price=price,
-                quantity=quantity,
-                orders=count,
-                capacity=known.capacity if known else 0,
-                throughput=known.throughput if known else 0.0,
-                command=bid_command(device_class, plan_, slo, mem, price, quantity),
-            )
-        )
+        rows.append((g, known, reliability or 0.0))
     field = sort.lstrip("-")
     sign = -1 if sort.startswith("-") else 1
-    out.sort(key=lambda x: (x.price, -(x.reliability or 0.0), x.provider))
-    out.sort(key=lambda x: sign * float(getattr(x, field) or 0))
-    return out[:limit]
+
+    def key(row: tuple[AskGroup, ProviderPublic | None, float]) -> tuple[float, int, float, str]:
+        g, known, score = row
+        value = {
+            "price": g.price,
+            "reliability": score,
+            "slo_ms": g.slo_ms,
+            "memory": g.memory,
+            "capacity": known.capacity if known else 0,
+            "quantity": g.quantity,
+        }[field]
+        return (sign * float(value), g.price, -score, g.owner)
+
+    return [_offer(g, known) for g, known, _ in sorted(rows, key=key)[:limit]]
+
+
+def _offer(g: AskGroup, known: ProviderPublic | None) -> OfferPublic:
+    return OfferPublic(
+        provider=g.owner,
+        device_class=g.device_class,
+        device_kind=known.device_kind if known else "",
+        online=bool(known and known.online),
+        reliability=known.reliability if known else None,
+        plan=g.plan,
+        slo_ms=g.slo_ms,
+        memory=g.memory,
+        price=g.price,
+        quantity=g.quantity,
+        orders=g.orders,
+        capacity=known.capacity if known else 0,
+        throughput=known.throughput if known else 0.0,
+        command=bid_command(g.device_class, g.plan, g.slo_ms, g.memory, g.price, g.quantity),
+    )
 
 
 def bid_command(

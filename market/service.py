@@ -38,11 +38,12 @@ from contracts.orders import (
 )
 from contracts.orders import digest as fast_digest
 from contracts.typed_data import schema as typed_data_schema
+from market import levels as levels_sql
 from market import presenters, storage, tape
 from market.auth import RateLimiter
 from market.books import Books
 from market.checkpoint import Checkpointer
-from market.engine import MatchingEngine, OrderRecord, Side
+from market.engine import MatchingEngine, Side
 from market.errors import (
     AuthError,
     ChainUnavailableError,
@@ -720,15 +721,28 @@ class MarketService:
         memory: int | None = None,
     ) -> BookPublic:
         """Return a class's live orders by price and terms, best first (`market.presenters`)."""
+        now = self.now()
+        owners = self._trading_providers()
+        with self.session() as session:
+            bids, asks = (
+                levels_sql.book_levels(
+                    session=session,
+                    device_class=device_class,
+                    side=side,
+                    now=now,
+                    limit=levels,
+                    plan=plan,
+                    slo_ms=slo_ms,
+                    memory=memory,
+                    owners=side_owners,
+                )
+                for side, side_owners in (("bid", None), ("ask", owners))
+            )
+            terms = levels_sql.book_terms(
+                session=session, device_class=device_class, now=now, limit=presenters.MAX_CHOICES
+            )
         return presenters.book_view(
-            self._live(device_class),
-            device_class=device_class,
-            now=self.now(),
-            levels=levels,
-            plan=plan,
-            slo_ms=slo_ms,
-            memory=memory,
-            ask_owners=self._trading_providers(),
+            bids, asks, terms, device_class=device_class, plan=plan, slo_ms=slo_ms, memory=memory
         )
 
     def _trading_providers(self) -> set[str] | None:
@@ -741,22 +755,27 @@ class MarketService:
             rows = storage.list_providers(session=session)
         return {p.address for p in rows if p.last_seen >= cutoff}
 
-    def _live(self, device_class: str) -> tuple[list[OrderRecord], list[OrderRecord]]:
-        """Return a class's live (bids, asks), each in priority order."""
-        book = self.books.find(device_class)
-        if book is None:
-            return [], []
-        with book.lock:
-            engine = book.engine
-            return engine.open_orders(device_class, Side.BID), engine.open_orders(
-                device_class, Side.ASK
-            )
-
-    def offers(self, *, device_class: str | None, **filters: Any) -> list[OfferPublic]:
-        """Return live asks as offers with their providers' reputation (`market.presenters`)."""
-        names = [device_class] if device_class is not None else self.device_classes()
-        asks = [(name, self._live(name)[1]) for name in names]
-        return presenters.offers_view(asks, self.providers(), now=self.now(), **filters)
+    def offers(
+        self,
+        *,
+        min_reliability: float | None = None,
+        online_only: bool = False,
+        sort: str = "price",
+        limit: int = 100,
+        **filters: Any,
+    ) -> list[OfferPublic]:
+        """Return live asks as offers with their providers' reputation (`market.presenters`);
+        `filters` are those of `market.levels.ask_groups`."""
+        with self.session() as session:
+            groups = levels_sql.ask_groups(session=session, now=self.now(), **filters)
+        return presenters.offers_view(
+            groups,
+            self.providers(),
+            min_reliability=min_reliability,
+            online_only=online_only,
+            sort=sort,
+            limit=limit,
+        )
 
     def stats(self, device_class: str) -> StatsPublic:
         """Return a class's last price, 24 h change and volume."""
