@@ -38,11 +38,6 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def note(message: str) -> None:
-    """Print a line of progress on stderr."""
-    print(message, file=sys.stderr, flush=True)
-
-
 def chain_now(escrow: Escrow) -> int:
     """Return the chain's time as far as it can be known: its pending block's, or later."""
     pending = int(escrow.tx.w3.eth.get_block("pending")["timestamp"])

@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 import httpx
 
 from client.amounts import tokens
-from client.cli import REMOTE_ERRORS, Progress, UsageError, emit_json, print_table
+from client.cli import REMOTE_ERRORS, Progress, UsageError, emit_json, note, print_table
 from client.errors import ClientError
-from client.job_deal import deal_and_ledger, note, open_runner, sigint, warn
+from client.job_deal import deal_and_ledger, open_runner, sigint, warn
 from client.job_files import (
     JobTask,
     compile_tasks,

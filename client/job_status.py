@@ -18,12 +18,11 @@ from typing import Any
 
 from client.accounts import ClientAccount
 from client.amounts import tokens
-from client.cli import Progress, UsageError, emit_json, escrow_from, key_from, print_table
+from client.cli import Progress, UsageError, emit_json, escrow_from, key_from, note, print_table
 from client.errors import ClientError, ProviderRejected, ProviderUnavailable
 from client.job_deal import (
     chain_now,
     deal_and_ledger,
-    note,
     open_ledger,
     open_runner,
     sigint,

@@ -39,16 +39,6 @@ PLANS = ("flat", "metered", "outcome", "tiered", "reserved")
 DEFAULT_SLO_MS = 60_000  # a bid's SLO when no offer is there to take one from
 
 
-def _ago(seconds: float) -> str:
-    """Format an age in seconds as `12s`, `5m` or `3h` ago."""
-    whole = max(0, int(seconds))
-    if whole < 120:
-        return f"{whole}s ago"
-    if whole < 7_200:
-        return f"{whole // 60}m ago"
-    return f"{whole // 3_600}h ago"
-
-
 def _reliability(value: Any) -> str:
     return "-" if value is None else f"{float(value):.2f}"
 
