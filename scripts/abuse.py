@@ -54,7 +54,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.abuse_attacks import ATTACKS, Tally, idle_streams, routes_as_stranger  # noqa: E402
+from scripts.abuse_attacks import ATTACKS, Tally  # noqa: E402
+from scripts.abuse_probes import idle_streams, routes_as_stranger  # noqa: E402
 from scripts.abuse_world import World, build_world, normal_client  # noqa: E402
 from tests.e2e.stack import stack  # noqa: E402
 
@@ -83,8 +84,8 @@ def percentile(values: list[float], share: float) -> float:
 def run(world: World, quick: bool) -> dict[str, Any]:
     """Run every attack while the normal client works; return the figures."""
     tally = Tally()
-    stop, pause = threading.Event(), threading.Event()
-    normal = threading.Thread(target=normal_client, args=(world, stop, pause), daemon=True)
+    stop = threading.Event()
+    normal = threading.Thread(target=normal_client, args=(world, stop), daemon=True)
     normal.start()
     time.sleep(5.0 if quick else 30.0)  # the normal client alone first: its figures unloaded
     baseline, world.normal.latencies_ms, world.normal.by_kind = world.normal.latencies_ms, [], {}

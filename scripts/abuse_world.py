@@ -268,7 +268,7 @@ def _deal(world: World) -> dict[str, Any]:
     return body
 
 
-def normal_client(world: World, stop: threading.Event, pause: threading.Event) -> None:
+def normal_client(world: World, stop: threading.Event) -> None:
     """Place and cancel a bid, submit a task; again every 100 ms until ``stop``."""
     normal, party = world.normal, world.normal_party
     trader = Trader(
@@ -298,9 +298,6 @@ def normal_client(world: World, stop: threading.Event, pause: threading.Event) -
 
         turn = 0
         while not stop.is_set():
-            if pause.is_set():
-                time.sleep(0.1)
-                continue
             turn += 1
             now = int(time.time())  # the market's clock (the chain's moves only with blocks)
             order = trader.bid(now, **fields)
