@@ -93,20 +93,18 @@ def book_levels(
 
 def book_terms(*, session: Session, device_class: str, now: int, limit: int) -> list[list[Any]]:
     """Return the distinct plans, SLOs and memories of a class's live orders, `limit` each."""
-    params = {"c": device_class, "now": now, "limit": limit}
-    return [
-        [
-            row[0]
-            for row in session.connection().execute(
-                text(
-                    f"SELECT DISTINCT {column} FROM orders WHERE device_class = :c AND {_LIVE} "
-                    f"ORDER BY {column} LIMIT :limit"
-                ),
-                params,
-            )
-        ]
-        for column in ("plan", "slo_ms", "memory")
-    ]
+    rows = (
+        session.connection()
+        .execute(
+            text(
+                "SELECT DISTINCT plan, slo_ms, memory FROM orders "
+                f"WHERE device_class = :c AND {_LIVE}"
+            ),
+            {"c": device_class, "now": now},
+        )
+        .all()
+    )
+    return [sorted({row[i] for row in rows})[:limit] for i in range(3)]
 
 
 def ask_groups(
