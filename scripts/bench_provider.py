@@ -19,6 +19,7 @@
    median of ``--stall-rounds`` (7) interleaved rounds, no pause between them (target <= 2.0).
 
 Usage: scripts/bench-provider [--tasks N] [--throughput-tasks N] [--clients N] [--rss-tasks N]
+       [--stall-rounds N] [--stall-only]
 """
 
 from __future__ import annotations
@@ -433,6 +434,24 @@ def compile_cold_warm_ms() -> tuple[float, float]:
     return times[0], times[1]
 
 
+def stall_only(args: argparse.Namespace) -> float:
+    """Start a chain and the daemon; measure only the stall after malformed programs."""
+    envelope, _, _ = _mlp_program()
+    with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
+        chain = Chain(anvil.url)
+        deployment = chain.deploy(anvil.keys[0])
+        deal_id = open_deal(chain, deployment.escrow, anvil.keys, deployment.token)
+        process, url = start_daemon(
+            anvil, deployment.escrow, anvil.keys[1], Path(tmp), args.workers
+        )
+        try:
+            sub = Submitter(url, chain, deployment.escrow, anvil.keys[2], address_of(anvil.keys[1]))
+            return stall_ratio(sub, deal_id, envelope, args.stall_rounds)
+        finally:
+            os.kill(process.pid, signal.SIGTERM)
+            process.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=300, help="sequential tasks timed")
@@ -441,7 +460,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="sandbox workers of the daemon")
     parser.add_argument("--rss-tasks", type=int, default=200, help="20 MB-output tasks")
     parser.add_argument("--stall-rounds", type=int, default=7)
+    parser.add_argument(
+        "--stall-only", action="store_true", help="measure stall_ratio_after_malformed alone"
+    )
     args = parser.parse_args()
+    if args.stall_only:
+        print(json.dumps({"stall_ratio_after_malformed": round(stall_only(args), 2)}))
+        return
 
     envelope, fn, call_args = _mlp_program()
     raw = raw_call_ms(fn, call_args, 2000)

@@ -10,6 +10,7 @@ Latencies are printed, not asserted.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from provider.diagnosis import Category
 from provider.sandbox import Sandbox, SandboxLimits
+from provider.sandbox.sandbox import VALIDATOR_NICE
 from tests.provider.helpers import failed, ran
 from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
 
@@ -88,3 +90,14 @@ def test_honest_task_after_two_malformed_waits_for_no_worker_start(
         f"malformed: median {statistics.median(after) * 1000:.1f} ms "
         f"({min(after) * 1000:.1f}-{max(after) * 1000:.1f}); ratio {ratio:.2f}"
     )
+
+
+def test_validators_run_on_the_cpu_at_the_lowest_priority(box: Sandbox) -> None:
+    _all_ready(box)
+    validators = box.validators()
+    assert validators and all(v.platform == "cpu" for v in validators)
+    for info in [*validators, *box.workers()]:
+        fields = Path(f"/proc/{info.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        nice = int(fields[16])  # field 19 of /proc/<pid>/stat
+        assert nice == (VALIDATOR_NICE if info in validators else os.nice(0)), info
+    assert {v.pid for v in validators}.isdisjoint({w.pid for w in box.workers()})
