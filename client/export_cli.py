@@ -30,7 +30,13 @@ import numpy as np
 
 from client.cli import UsageError, emit_json, guarded, print_table
 from client.models.signature import Array
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays, encode_envelope
+from contracts.program import (
+    KNOWN_PLATFORMS,
+    ArrayFormat,
+    decode_arrays,
+    encode_arrays,
+    encode_envelope,
+)
 
 ROUTES = ("torchax", "torch-xla")
 _SPEC = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9, ]*)\]$")
@@ -119,6 +125,11 @@ def export_torch_model(args: argparse.Namespace) -> int:
         else None
     )
     platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
+    unknown = [p for p in platforms if p not in KNOWN_PLATFORMS]
+    if not platforms or unknown:
+        raise UsageError(
+            f"--platforms takes some of {sorted(KNOWN_PLATFORMS)}, got {args.platforms!r}"
+        )
     try:
         model = _export(args, inputs, state, platforms)
     except ExportFailed as exc:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,12 +18,13 @@ import pytest
 
 from client.cli import build_parser
 from client.models import ExportedModel, export_torch, run_local
-from client.models.export_diagnosis import ExportFailed
+from client.models.export_diagnosis import ExportCategory, ExportFailed
 from contracts.messages import KIND_COMPILE
 from contracts.program import decode_envelope, encode_arrays
 from tests.client.models import torch_zoo
 from tests.client.models.torch_support import (
     FAILURES,
+    MISSING_FACTORY,
     NAMES,
     ROUTES,
     TOLERANCE,
@@ -43,7 +41,6 @@ from tests.client.models.torch_support import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +145,18 @@ def test_torch_xla_export_failure_is_diagnosed(
     _check_diagnosis(xla_results[name], "torch_xla", name)
 
 
+def test_torch_xla_factory_the_file_lacks_is_a_load_failure(
+    xla_results: dict[str, ExportedModel | ExportFailed],
+) -> None:
+    failure = xla_results[MISSING_FACTORY]
+    assert isinstance(failure, ExportFailed), failure
+    assert (failure.diagnosis.category, failure.diagnosis.stage) == (
+        ExportCategory.MODEL_LOAD,
+        "load",
+    )
+    assert f"has no callable '{MISSING_FACTORY}'" in failure.diagnosis.message
+
+
 @pytest.mark.parametrize("name", list(FAILURES))
 def test_torchax_export_failure_is_diagnosed(name: str) -> None:
     shape = FAILURES[name][0]
@@ -160,21 +169,8 @@ def test_torchax_export_failure_is_diagnosed(name: str) -> None:
 # ---- the command line ----------------------------------------------------------------------
 
 
-def _export_cli(*args: str) -> tuple[int, dict[str, object]]:
-    done = subprocess.run(
-        [sys.executable, "-m", "client.cli", "job", "export", *args, "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    assert done.stdout.strip(), done.stderr[-3000:]
-    return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_cli_exports_by_torch_xla_a_program_file_the_sdk_runs(
-    cases: dict[str, Case], tmp_path: Path
+    cases: dict[str, Case], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     case = cases["mlp"]
     weights = tmp_path / "mlp.safetensors"
@@ -183,25 +179,44 @@ def test_cli_exports_by_torch_xla_a_program_file_the_sdk_runs(
     inputs.write_bytes(encode_arrays({"0": case.inputs[0]}))
     program = tmp_path / "mlp.tpmp"
 
-    code, summary = _export_cli(
-        "--from", "torch-xla", f"{torch_zoo.__file__}:make_mlp", "--example-inputs",
-        str(inputs), "--state-dict", str(weights), "--out", str(program),
-    )  # fmt: skip
+    argv = ["job", "export", "--from", "torch-xla", f"{torch_zoo.__file__}:make_mlp"]
+    argv += ["--example-inputs", str(inputs), "--state-dict", str(weights)]
+    args = build_parser().parse_args([*argv, "--out", str(program), "--json"])
 
+    code = args.handler(args)
+
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0, summary
     assert summary["platforms"] == ["cpu", "tpu"] and summary["route"] == "torch-xla"
     assert max_error(run_local(decode_envelope(program.read_bytes())), case) <= TOLERANCE
     assert Path(str(summary["inputs"])).is_file()
 
 
-def test_cli_prints_the_diagnosis_of_a_module_torchax_cannot_export(tmp_path: Path) -> None:
-    code, summary = _export_cli(
-        "--from", "torchax", f"{torch_zoo.__file__}:make_custom_op", "--example-inputs",
-        "float32[8]", "--out", str(tmp_path / "never.tpmp"),
-    )  # fmt: skip
+USER_MODEL = """
+import torch
 
-    assert code == 1
-    assert (summary["category"], summary["op"]) == ("custom_op", "tpumarket_test.fused_gelu")
+
+class Gate(torch.nn.Module):
+    def forward(self, x):
+        return x.relu() if x.mean() > 0 else x.tanh()
+
+
+def make():
+    return Gate()
+"""
+
+
+def test_cli_prints_the_diagnosis_of_a_module_torchax_cannot_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "gate.py").write_text(USER_MODEL)
+    argv = ["job", "export", "--from", "torchax", f"{tmp_path / 'gate.py'}:make"]
+    argv += ["--example-inputs", "float32[3,5]", "--out", str(tmp_path / "never.tpmp"), "--json"]
+    args = build_parser().parse_args(argv)
+
+    assert args.handler(args) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["category"], summary["stage"]) == ("data_dependent_control_flow", "export")
     assert summary["hints"] and not (tmp_path / "never.tpmp").exists()
 
 

@@ -36,6 +36,7 @@ ROUTES = ("torchax", "torch_xla")
 MODELS = {"mlp": (4, 32), "conv": (2, 3, 16, 16), "transformer": (2, 16, 64)}
 TRAINED = "silero_vad"  # trained weights from the silero-vad wheel (2 clips x 8 chunks)
 NAMES = (*MODELS, TRAINED)
+MISSING_FACTORY = "make_nothing"  # a spec whose factory the file lacks: a load failure
 FAILURES: dict[str, tuple[tuple[int, ...], ExportCategory, dict[str, str]]] = {
     "no_lowering": (
         (4, 4),
@@ -136,7 +137,7 @@ def max_error(got: list[np.ndarray[Any, Any]], case: Case) -> float:
 
 
 def export_xla(cases: dict[str, Case]) -> dict[str, ExportedModel | ExportFailed]:
-    """Every module (the cases, then the failures) exported by torch_xla in one worker."""
+    """Every module (the cases, the failures, a missing factory) by torch_xla in one worker."""
     zoo = Path(torch_zoo.__file__)
     jobs = [
         XlaJob(f"{zoo}:make_{name}", case.inputs, state_dict=case.module.state_dict())
@@ -144,7 +145,9 @@ def export_xla(cases: dict[str, Case]) -> dict[str, ExportedModel | ExportFailed
     ] + [
         XlaJob(f"{zoo}:make_{name}", [example(shape, 0)]) for name, (shape, *_) in FAILURES.items()
     ]
-    return dict(zip([*cases, *FAILURES], export_torch_xla_many(jobs), strict=True))
+    jobs.append(XlaJob(f"{zoo}:{MISSING_FACTORY}", [example((2,), 0)]))
+    names = [*cases, *FAILURES, MISSING_FACTORY]
+    return dict(zip(names, export_torch_xla_many(jobs), strict=True))
 
 
 def export_torchax(case: Case) -> ExportedModel:
