@@ -60,7 +60,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path="/v1/
 
 @schema.parametrize()
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
