@@ -27,6 +27,10 @@ class SandboxLimits:
     cpu_seconds_per_task: int = 3600
     nice: int = 0  # added to the worker's nice value at start (validators yield the CPU)
     warm_up: bool = True  # compile a tiny program before saying ready (executors)
+    # A validator is retired after this many programs its StableHLO parser refused. It holds
+    # nothing of anyone's; every program it passes is parsed again by the executing worker,
+    # which is retired at its first parser refusal.
+    validator_refusals: int = 8
 
     def __post_init__(self) -> None:
         """Reject limits that cannot work."""
@@ -41,6 +45,7 @@ class SandboxLimits:
             "file_size_bytes",
             "processes",
             "cpu_seconds_per_task",
+            "validator_refusals",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -139,6 +139,7 @@ class WorkerRuntime:
         self._warm: OrderedDict[WarmKey, _Warm] = OrderedDict()
         self._hbm_by_kind: dict[str, int] = {}
         self._cache_hits = 0
+        self._parser_refusals = 0  # programs the StableHLO parser refused (validators)
         monitoring.register_event_listener(self._on_event)
         # A worker runs one task at a time and waits for its outputs: on the CPU backend,
         # asynchronous dispatch would only add a hop to XLA's thread and back per call
@@ -494,7 +495,11 @@ class WorkerRuntime:
                 )
             self._validate(exported, envelope.program_sha256)
         except Exception as exc:
-            return _failure(exc, stage, program_sha, time.perf_counter() - started), b""
+            reply = _failure(exc, stage, program_sha, time.perf_counter() - started)
+            if reply["recycle"]:  # the parser refused it: retire after a few such refusals
+                self._parser_refusals += 1
+                reply["recycle"] = self._parser_refusals >= self.limits.validator_refusals
+            return reply, b""
         return {"type": "valid", "program_sha256": envelope.program_sha256.hex()}, b""
 
     def run(self, payload: bytes, progress: Progress) -> tuple[Header, bytes]:

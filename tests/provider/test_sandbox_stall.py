@@ -1,9 +1,9 @@
 """Malformed programs do not stall the next client: a validator apart from the workers parses them.
 
 A program not seen before is parsed and checked by a validator process (CPU, lower priority)
-before any executing worker sees it. A program the StableHLO parser rejects retires that
-validator (the parser's state is not trusted after that), never an executing worker: the
-honest task right after two such programs runs on its warm worker and waits for no start.
+before any executing worker sees it. Programs the StableHLO parser rejects retire that
+validator after a few (here 2) refusals, never an executing worker: the honest task right
+after two such programs runs on its warm worker and waits for no start.
 Latencies are printed, not asserted.
 """
 
@@ -26,7 +26,9 @@ from tests.provider.helpers import failed, ran
 from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
 
 ROUNDS = 5
-LIMITS = SandboxLimits(validate_timeout_s=20, compile_timeout_s=60, execute_timeout_s=10)
+LIMITS = SandboxLimits(
+    validate_timeout_s=20, compile_timeout_s=60, execute_timeout_s=10, validator_refusals=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +73,21 @@ def test_honest_task_after_two_malformed_waits_for_no_worker_start(
 
     after = []
     workers = {w.pid for w in box.workers()}
+    replaced_before = box.replacements
     for _ in range(ROUNDS):
         _all_ready(box)
-        replaced, waits = box.replacements, box.start_waits
+        waits = box.start_waits
         for _ in range(2):
             bad = envelope_for(base, [np.ones(4, np.float32)], program=_malformed(rng))
             failed(box.run(bad), Category.MALFORMED_INPUT)
-        assert box.replacements == replaced + 2  # each malformed program retired a validator
         started = time.perf_counter()
         ran(box.run(honest))
         after.append(time.perf_counter() - started)
         assert box.start_waits == waits  # nobody waited for a worker to start
         assert {w.pid for w in box.workers()} == workers  # no executing worker was retired
 
+    # Each validator retires at its 2nd refusal; the two alive at the end hold one at most.
+    assert box.replacements - replaced_before >= (2 * ROUNDS - 2) // 2
     ratio = statistics.median(after) / statistics.median(alone)
     print(
         f"honest task alone: median {statistics.median(alone) * 1000:.1f} ms; right after 2 "
