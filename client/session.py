@@ -63,7 +63,7 @@ POLL_BACKOFF_S = (0.2, 1.0)
 CHAIN_CLOCK_READ_S = 1.0
 """How often the chain's clock is read to keep the session's clock from falling behind it."""
 """First and longest pause between polls of an unreachable provider."""
-CHAIN_STATES = {
+CHAIN_STATES: dict[int, ChainState] = {
     TASK_VOUCHED: ChainState.VOUCHED,
     TASK_CLAIMED: ChainState.CLAIMED,
     TASK_REFUNDED: ChainState.REFUNDED,

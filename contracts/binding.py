@@ -7,211 +7,74 @@ locally tracked nonces; receipts come back with their events decoded.
 
 from __future__ import annotations
 
-import threading
+import os
 from dataclasses import dataclass
 from typing import Any
 
+import requests
 from eth_abi.abi import decode as abi_decode
 from eth_abi.abi import encode as abi_encode
-from eth_account import Account
-from eth_utils.abi import function_abi_to_4byte_selector
 from eth_utils.address import to_checksum_address
 from web3 import Web3
 from web3.contract import Contract
-from web3.exceptions import ContractCustomError, ContractLogicError, Web3RPCError
+from web3.types import RPCEndpoint
 
-from contracts.chain import rpc_batch
 from contracts.compiler import Artifact, load_contracts
-from contracts.errors import ChainError, ContractRevert
+from contracts.errors import ChainError
 from contracts.messages import Ack, Claim, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
-from contracts.reverts import REVERTS
+from contracts.states import (
+    BATCH_DISPUTED,
+    BATCH_NONE,
+    BATCH_PAID,
+    BATCH_PENDING,
+    BATCH_REJECTED,
+    DEAL_CLOSED,
+    DEAL_NONE,
+    DEAL_OPEN,
+    TASK_CLAIMED,
+    TASK_NONE,
+    TASK_REFUNDED,
+    TASK_VOUCHED,
+    BatchState,
+    BatchStatus,
+    DealState,
+    DealStatus,
+    TaskStatus,
+)
+from contracts.transactor import ErrorDecoder, Event, Transactor, TxResult, classify, selector_of
 
-GAS_MARGIN = 1.2
+__all__ = [
+    "BATCH_DISPUTED",
+    "BATCH_NONE",
+    "BATCH_PAID",
+    "BATCH_PENDING",
+    "BATCH_REJECTED",
+    "DEAL_CLOSED",
+    "DEAL_NONE",
+    "DEAL_OPEN",
+    "TASK_CLAIMED",
+    "TASK_NONE",
+    "TASK_REFUNDED",
+    "TASK_VOUCHED",
+    "BatchState",
+    "BatchStatus",
+    "Chain",
+    "DealState",
+    "DealStatus",
+    "Deployment",
+    "Escrow",
+    "Event",
+    "TaskStatus",
+    "Token",
+    "Transactor",
+    "TxResult",
+    "connect",
+]
+
 # Deployment defaults: a minute is the least a provider's daemon gets after each deadline to
 # settle its tasks; disputes give the arbiter a week.
 DEFAULT_MIN_CHALLENGE_WINDOW = 60
 DEFAULT_ARBITRATION_PERIOD = 7 * 24 * 3600
-
-
-@dataclass(frozen=True)
-class Event:
-    """A decoded contract event."""
-
-    name: str
-    args: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TxResult:
-    """A mined transaction: its hash, gas used and decoded events."""
-
-    tx_hash: str
-    gas_used: int
-    block_number: int
-    events: tuple[Event, ...]
-    contract_address: str | None = None
-
-    def event(self, name: str) -> Event:
-        """Return the first event called `name`; raise KeyError if none."""
-        for event in self.events:
-            if event.name == name:
-                return event
-        raise KeyError(name)
-
-
-@dataclass(frozen=True)
-class DealState:
-    """A deal as the escrow stores it."""
-
-    client: str
-    provider: str
-    arbiter: str
-    status: int
-    expiry: int
-    challenge_window: int
-    max_spend: int
-    committed: int
-    vouched: int
-    pending: int
-    stake: int
-    penalty: int
-    plan_hash: bytes
-    batch_count: int
-    client_agreed_close: bool
-    provider_agreed_close: bool
-
-    @property
-    def locked(self) -> int:
-        """Return the client funds still locked in the deal (pending claims included)."""
-        return self.max_spend - self.committed if self.status == DEAL_OPEN else 0
-
-
-@dataclass(frozen=True)
-class BatchState:
-    """A claimed batch of receipts as stored."""
-
-    amount: int
-    deadline: int
-    status: int
-    tasks: int
-
-
-DEAL_NONE, DEAL_OPEN, DEAL_CLOSED = 0, 1, 2
-BATCH_NONE, BATCH_PENDING, BATCH_DISPUTED, BATCH_PAID, BATCH_REJECTED = 0, 1, 2, 3, 4
-TASK_NONE, TASK_VOUCHED, TASK_CLAIMED, TASK_REFUNDED = 0, 1, 2, 3
-
-
-class _ErrorDecoder:
-    """Turn revert data into the typed exception named after the custom error."""
-
-    def __init__(self, abis: list[list[dict[str, Any]]]) -> None:
-        self._by_selector: dict[bytes, tuple[str, list[str], list[str]]] = {}
-        for abi in abis:
-            for item in abi:
-                if item["type"] == "error":
-                    selector = _selector(item)
-                    types = [i["type"] for i in item["inputs"]]
-                    names = [i["name"] for i in item["inputs"]]
-                    self._by_selector[selector] = (item["name"], types, names)
-
-    def decode(self, data: str | bytes | None) -> ContractRevert | None:
-        if data is None:
-            return None
-        raw = bytes.fromhex(data.removeprefix("0x")) if isinstance(data, str) else data
-        entry = self._by_selector.get(raw[:4])
-        if entry is None:
-            return None
-        name, types, names = entry
-        values = abi_decode(types, raw[4:])
-        args = {n: _plain(t, v) for n, t, v in zip(names, types, values, strict=True)}
-        return REVERTS.get(name, ContractRevert)(name, args)
-
-
-def _selector(item: dict[str, Any]) -> bytes:
-    return bytes(function_abi_to_4byte_selector(item))  # type: ignore[arg-type]
-
-
-def _plain(kind: str, value: Any) -> Any:
-    if kind == "address":
-        return to_checksum_address(value)
-    if isinstance(value, bytes):
-        return "0x" + value.hex()
-    return value
-
-
-class Transactor:
-    """Sign and send transactions for local keys, tracking nonces per sender."""
-
-    def __init__(self, w3: Web3, decoder: _ErrorDecoder) -> None:
-        self.w3 = w3
-        self._decoder = decoder
-        self._nonces: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._addresses: dict[str, str] = {}
-        self._max_fee: int | None = None
-        self.chain_id = w3.eth.chain_id
-
-    def send(self, key: str, to: str | None, data: bytes | str, gas: int | None = None) -> Any:
-        """Send a transaction, wait for its receipt and return it; raise the typed revert."""
-        sender = self._address(key)
-        tx: dict[str, Any] = {"from": sender, "data": data, "value": 0}
-        if to is not None:
-            tx["to"] = to
-        with self._lock:
-            if gas is None:
-                gas = int(self._call(self.w3.eth.estimate_gas, tx, "pending") * GAS_MARGIN)
-            nonce = self._nonces.get(sender)
-            if nonce is None:
-                nonce = self.w3.eth.get_transaction_count(sender, "pending")  # type: ignore[arg-type]
-            del tx["from"]
-            tx.update(gas=gas, nonce=nonce, chainId=self.chain_id, maxPriorityFeePerGas=0)
-            tx_hash = self._send_raw(key, tx)
-            self._nonces[sender] = nonce + 1
-        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.01)
-        if receipt["status"] != 1:
-            raise ChainError(f"transaction {tx_hash.to_0x_hex()} reverted (gas limit {gas})")
-        return receipt
-
-    def _send_raw(self, key: str, tx: dict[str, Any]) -> Any:
-        """Sign and send with a cached fee cap, refreshing it once if the chain wants more."""
-        for attempt in (0, 1):
-            if self._max_fee is None or attempt:
-                base_fee = int(self.w3.eth.get_block("pending").get("baseFeePerGas", 0))
-                self._max_fee = base_fee * 2 + 10**9
-            tx["maxFeePerGas"] = self._max_fee
-            signed = Account.sign_transaction(tx, key)
-            try:
-                return self.w3.eth.send_raw_transaction(signed.raw_transaction)
-            except Web3RPCError as exc:
-                if attempt or "fee" not in str(exc).lower():
-                    self._nonces.pop(self._address(key), None)
-                    raise ChainError(f"transaction rejected: {exc}") from exc
-        raise AssertionError("unreachable")
-
-    def _address(self, key: str) -> str:
-        address = self._addresses.get(key)
-        if address is None:
-            address = self._addresses[key] = Account.from_key(key).address
-        return address
-
-    def reset_nonces(self) -> None:
-        """Forget tracked nonces (after a chain snapshot revert)."""
-        with self._lock:
-            self._nonces.clear()
-
-    def call(self, fn: Any) -> Any:
-        """Run a view call, raising the typed revert on failure."""
-        return self._call(fn.call)
-
-    def _call(self, method: Any, *args: Any) -> Any:
-        try:
-            return method(*args)
-        except (ContractCustomError, ContractLogicError, Web3RPCError) as exc:
-            data = getattr(exc, "data", None)
-            typed = self._decoder.decode(data if isinstance(data, str | bytes) else None)
-            if typed is not None:
-                raise typed from exc
-            raise ChainError(str(exc)) from exc
 
 
 class _Bound:
@@ -223,7 +86,7 @@ class _Bound:
         self.contract: Contract = transactor.w3.eth.contract(address=self.address, abi=abi)
         self._inputs = {
             item["name"]: (
-                _selector(item),
+                selector_of(item),
                 [_abi_type(i) for i in item["inputs"]],
             )
             for item in abi
@@ -258,16 +121,37 @@ class _Bound:
         return "0x" + (selector + abi_encode(types, list(args))).hex()
 
     def read_many(self, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        """Run several view calls in one JSON-RPC batch; return decoded results in order."""
-        url = self.tx.w3.provider.endpoint_uri  # type: ignore[attr-defined]
-        payload = [
-            ("eth_call", [{"to": self.address, "data": self._encode_call(n, a)}, "latest"])
+        """Run several view calls in one JSON-RPC batch; return decoded results in order.
+
+        The batch goes through the web3 provider's batch request; a call that reverts raises
+        its typed revert, like a single view call.
+        """
+        batch = [
+            (
+                RPCEndpoint("eth_call"),
+                [{"to": self.address, "data": self._encode_call(n, a)}, "latest"],
+            )
             for n, a in calls
         ]
+        try:
+            replies = self.tx.w3.provider.make_batch_request(batch)  # type: ignore[attr-defined]
+        except Exception as exc:
+            raise self.tx.revert_of(exc) from exc
+        if not isinstance(replies, list):  # the node refused the whole batch
+            raise self.tx.revert_of(_RpcReplyError(str(replies.get("error")), None))
+        # the provider numbers the requests in order; replies may come in any order
+        ordered: list[dict[str, Any]] = sorted(replies, key=lambda reply: int(reply["id"]))
+        if len(ordered) != len(calls):
+            raise ChainError(f"the chain answered {len(ordered)} of {len(calls)} batched calls")
         results = []
-        for (name, _), raw in zip(calls, rpc_batch(url, payload), strict=True):
-            outputs = self._outputs[name]
-            values = abi_decode(outputs, bytes.fromhex(raw.removeprefix("0x")))
+        for (name, _), reply in zip(calls, ordered, strict=True):
+            error = reply.get("error")
+            if error is not None or "result" not in reply:
+                data = error.get("data") if isinstance(error, dict) else None
+                raise self.tx.revert_of(_RpcReplyError(f"{name}: {error}", data))
+            values = abi_decode(
+                self._outputs[name], bytes.fromhex(reply["result"].removeprefix("0x"))
+            )
             results.append(values[0] if len(values) == 1 else values)
         return results
 
@@ -283,6 +167,17 @@ class _Bound:
             decoded = self.contract.events[name]().process_log(log)
             events.append(Event(name=name, args=dict(decoded["args"])))
         return tuple(events)
+
+
+ETH_CALL = RPCEndpoint("eth_call")
+
+
+class _RpcReplyError(Exception):
+    """One failed reply of a batch, carrying its revert data for the decoder."""
+
+    def __init__(self, message: str, data: Any) -> None:
+        super().__init__(message)
+        self.data = data
 
 
 def _event_signature(item: dict[str, Any]) -> str:
@@ -497,16 +392,29 @@ class Deployment:
     escrow_gas: int
 
 
-def decoder(artifacts: dict[str, Artifact]) -> _ErrorDecoder:
+def decoder(artifacts: dict[str, Artifact]) -> ErrorDecoder:
     """Return the revert decoder for the compiled contracts."""
-    return _ErrorDecoder([a.abi for a in artifacts.values()])
+    return ErrorDecoder([a.abi for a in artifacts.values()])
 
 
-def connect(rpc_url: str) -> Web3:
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def connect(rpc_url: str, timeout_s: float = 30.0) -> Web3:
     """Return a Web3 connected to `rpc_url`; raise ChainError if it does not answer."""
-    w3 = Web3(Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": 30}))
-    if not w3.is_connected():
-        raise ChainError(f"no JSON-RPC endpoint answers at {rpc_url}")
+    session = requests.Session()
+    # Without a proxy configured, skip the per-request scan of the environment for one (it
+    # costs more than a local JSON-RPC round trip); with one, requests keeps honouring it.
+    session.trust_env = any(
+        os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARIABLES
+    )
+    provider = Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout_s}, session=session)
+    w3 = Web3(provider)
+    try:
+        w3.eth.chain_id  # noqa: B018 - the first request: is anything answering, and in time?
+    except Exception as exc:
+        error = classify(exc)
+        raise type(error)(f"no JSON-RPC endpoint answers at {rpc_url}: {error}") from exc
     return w3
 
 

@@ -57,27 +57,6 @@ def rpc(url: str, method: str, params: list[Any] | None = None, timeout: float =
     return reply["result"]
 
 
-def rpc_batch(url: str, calls: list[tuple[str, list[Any]]], timeout: float = 10.0) -> list[Any]:
-    """Call several JSON-RPC methods in one HTTP request; return results in order."""
-    body = json.dumps(
-        [{"jsonrpc": "2.0", "id": i, "method": m, "params": p} for i, (m, p) in enumerate(calls)]
-    )
-    request = urllib.request.Request(url, body.encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            replies = json.loads(response.read())
-    except (urllib.error.URLError, OSError) as exc:
-        raise ChainError(f"batch at {url} failed: {exc}") from exc
-    by_id = {reply["id"]: reply for reply in replies}
-    results = []
-    for i in range(len(calls)):
-        reply = by_id[i]
-        if "error" in reply:
-            raise ChainError(f"{calls[i][0]} at {url}: {reply['error']}")
-        results.append(reply["result"])
-    return results
-
-
 @dataclass
 class Anvil:
     """A running anvil process bound to 127.0.0.1; use as a context manager or call stop()."""

@@ -15,6 +15,22 @@ class ChainError(EscrowError):
     """The chain could not be started, reached or used."""
 
 
+class ChainTimeoutError(ChainError):
+    """The chain did not answer, or did not mine a sent transaction, in time."""
+
+
+class FeeTooLowError(ChainError):
+    """The chain refused a transaction whose fee is below what it currently accepts."""
+
+
+class NonceTooLowError(ChainError):
+    """The chain refused a transaction whose nonce its sender has already used."""
+
+
+class TransactionRevertedError(ChainError):
+    """A mined transaction reverted (estimation passed, execution did not)."""
+
+
 class SignatureError(EscrowError, ValueError):
     """A signature is malformed or was not made by the expected signer."""
 

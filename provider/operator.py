@@ -35,7 +35,7 @@ from provider.errors import ConfigError, ProviderError
 Handler = Callable[[argparse.Namespace], int]
 CONFIG_ENV = "TPUMARKET_PROVIDER_CONFIG"
 _SCAN_CHUNK = 10_000
-_DEAL_STATUS = {DEAL_OPEN: "open", DEAL_CLOSED: "closed"}
+_DEAL_STATUS: dict[int, str] = {DEAL_OPEN: "open", DEAL_CLOSED: "closed"}
 
 
 class UsageError(Exception):
