@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -67,6 +67,7 @@ from tests.e2e.stack import (  # noqa: E402
     spin_model,
     stack,
 )
+from tests.polling import poll_until  # noqa: E402
 
 FAULTS = ("provider_kill", "chain_freeze", "client_kill", "double_sigint")
 PLANS = {
@@ -386,7 +387,7 @@ def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
         started = time.monotonic()
         pending, latest, _ = settled_on_time(soak, [deal])
         budget = max(0.0, latest - time.time()) + 10
-        settled = wait_until(lambda: settled_on_time(soak, [deal])[0] == 0, budget)
+        settled = poll_until(lambda: settled_on_time(soak, [deal])[0] == 0, budget)
         say(
             f"  client killed -9; down {time.monotonic() - started:.0f} s while "
             f"{deal.provider.name} claimed {pending} delivered task(s)"
@@ -429,16 +430,6 @@ def settled_on_time(soak: Soak, deals: list[Deal] | None = None) -> tuple[int, i
     return pending, latest, acks
 
 
-def wait_until(done: Callable[[], bool], timeout_s: float) -> bool:
-    """Poll ``done`` (external processes' progress) until true or ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 def settle_all(soak: Soak) -> dict[str, Any]:
     """Let the daemons settle, move the chain's clock past every instant, refund, close."""
     from client.accounts import ClientAccount
@@ -450,7 +441,7 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     # The daemons settle each task by its settlement instant; wait for them in wall time.
     budget = max(0.0, latest - time.time()) + 10
     say(f"waiting up to {budget:.0f} s for the daemons to settle {pending} on-time deliveries")
-    wait_until(lambda: settled_on_time(soak)[0] == 0, budget)
+    poll_until(lambda: settled_on_time(soak)[0] == 0, budget)
     left, latest, _ = settled_on_time(soak)
     waited = time.monotonic() - started
     say(f"{pending - left} settled in {waited:.1f} s, {left} not")
@@ -470,7 +461,7 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     def no_pending() -> bool:
         return all(st.escrow.get_deal(d.chain_id).pending == 0 for d in soak.deals)
 
-    finalized = wait_until(no_pending, 60)
+    finalized = poll_until(no_pending, 60)
     st.escrow.tx.reset_nonces()  # the client's CLI runs sent transactions with the same key
     account = ClientAccount(st.escrow, st.token, st.client)
     for deal in soak.deals:
@@ -479,7 +470,7 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     def closed() -> bool:
         return all(st.escrow.get_deal(d.chain_id).status == DEAL_CLOSED for d in soak.deals)
 
-    closed_by_daemons = wait_until(closed, 90)
+    closed_by_daemons = poll_until(closed, 90)
     return {
         "settle_wait_s": round(waited, 1),
         "on_time_unsettled_before_jump": left,

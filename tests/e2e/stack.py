@@ -13,8 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from contracts.binding import Chain, Escrow, Token
 from contracts.chain import Anvil, free_port
 from contracts.messages import ZERO_ADDRESS, Plan, Quote, address_of
 from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = 10**6
@@ -40,17 +40,6 @@ SLOW_STEPS = 150_000_000  # ~3 s of device time on this CPU: past a 1 s SLO
 MIN_WINDOW = 10
 WINDOW = 10  # the window of the tests' quotes
 _nonces = itertools.count(1)
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll an external process's state (readiness and settlement only, never for ordering)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.05
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s:.0f} s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
 
 
 class Process:

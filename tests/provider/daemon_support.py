@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from contracts.messages import (
 )
 from contracts.program import ProgramEnvelope, encode_envelope, request_input_hash
 from provider.config import ProviderConfig, SettlementConfig
+from tests.polling import wait_until  # noqa: F401 - the helpers import it from here
 from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
 
 FUNDS = 10**15
@@ -243,14 +243,3 @@ def compile_task(
 ) -> SignedTask:
     """Sign a compile task for ``target``."""
     return sign_task(world, client, deal_id, index, envelope, kind=KIND_COMPILE, target=target)
-
-
-def wait_until(predicate: Any, timeout_s: float = 60.0, what: str = "condition") -> None:
-    """Poll an external process's state with backoff (readiness only, never for ordering)."""
-    deadline = time.monotonic() + timeout_s
-    delay = 0.02
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout_s}s")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
