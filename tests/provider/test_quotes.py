@@ -94,10 +94,11 @@ def quoting(
     provider_key: str,
     tmp_path: Path,
 ) -> Iterator[Daemon]:
-    """A daemon of ``provider_key`` that knows the market (its jobs run by hand)."""
+    """A started daemon of ``provider_key`` that knows the market (its jobs run by hand)."""
     config = provider_config(chain_world, tmp_path, private_key=provider_key, market_url=market_url)
     node = Daemon(config, chain=chain_world.chain, sandbox=sandbox)
     try:
+        node.start(schedule=False)  # its first heartbeat: only live providers' asks match
         yield node
     finally:
         node.close()
@@ -245,6 +246,7 @@ def test_ask_whose_window_is_below_what_the_daemon_needs_then_no_quote(
         sandbox=sandbox,
     )
     try:
+        node.start(schedule=False)  # its first heartbeat: only live providers' asks match
         post_ask(world, market_url, provider_key, quantity=1, window=CHALLENGE_WINDOW)
         record = bid(world, market_url, world.client)
         assert node.quotes is not None
