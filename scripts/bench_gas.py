@@ -28,6 +28,9 @@ from contracts.messages import (
 from contracts.pricing import price_receipt
 
 PLAN = Plan(inference_price=500, price_per_device_ms=2)
+SNAPSHOT = Path(__file__).resolve().parent.parent / "contracts" / "gas-snapshot.json"
+"""The committed figures; tests/contracts/test_gas_snapshot.py compares a fresh run with them.
+After an intended change of the contract's costs: `scripts/bench-gas --snapshot`."""
 
 
 def main() -> None:
@@ -90,7 +93,11 @@ def main() -> None:
     ]  # fmt: skip
     for key in keys:
         print(f"{key:>24}: {gas[key]:>9,} gas", file=sys.stderr)
-    print(json.dumps({key: gas[key] for key in keys}))
+    figures = {key: gas[key] for key in keys}
+    if "--snapshot" in sys.argv[1:]:
+        SNAPSHOT.write_text(json.dumps(figures, indent=2) + "\n")
+        print(f"wrote {SNAPSHOT}", file=sys.stderr)
+    print(json.dumps(figures))
 
 
 def _redeem(
