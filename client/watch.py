@@ -4,7 +4,9 @@ A provider may claim tasks on chain (``ReceiptsClaimed``) instead of redeeming a
 escrow checks that the client signed each request and that the price is the plan's, but it
 cannot know whether the client got the result. The watcher reads the claims of one deal, from
 the block the deal was opened in (found once, by a backward scan in bounded chunks when the
-ledger does not know it, then kept), and judges each batch against the client's ledger:
+ledger does not know it, then kept; never below the escrow's deployment block, configured or
+told by the market's ``GET /v1/domain`` as ``escrow_block``), and judges each batch against
+the client's ledger:
 
 - every task must have been delivered to the client and verified by its deadline (a task the
   ledger has not seen verified is asked for once more first: an honest provider whose result
@@ -18,10 +20,11 @@ the batch's amount back and the penalty per task). Every verdict is kept in the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import httpx
 from eth_utils.abi import event_abi_to_log_topic
 
 from client.accounts import ClientAccount
@@ -33,9 +36,14 @@ from contracts.reverts import EscrowChallengeWindowClosed
 LOG_CHUNK_BLOCKS = 10_000
 """Blocks per ``eth_getLogs`` query: bounded ranges, as public endpoints require."""
 
+ESCROW_BLOCK_KEY = "escrow_block"
+"""The key of the escrow's deployment block in the market's ``GET /v1/domain`` answer."""
+
 Recheck = Callable[[int], TaskRecord | None]
 """Ask the provider once more for a task's result; return the task's updated record."""
 Say = Callable[[str], None]
+EscrowBlock = Callable[[], int | None]
+"""Tell the escrow's deployment block (e.g. :func:`market_escrow_block`); None when unknown."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,27 @@ def find_open_block(
     raise ChainError(f"no DealOpened event of deal {deal_id} at or after block {lowest}")
 
 
+def escrow_block_of(answer: Mapping[str, Any]) -> int | None:
+    """Return the escrow's deployment block a market's ``GET /v1/domain`` answer names, if any
+    (null when the market does not know it; absent from markets older than the key)."""
+    block = answer.get(ESCROW_BLOCK_KEY)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        return None
+    return block
+
+
+def market_escrow_block(market_url: str, *, timeout_s: float = 10.0) -> int | None:
+    """Ask a market where its escrow was deployed (``GET /v1/domain``); None when it does not
+    say or cannot be reached (the watcher then reads from block 0, as before)."""
+    try:
+        reply = httpx.get(market_url.rstrip("/") + "/v1/domain", timeout=timeout_s)
+        reply.raise_for_status()
+        answer = reply.json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return escrow_block_of(answer) if isinstance(answer, dict) else None
+
+
 def judge_batch(
     ledger: DealLedger, amount: int, tasks: tuple[int, ...], recheck: Recheck | None = None
 ) -> tuple[bool, str]:
@@ -139,16 +168,25 @@ class ClaimWatcher:
     recheck: Recheck | None = None
     say: Say | None = None
     lowest_block: int = 0  # the escrow's deployment block, when known
+    escrow_block: EscrowBlock | None = None  # asked when lowest_block is 0 (e.g. the market)
 
     @property
     def escrow(self) -> Escrow:
         """Return the escrow the account uses."""
         return self.account.escrow
 
+    def lowest(self) -> int:
+        """Return the block below which no log is read: ``lowest_block`` when set, else the
+        escrow's deployment block as ``escrow_block`` tells it (asked once), else 0."""
+        if not self.lowest_block and self.escrow_block is not None:
+            self.lowest_block = self.escrow_block() or 0
+            self.escrow_block = None
+        return self.lowest_block
+
     def open_block(self) -> int:
         """Return the deal's open block (found once, then kept in the ledger)."""
         if self.ledger.open_block is None:
-            block, _ = find_open_block(self.escrow, self.ledger.deal_id, lowest=self.lowest_block)
+            block, _ = find_open_block(self.escrow, self.ledger.deal_id, lowest=self.lowest())
             self.ledger.open_block = block
             self.ledger.save()
         return int(self.ledger.open_block)

@@ -9,12 +9,15 @@ import hashlib
 import json
 import math
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.messages import KIND_COMPILE, STATUS_SUCCESS, Plan, Receipt, TaskRequest, Voucher
 from contracts.pricing import price
 from provider.diagnosis import Diagnosis
 from provider.sandbox.results import CompileResult, InferenceResult, TaskFailure
+
+if TYPE_CHECKING:
+    from provider.journal import DealBook
 
 SandboxOutcome = InferenceResult | CompileResult | TaskFailure
 
@@ -183,3 +186,80 @@ def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
     The deadline counts at most up to the deal's expiry.
     """
     return min(deadline, expiry) + challenge_window
+
+
+# ---- the deal's cap: every acked task stays payable ------------------------------------------
+#
+# The escrow pays a claim, a voucher's increase and a refund from one cap (``maxSpend``) and
+# refuses any of them that does not fit (``EscrowCapExceeded``). A client cannot take what the
+# cap holds for the provider's acked tasks by any call of its own but one: a voucher that pays
+# more than the tasks it newly covers ("a tip"). Redeemed, its surplus uses cap that the claims
+# of other acked tasks need, and those claims then revert. So the daemon keeps, for every deal,
+#
+#     cap_free = maxSpend - spent - unsettled - voucher_reserve >= 0
+#
+# and acks a task only if its ack price fits in ``cap_free``, and accepts (and redeems) a
+# voucher only if ``cap_free`` stays >= 0 with it. Each term is what the chain can still take
+# from the cap at most, read from the journal alone (a cached deal state could be stale):
+#
+# - ``spent``: the reservation fee, the last redeemed voucher, every claimed batch (pending,
+#   paid, or refunded to the client by a dispute: the refund is at most the batch), and every
+#   refunded task at its ack price (the refund is at most that);
+# - ``unsettled``: the ack price of every acked task the chain has not settled yet: a claim of
+#   it pays the receipt's amount, which the plan prices at most at the ack price (the ack price
+#   of a metered plan is the request's maxPrice, the contract's bound); a refund pays the ack
+#   price. A refund or claim the journal has not seen yet is still counted here, once;
+# - ``voucher_reserve``: what the latest accepted voucher adds over the last redeemed one,
+#   beyond the ack prices of the unsettled tasks it newly covers (already in ``unsettled``).
+#
+# Every step of an honest client and of the daemon keeps ``cap_free >= 0``: an ack takes at most
+# what is free; a claim moves at most a task's ack price from ``unsettled`` to ``spent``; a
+# redemption moves the voucher's increase to ``spent`` and its tasks out of ``unsettled``; a
+# refund moves an ack price; a voucher that pays exactly its tasks' receipts reserves nothing.
+# Only a tip reserves, and a tip larger than what is free is refused.
+
+
+def cap_spent(book: DealBook, reservation_fee: int) -> int:
+    """Return the most the chain has taken from a deal's cap, by the journal: the reservation
+    fee, the last redeemed voucher, every claimed batch, every refund at its task's ack price."""
+    redeemed = book.redeemed()
+    spent = reservation_fee + (0 if redeemed is None else redeemed.voucher.cumulative_amount)
+    for settlement in book.settlements:
+        if settlement.action == "claim":
+            spent += int(settlement.data["amount"])
+        elif settlement.action == "refunded":  # the ack prices of the refunded tasks
+            spent += int(settlement.data["refund"])
+    return spent
+
+
+def voucher_reserve(book: DealBook, voucher: Voucher | None) -> int:
+    """Return what redeeming ``voucher`` would take from the cap beyond the ack prices of the
+    unsettled tasks it newly covers (those are counted as unsettled already): its tip."""
+    if voucher is None:
+        return 0
+    redeemed = book.redeemed()
+    outstanding = voucher.cumulative_amount - (
+        0 if redeemed is None else redeemed.voucher.cumulative_amount
+    )
+    if outstanding <= 0:
+        return 0
+    covered = 0
+    for index in voucher_tasks(voucher):
+        record = book.acks.get(index)
+        if record is not None and not book.on_chain(index):
+            covered += record.ack.price
+    return max(0, outstanding - covered)
+
+
+def cap_free(
+    book: DealBook, voucher: Voucher | None, *, max_spend: int, reservation_fee: int
+) -> int:
+    """Return what a deal's cap keeps free once everything the chain may still take from it is
+    set aside, ``voucher`` being the provider's latest voucher (negative: the cap is short, and
+    some acked task could not be paid; see the comment above)."""
+    return (
+        max_spend
+        - cap_spent(book, reservation_fee)
+        - book.unpaid_ack_total()
+        - voucher_reserve(book, voucher)
+    )

@@ -55,7 +55,14 @@ from provider.errors import (
 )
 from provider.journal import AckRecord, DealBook, Journal, Key, ReceiptRecord, VoucherRecord
 from provider.metrics import ProviderMetrics
-from provider.receipts import ack_price, build_receipt, delivery, voucher_tasks
+from provider.receipts import (
+    ack_price,
+    build_receipt,
+    cap_spent,
+    delivery,
+    voucher_reserve,
+    voucher_tasks,
+)
 from provider.sandbox import Sandbox
 
 log = logging.getLogger("provider.service")
@@ -231,6 +238,8 @@ class TaskService:
         self._acked = {k: metrics.tasks_acked.labels(name) for k, name in _KIND_NAMES.items()}
         self._lock = threading.Lock()
         self._inflight: dict[Key, Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]] = {}
+        # deal -> ((settlement rows, voucher rows), spent + voucher reserve): see _cap_free
+        self._cap_cache: dict[int, tuple[tuple[int, int], int]] = {}
         self.outputs = OutputMemory(
             output_memory_budget() if output_memory_bytes is None else output_memory_bytes
         )
@@ -339,6 +348,15 @@ class TaskService:
         seen (worth a refresh); raise ``insufficient_budget`` when it is short for sure."""
         book = self.journal.deal(request.deal_id)
         unpaid = 0 if book is None else book.unpaid_ack_total()
+        # The cap must keep every acked task payable, a tip of the latest voucher counted
+        # (provider.receipts.cap_free): the journal's view, which a refresh cannot change.
+        free = self._cap_free(request.deal_id, book, deal)
+        if free < price:
+            raise self._reject(
+                "insufficient_budget",
+                f"deal {request.deal_id} keeps {max(free, 0)} of its cap {deal.max_spend} free "
+                f"once its acked tasks and vouchers are set aside; this task needs {price}",
+            )
         available = deal.max_spend - deal.committed - deal.pending
         if available >= request.max_price and available - unpaid >= price:
             return False
@@ -354,6 +372,39 @@ class TaskService:
                 f"unpaid; this task needs {price} (maxPrice {request.max_price})",
             )
         return True
+
+    def _cap_free(
+        self,
+        deal_id: int,
+        book: DealBook | None,
+        deal: DealState,
+        voucher: Voucher | None = None,
+    ) -> int:
+        """Return what the deal's cap keeps free once every acked task not settled, what the
+        chain spent and the tip of ``voucher`` (by default the latest accepted one) are set
+        aside (:func:`provider.receipts.cap_free`). Cached per deal until a settlement or a
+        voucher is journaled, so the task path stays O(1)."""
+        if book is None:
+            return deal.max_spend - self._reservation_fee(deal)
+        if voucher is not None:
+            held = cap_spent(book, self._reservation_fee(deal)) + voucher_reserve(book, voucher)
+        else:
+            key = (len(book.settlements), len(book.vouchers))
+            cached = self._cap_cache.get(deal_id)
+            if cached is not None and cached[0] == key:
+                held = cached[1]
+            else:
+                latest = book.latest_voucher
+                held = cap_spent(book, self._reservation_fee(deal)) + voucher_reserve(
+                    book, None if latest is None else latest.voucher
+                )
+                self._cap_cache[deal_id] = (key, held)
+        return deal.max_spend - held - book.unpaid_ack_total()
+
+    def _reservation_fee(self, deal: DealState) -> int:
+        """Return the fee the deal's opening took from its cap (its committed amount then)."""
+        plan = self.deals.plan_of(deal)
+        return deal.committed if plan is None else plan.reservation_fee
 
     def _ack(
         self,
@@ -616,8 +667,10 @@ class TaskService:
         Accepted only if it is signed by the deal's client, covers every task the previously
         accepted voucher covered, newly covers only delivered tasks that are not claimed (or
         being claimed) or refunded on chain, and adds at least the receipt amounts of the tasks
-        it newly covers over the previous voucher (so its task bits are paid for). A refusal
-        changes nothing: the next voucher is judged against the same accepted one.
+        it newly covers over the previous voucher (so its task bits are paid for), and whose
+        redemption leaves the deal's cap enough for every other acked task not settled yet (a
+        surplus, or tip, must fit in what the cap keeps free: ``voucher_leaves_cap_short``). A
+        refusal changes nothing: the next voucher is judged against the same accepted one.
         """
         try:
             if json_depth(voucher_json) > MAX_JSON_DEPTH:
@@ -651,7 +704,9 @@ class TaskService:
                 f"cumulative {voucher.cumulative_amount} is above the deal's cap {deal.max_spend}",
             )
         tasks = voucher_tasks(voucher)
-        with self.journal.lock:  # the claim job marks the tasks it claims under this lock
+        # Under the task lock too: an ack and a voucher are each checked against the cap with
+        # the other in place. The claim job marks the tasks it claims under the journal's lock.
+        with self._lock, self.journal.lock:
             book = self.journal.deal(voucher.deal_id)
             if book is None:
                 raise self._voucher_reject("voucher_covers_undelivered", "no task was delivered")
@@ -683,9 +738,38 @@ class TaskService:
                     f"only {increase} over the previous voucher's {base}: every task bit must "
                     "be paid for",
                 )
+            self._check_cap_covers(voucher, deal, book, increase - owed)
             stored = self.journal.record_voucher(voucher, sig)
         self.metrics.vouchers.labels("accepted").inc()
         return stored, True
+
+    def _check_cap_covers(
+        self, voucher: Voucher, deal: DealState, book: DealBook, tip: int
+    ) -> None:
+        """Refuse a voucher whose redemption would leave the deal's cap short of what the
+        chain may still pay for the other acked tasks (hold the journal's lock).
+
+        Its surplus over the receipts of the tasks it newly covers (``tip``) comes out of the
+        same cap as the claims of every other acked task not settled yet; the escrow refuses a
+        claim that does not fit. So a client could pay one task generously and leave later
+        claims unpayable (:func:`provider.receipts.cap_free`).
+        """
+        free = self._cap_free(voucher.deal_id, book, deal, voucher)
+        if free >= 0:
+            return
+        latest = book.latest_voucher
+        before = self._cap_free(
+            voucher.deal_id, book, deal, None if latest is None else latest.voucher
+        )
+        if free >= before:
+            return  # short already (journaled by an older daemon): this voucher adds nothing
+        raise self._voucher_reject(
+            "voucher_leaves_cap_short",
+            f"cumulative {voucher.cumulative_amount} pays {tip} more than the receipts of the "
+            f"tasks it newly covers; redeemed, it would leave deal {voucher.deal_id}'s cap "
+            f"{deal.max_spend} {-free} short of what its other acked tasks may cost: send one "
+            f"that adds exactly the receipts' amounts",
+        )
 
     def _owed(self, book: DealBook, fresh: list[int], base: int) -> int:
         """Return the receipt amounts of the tasks a voucher newly covers; refuse one that

@@ -22,6 +22,8 @@ counted, and the job moves on to the next deal.
 - **redeem** the latest acceptable voucher once a task it newly pays reaches its
   ``settleBy - margin``, or once its increase reaches ``redeem_threshold``. A voucher the
   escrow refuses is journaled ``voucher_unusable``: the tasks it covered are claimed instead;
+  so is one that would leave the deal's cap short of the other acked tasks (the task service
+  refuses those; a journal of an older daemon may hold one);
 - **claim** delivered, on-time tasks that no acceptable voucher covers once they reach
   ``settleBy - margin``, up to ``claim_batch_max`` per transaction, each with the client's
   signed request; a task the chain refuses is dropped from the batch, which is sent again;
@@ -67,7 +69,7 @@ from provider.deals import DealCache
 from provider.errors import RejectedError
 from provider.journal import DealBook, Journal, ReceiptRecord, SettlementRecord, VoucherRecord
 from provider.metrics import ProviderMetrics
-from provider.receipts import settle_by, voucher_tasks
+from provider.receipts import cap_free, settle_by, voucher_tasks
 
 log = logging.getLogger("provider.settlement")
 
@@ -417,10 +419,14 @@ class SettlementJobs:
         with self._lock:
             self.clock.chain_now()
             now = self.clock.now()
-            for deal_id, book, state, _ in self._open_deals(deals):
+            for deal_id, book, state, plan in self._open_deals(deals):
                 latest = book.latest_voucher
                 if latest is None:
                     continue
+                if self._leaves_cap_short(deal_id, book, state, plan, latest):
+                    latest = book.latest_voucher  # the one before: its tasks are claimed
+                    if latest is None:
+                        continue
                 redeemed = book.redeemed()
                 base = 0 if redeemed is None else redeemed.voucher.cumulative_amount
                 increase = latest.voucher.cumulative_amount - base
@@ -436,6 +442,58 @@ class SettlementJobs:
                 if record is not None:
                     done.append(record)
         return done
+
+    def _leaves_cap_short(
+        self, deal_id: int, book: DealBook, state: DealState, plan: Plan, latest: VoucherRecord
+    ) -> bool:
+        """Journal ``latest`` unusable if redeeming it would leave the deal's cap short of the
+        other acked tasks while the voucher before it would not, and every task it newly
+        covers can still be claimed; return whether it did.
+
+        The task service refuses such a voucher (``voucher_leaves_cap_short``); this guards a
+        journal written by a daemon that accepted one. Its tasks are claimed instead, so every
+        delivered task is paid its receipt.
+        """
+        fee = plan.reservation_fee
+        if cap_free(book, latest.voucher, max_spend=state.max_spend, reservation_fee=fee) >= 0:
+            return False
+        unusable = book.unusable_vouchers()
+        before = next(
+            (v for v in reversed(book.vouchers) if v.seq < latest.seq and v.seq not in unusable),
+            None,
+        )
+        fallback = None if before is None else before.voucher
+        if cap_free(book, fallback, max_spend=state.max_spend, reservation_fee=fee) < 0:
+            return False  # short either way: the voucher pays more now
+        chain_now = self.clock.chain_now()
+        for index in voucher_tasks(latest.voucher):
+            if book.on_chain(index) or (fallback is not None and fallback.covers(index)):
+                continue
+            ack, record = book.acks.get(index), book.receipts.get(index)
+            if (
+                ack is None
+                or record is None
+                or not (record.on_time and ack.claimable)
+                or record.receipt.amount > ack.request.max_price
+                or settle_by(ack.request.deadline, state.expiry, state.challenge_window) < chain_now
+            ):
+                return False  # only this voucher can still pay that task
+        self._record(
+            deal_id,
+            "voucher_unusable",
+            {
+                "voucher_seq": latest.seq,
+                "error": "cap_short",
+                "reason": "redeemed, it would leave the cap short of the other acked tasks",
+            },
+            None,
+        )
+        log.warning(
+            "voucher not redeemed: it pays more than its tasks and would leave the cap short "
+            "of the other acked tasks; its tasks are claimed instead",
+            extra={"deal": deal_id, "cumulative": latest.voucher.cumulative_amount},
+        )
+        return True
 
     def _voucher_due(
         self, book: DealBook, voucher: VoucherRecord, state: DealState, now: float

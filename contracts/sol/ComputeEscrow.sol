@@ -153,7 +153,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (maxSpend > quote.maxSpend) revert EscrowSpendAboveQuote(maxSpend, quote.maxSpend);
         if (!PlanPricing.isValid(quote.plan)) revert EscrowInvalidPlan();
         if (
-            quote.arbiter == address(0) || quote.duration == 0 || quote.plan.reservationFee > maxSpend
+            quote.arbiter == address(0) || quote.arbiter == quote.provider || quote.arbiter == msg.sender
+                || quote.duration == 0 || quote.plan.reservationFee > maxSpend
                 || maxSpend > type(uint128).max || quote.stake > type(uint128).max || quote.penalty > type(uint128).max
                 || block.timestamp + quote.duration + 3 * uint256(quote.challengeWindow) + _arbitrationPeriod
                     > type(uint64).max

@@ -40,6 +40,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_covers_refunded": 422,
     "voucher_underpays": 422,
     "voucher_over_cap": 422,
+    "voucher_leaves_cap_short": 422,
     "chain_unavailable": 503,
 }
 

@@ -326,6 +326,27 @@ def test_attack5_quote_naming_no_client_is_refused(world: World) -> None:
 # ---------------------------------------------------------------- 6: smaller holes
 
 
+@pytest.mark.parametrize("party", ["provider", "client"])
+def test_attack6_arbiter_who_is_the_provider_or_the_client_is_refused(
+    world: World, party: str
+) -> None:
+    # An arbiter that is a party rules its own disputes: a provider arbiter keeps a made-up
+    # claim the client disputed, a client arbiter takes back every claim it disputes. The SDK
+    # refused such quotes; the escrow now does too, so no other client or market has to.
+    client, provider = world.clients[0], world.providers[0]
+    world.escrow.deposit(client, 10**6)
+    world.escrow.stake(provider, 10**6)
+    judge = address_of(provider if party == "provider" else client)
+    q = replace(quote(world, provider, client), arbiter=judge)
+    with pytest.raises(reverts.EscrowInvalidTerms):
+        world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
+    assert not world.escrow.is_nonce_used(address_of(provider), q.nonce)
+    fair = replace(q, arbiter=address_of(world.arbiter))
+    opened = world.escrow.open_deal(client, fair, fair.sign(world.escrow.domain, provider), 10**6)
+    deal_id = int(opened.event("DealOpened").args["dealId"])
+    assert world.escrow.get_deal(deal_id).arbiter == address_of(world.arbiter)
+
+
 def test_attack6_close_at_expiry_plus_window_leaves_the_client_a_window_to_refund(
     exact_clock: World,
 ) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import pytest
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_utils.crypto import keccak
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -124,35 +126,80 @@ def test_digest_equals_contract_and_typed_data_encoder(deployed: World, message:
 def test_published_typed_data_schema_signs_what_the_contract_verifies(
     deployed: World, message: object
 ) -> None:
-    # A wallet that knows only the published schema (GET /v1/typed-data, contracts/typed_data.json)
-    # and the message's fields signs the digest the escrow computes. eth-account derives the
-    # primary type from `types`, so it takes the primary type and what it refers to, not all.
+    # A wallet that knows only the served schema (GET /v1/typed-data, as JSON) and the message's
+    # fields signs the digest the escrow computes: the schema gives each message its whole
+    # `eth_signTypedData_v4` request but the message.
     assert isinstance(message, Quote | TaskRequest | Ack | Receipt | Voucher)
     domain = deployed.escrow.domain
-    published = typed_data.schema(domain)
-    assert published["types"] == typed_data.shipped()["types"]
-    assert published["primaryTypes"][message.TYPE_NAME]["signer"] in ("client", "provider")
-    full = {
-        "types": _reachable(published["types"], message.TYPE_NAME),
-        "primaryType": message.TYPE_NAME,
-        "domain": published["domain"],
-        "message": message.as_typed_data(),
-    }
+    served = json.loads(json.dumps(typed_data.schema(domain)))
+    assert served["types"] == typed_data.shipped()["types"]
+    assert served["messages"][message.TYPE_NAME]["signer"] in ("client", "provider")
+    full = typed_data.full_message(served, message.TYPE_NAME, wallet_values(message))
     key = deployed.providers[0]
     signed = Account.sign_message(encode_typed_data(full_message=full), key)
     assert signed.message_hash == deployed.escrow.digest(message)
     assert recover_digest(deployed.escrow.digest(message), signed.signature) == address_of(key)
 
 
-def _reachable(types: dict[str, list[dict[str, str]]], primary: str) -> dict[str, Any]:
-    """Return `EIP712Domain`, `primary` and every struct type `primary` refers to."""
-    found = {"EIP712Domain": types["EIP712Domain"]}
-    todo = [primary]
-    while todo:
-        name = todo.pop()
-        found[name] = types[name]
-        todo += [f["type"] for f in types[name] if f["type"] in types and f["type"] not in found]
-    return found
+SIGNED_MESSAGES: dict[str, st.SearchStrategy[Any]] = {
+    "Quote": quotes,
+    "TaskRequest": requests,
+    "Ack": acks,
+    "Receipt": receipts,
+    "Voucher": vouchers,
+}
+
+
+def test_typed_data_json_publishes_every_signed_message_whole() -> None:
+    shipped = json.loads(typed_data.SCHEMA_FILE.read_text())
+    assert sorted(shipped["messages"]) == sorted(SIGNED_MESSAGES)
+    for name, entry in shipped["messages"].items():
+        request = entry["typedData"]
+        assert request["primaryType"] == name
+        assert request["domain"] == {"name": "ComputeEscrow", "version": "2"}
+        assert shipped["domainToFill"] == ["chainId", "verifyingContract"]
+        types = request["types"]
+        assert types["EIP712Domain"] == shipped["types"]["EIP712Domain"]
+        referred = {f["type"] for fields in types.values() for f in fields} & set(types)
+        assert set(types) - referred == {"EIP712Domain", name}  # the primary type, found alone
+        assert all(types[t] == shipped["types"][t] for t in types)
+
+
+@pytest.mark.parametrize("name", sorted(SIGNED_MESSAGES))
+@settings(chain_settings, max_examples=15)
+@given(data=st.data())
+def test_every_signed_message_signs_from_the_typed_data_json_alone(
+    deployed: World, name: str, data: st.DataObject
+) -> None:
+    # For each signed message: the shipped file (and the served schema), parsed as JSON, plus
+    # the message's values and the escrow's chain id and address give eth-account the digest
+    # our encoder computes and the escrow's own view returns.
+    message = data.draw(SIGNED_MESSAGES[name])
+    domain = deployed.escrow.domain
+    values = wallet_values(message)
+    shipped = json.loads(typed_data.SCHEMA_FILE.read_text())
+    served = json.loads(json.dumps(typed_data.schema(domain)))
+    from_file = typed_data.full_message(
+        shipped,
+        name,
+        values,
+        chainId=domain.chain_id,
+        verifyingContract=domain.verifying_contract,
+    )
+    from_server = typed_data.full_message(served, name, values)
+    ours, on_chain = message.digest(domain), deployed.escrow.digest(message)
+    assert ours == on_chain
+    for full in (from_file, from_server):
+        signable = encode_typed_data(full_message=json.loads(json.dumps(full)))
+        digest = keccak(b"\x19" + signable.version + signable.header + signable.body)
+        assert digest == ours
+
+
+def wallet_values(message: Quote | TaskRequest | Ack | Receipt | Voucher) -> dict[str, Any]:
+    """Return the message's typed-data fields as a wallet gets them in JSON (bytes as 0x-hex)."""
+    text = json.dumps(message.as_typed_data(), default=lambda b: "0x" + bytes(b).hex())
+    values: dict[str, Any] = json.loads(text)
+    return values
 
 
 @chain_settings

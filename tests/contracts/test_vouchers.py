@@ -9,8 +9,20 @@ import pytest
 from contracts import reverts
 from contracts.binding import TASK_CLAIMED, TASK_NONE, TASK_VOUCHED
 from contracts.messages import Voucher, address_of
+from provider.journal import AckRecord, DealBook, ReceiptRecord
+from provider.receipts import cap_free
 
-from .builders import WINDOW, bits, claim, open_deal, redeem, refund, signed_task, voucher
+from .builders import (
+    WINDOW,
+    SignedTask,
+    bits,
+    claim,
+    open_deal,
+    redeem,
+    refund,
+    signed_task,
+    voucher,
+)
 from .conftest import World
 
 
@@ -152,17 +164,64 @@ def redeem_event(world: World, client: str, provider: str, v: Voucher) -> dict[s
     return dict(world.escrow.redeem_voucher(provider, v, sig).event("VoucherRedeemed").args)
 
 
-def test_voucher_that_overpays_leaves_the_cap_short_for_later_claims(world: World) -> None:
-    # Why a provider's daemon must check a voucher against the budget of its other acked tasks:
-    # a client that tips one task's voucher can make the cap refuse the claim of another.
+def test_voucher_that_overpays_is_refused_by_the_provider_who_is_then_paid_in_full(
+    world: World,
+) -> None:
+    # Cap 1,000, two delivered tasks of 500, and a client voucher of 650 for the first (a 150
+    # tip). The escrow cannot tell a tip from a payment: it pays a voucher's increase and the
+    # claims from one cap. Redeemed, the tip leaves 350 for the claim of the second task.
     client, provider = world.clients[0], world.providers[0]
     deal_id, _ = open_deal(world, client, provider, max_spend=1_000)
     first, second = (
         signed_task(world, deal_id, i, client, provider, max_price=500, device_ms=0) for i in (0, 1)
     )
     assert first.receipt.amount == second.receipt.amount == 500
-    redeem(world, client, provider, voucher(deal_id, 650, [0]))  # 500 owed, 150 tip
+    tip = voucher(deal_id, 650, [0])
+    what_if = world.anvil.snapshot()
+    redeem(world, client, provider, tip)
     with pytest.raises(reverts.EscrowCapExceeded) as info:
         claim(world, provider, deal_id, [second])
     assert info.value.error_args == {"dealId": deal_id, "cap": 1_000, "needed": 1_150}
     assert world.escrow.balance_of(address_of(provider)) == 650  # of the 1,000 delivered
+    world.anvil.revert(what_if)
+    world.chain.tx.reset_nonces()
+
+    # So the provider's daemon keeps the cap covering every acked task it has not settled
+    # (provider.receipts.cap_free): the tip voucher leaves it 150 short and is refused, a
+    # voucher paying exactly the first receipt is taken.
+    book = deal_book(first, second)
+    assert cap_free(book, tip, max_spend=1_000, reservation_fee=0) == -150
+    assert cap_free(book, voucher(deal_id, 500, [0]), max_spend=1_000, reservation_fee=0) == 0
+
+    # The client goes silent: the provider claims both tasks and is paid in full.
+    claimed = claim(world, provider, deal_id, [first, second]).event("ReceiptsClaimed").args
+    world.anvil.increase_time(WINDOW + 1)
+    world.escrow.finalize_claim(provider, deal_id, int(claimed["batchId"]))
+    assert world.escrow.balance_of(address_of(provider)) == 1_000
+
+
+def deal_book(*tasks: SignedTask) -> DealBook:
+    """Return the provider's journal view of a deal whose `tasks` were acked and delivered."""
+    acks = {
+        t.index: AckRecord(
+            request=t.request,
+            request_sig=t.request_sig,
+            request_hash=t.request.struct_hash(),
+            target=None,
+            ack=t.ack,
+            ack_sig=t.ack_sig,
+            acked_at=0.0,
+        )
+        for t in tasks
+    }
+    receipts = {
+        t.index: ReceiptRecord(t.receipt, b"", t.receipt.struct_hash(), {}, seq=t.index)
+        for t in tasks
+    }
+    return DealBook(
+        acks=acks,
+        receipts=receipts,
+        vouchers=[],
+        settlements=[],
+        ack_total=sum(t.ack.price for t in tasks),
+    )

@@ -23,11 +23,19 @@ from tests.provider.daemon_support import (
 SLOW_STEPS = 400_000_000  # several seconds: the close lands while it runs
 
 
-def run_tasks(api: TestClient, world: ChainWorld, deal_id: int, count: int) -> list[Receipt]:
+def run_tasks(
+    api: TestClient,
+    world: ChainWorld,
+    deal_id: int,
+    count: int,
+    *,
+    first: int = 0,
+    max_price: int = 10_000,
+) -> list[Receipt]:
     envelope = tiny_mlp_envelope()[0]
     receipts = []
-    for index in range(count):
-        task = sign_task(world, world.client, deal_id, index, envelope)
+    for index in range(first, first + count):
+        task = sign_task(world, world.client, deal_id, index, envelope, max_price=max_price)
         body = api.post(
             "/v1/tasks", content=task.body, headers=task.headers(), params={"wait": 60}
         ).json()
@@ -191,3 +199,128 @@ def test_expired_empty_deal_then_the_provider_closes_it_alone_and_frees_its_stak
 
     assert daemon.jobs.close_deals([deal_id]) == [deal_id]
     assert world.escrow.stake_of(provider) == stake + 10**6
+
+
+# ---- P1: a client's voucher cannot leave the cap short of the provider's acked tasks -------
+
+
+def hand_over(api: TestClient, world: ChainWorld, voucher: Voucher) -> Any:
+    """Hand a voucher to the daemon; return the response."""
+    body = {
+        "voucher": voucher.to_json(),
+        "signature": "0x" + voucher.sign(world.domain, world.client).hex(),
+    }
+    return api.post("/v1/vouchers", json=body)
+
+
+def settle_everything(world: ChainWorld, daemon: Daemon, deal_id: int) -> None:
+    """Run the jobs as a silent client leaves them: redeem, claim, finalize after the window."""
+    daemon.jobs.settle_due(force=True, deals=[deal_id])
+    world.anvil.increase_time(CHALLENGE_WINDOW + 1)
+    daemon.jobs.finalize_claims(deals=[deal_id])
+    assert world.escrow.get_deal(deal_id).pending == 0
+
+
+def test_voucher_that_overpays_one_task_is_refused_so_every_delivered_task_is_paid_in_full(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    # Cap 1,000, two delivered tasks of 500. A voucher of 650 for the first (150 tip) would
+    # leave 350 for the claim of the second, which the escrow would refuse (EscrowCapExceeded):
+    # the provider would end with 650 of the 1,000 it delivered.
+    world = chain_world
+    deal_id = world.open_deal(max_spend=1_000)
+    receipts = run_tasks(api, world, deal_id, 2, max_price=500)
+    assert [r.amount for r in receipts] == [500, 500]
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+
+    refused = hand_over(api, world, Voucher(deal_id, 650, task_bitmap([0])))
+
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"] == "voucher_leaves_cap_short"
+    book = daemon.journal.deal(deal_id)
+    assert book is not None and book.latest_voucher is None  # nothing to redeem
+    settle_everything(world, daemon, deal_id)  # the client went silent: both tasks claimed
+    assert world.escrow.balance_of(provider) == balance + 1_000  # paid in full
+
+
+def test_tip_that_fits_is_taken_and_then_tasks_are_acked_only_as_far_as_the_cap_covers(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    # Cap 1,500, two delivered tasks of 500 and a voucher of 650 for the first: its tip (150)
+    # fits in what the cap keeps free (500), so the daemon takes it. A third task of 500 would
+    # then need 650 + 500 + 500 = 1,650 of the cap: the daemon refuses it (before this rule it
+    # acked it, since 1,500 - 1,000 unpaid >= 500, and one of the claims would have reverted).
+    world = chain_world
+    deal_id = world.open_deal(max_spend=1_500)
+    receipts = run_tasks(api, world, deal_id, 2, max_price=500)
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    taken = hand_over(api, world, Voucher(deal_id, 650, task_bitmap([0])))
+    assert taken.status_code == 200, taken.text
+
+    third = sign_task(world, world.client, deal_id, 2, tiny_mlp_envelope()[0], max_price=500)
+    refused = api.post("/v1/tasks", content=third.body, headers=third.headers())
+
+    assert refused.status_code == 402, refused.text
+    assert refused.json()["error"] == "insufficient_budget"
+    settle_everything(world, daemon, deal_id)
+    assert world.escrow.get_deal(deal_id).vouched == 650
+    assert world.escrow.balance_of(provider) == balance + 650 + receipts[1].amount
+
+
+def test_overpaying_voucher_an_older_daemon_accepted_is_not_redeemed_and_its_task_is_claimed(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    # A journal written before the rule may hold a tipping voucher: the redeem job checks the
+    # cap again before it redeems, journals the voucher unusable and claims its task instead.
+    world = chain_world
+    deal_id = world.open_deal(max_spend=1_000)
+    run_tasks(api, world, deal_id, 2, max_price=500)
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    tip = Voucher(deal_id, 650, task_bitmap([0]))
+    daemon.journal.record_voucher(tip, tip.sign(world.domain, world.client))
+
+    settle_everything(world, daemon, deal_id)
+
+    book = daemon.journal.deal(deal_id)
+    assert book is not None
+    unusable = [s for s in book.settlements if s.action == "voucher_unusable"]
+    assert [s.data["error"] for s in unusable] == ["cap_short"]
+    assert world.escrow.get_deal(deal_id).vouched == 0
+    assert sorted(book.claimed_tasks()) == [0, 1]
+    assert world.escrow.balance_of(provider) == balance + 1_000
+
+
+def test_client_crafting_vouchers_in_any_order_never_leaves_a_delivered_task_unpaid(
+    api: TestClient, chain_world: ChainWorld, daemon: Daemon
+) -> None:
+    # Cap 1,500 and three delivered tasks of 500: the cap keeps nothing free. Every voucher
+    # that would take more than it pays for is refused, whatever came before it; the ones
+    # that pay exactly are taken; the provider ends with 1,500 for 1,500 delivered.
+    world = chain_world
+    deal_id = world.open_deal(max_spend=1_500)
+    run_tasks(api, world, deal_id, 3, max_price=500)
+    provider = address_of(world.provider)
+    balance = world.escrow.balance_of(provider)
+    attempts = [
+        (Voucher(deal_id, 501, task_bitmap([0])), "voucher_leaves_cap_short"),  # a 1-unit tip
+        (Voucher(deal_id, 500, task_bitmap([0])), None),
+        (Voucher(deal_id, 600, task_bitmap([0])), "voucher_leaves_cap_short"),  # a tip alone
+        (Voucher(deal_id, 1_000, task_bitmap([0, 1])), None),
+        (Voucher(deal_id, 1_499, task_bitmap([0, 1, 2])), "voucher_underpays"),
+        (Voucher(deal_id, 1_501, task_bitmap([0, 1, 2])), "voucher_over_cap"),
+        (Voucher(deal_id, 1_200, task_bitmap([0, 1])), "voucher_leaves_cap_short"),
+    ]
+    for voucher, refusal in attempts:
+        answer = hand_over(api, world, voucher)
+        if refusal is None:
+            assert answer.status_code == 200, (voucher, answer.text)
+        else:
+            assert answer.json()["error"] == refusal, (voucher, answer.text)
+
+    settle_everything(world, daemon, deal_id)  # redeems the 1,000 voucher, claims task 2
+
+    assert world.escrow.get_deal(deal_id).vouched == 1_000
+    assert world.escrow.balance_of(provider) == balance + 1_500

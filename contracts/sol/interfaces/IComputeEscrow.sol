@@ -132,8 +132,8 @@ interface IComputeEscrow {
     error EscrowSpendAboveQuote(uint256 maxSpend, uint256 quoted);
     /// @notice Thrown when a plan has a discount above 100% or unordered tiers.
     error EscrowInvalidPlan();
-    /// @notice Thrown when quote terms are unusable (no arbiter, zero duration, fee above cap,
-    /// amounts past 128 bits, or times past 64 bits).
+    /// @notice Thrown when quote terms are unusable (no arbiter, an arbiter that is the provider
+    /// or the client, zero duration, fee above cap, amounts past 128 bits, or times past 64 bits).
     error EscrowInvalidTerms();
     /// @notice Thrown when a quote's challenge window is below the escrow's minimum.
     error EscrowChallengeWindowTooShort(uint64 challengeWindow, uint64 minimum);

@@ -7,8 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from market.api.deps import ServiceDep
+from market.errors import ChainUnavailableError
+from market.indexer import DeploymentBlockUnknownError, deployment_block
 from market.models import INT64, LABEL, FillPublic
 from market.presenters import OFFER_SORTS, TOKEN_DECIMALS, BookPublic, OfferPublic
+from market.service import MarketService
 from market.tape import StatsPublic
 
 router = APIRouter(prefix="/v1", tags=["market data"])
@@ -17,11 +20,37 @@ OVERVIEW_HISTORY_S = 3 * 3600
 """The page's price chart covers the last three hours in one-minute bars."""
 
 
+_ESCROW_BLOCKS: dict[tuple[str, str], int] = {}
+"""The escrow deployment blocks found on the chain, by (RPC URL, escrow address)."""
+
+
+def escrow_block(service: MarketService) -> int | None:
+    """Return the escrow's deployment block: the configured one (`MARKET_FROM_BLOCK`), else
+    the one the node tells (found once, as the indexer finds it); None when unknown."""
+    settings = service.settings
+    if settings.index_from_block is not None:
+        return settings.index_from_block
+    if not service.knows_escrow():
+        return None
+    key = (str(settings.rpc_url), settings.escrow.lower())
+    if key not in _ESCROW_BLOCKS:
+        try:
+            _ESCROW_BLOCKS[key] = service._read_escrow(
+                lambda e: deployment_block(e.tx.w3, e.address, int(e.tx.w3.eth.block_number))
+            )
+        except (ChainUnavailableError, DeploymentBlockUnknownError):
+            return None
+    return _ESCROW_BLOCKS[key]
+
+
 @router.get("/domain")
 def domain(service: ServiceDep) -> dict[str, Any]:
-    """Return the EIP-712 domains: market messages (orders) and settlement messages (quotes)."""
+    """Return the EIP-712 domains: market messages (orders) and settlement messages (quotes),
+    and `escrow_block`, the escrow's deployment block (null when unknown): the block from
+    which a client's indexer or claim watcher reads the escrow's logs."""
     market = service.domain
     return {
+        "escrow_block": escrow_block(service),
         "market": {
             "name": market.name,
             "version": market.version,
@@ -41,8 +70,8 @@ def domain(service: ServiceDep) -> dict[str, Any]:
 def typed_data(service: ServiceDep) -> dict[str, Any]:
     """Return the EIP-712 typed data of every settlement message, domain filled for the escrow.
 
-    A wallet picks a type from `primaryTypes`, fills `message`, and signs
-    `{"types", "primaryType", "domain", "message"}` with `eth_signTypedData_v4`.
+    A wallet takes `messages[<type>].typedData` (`types`, `primaryType`, `domain`), adds
+    `message`, and signs it with `eth_signTypedData_v4`.
     """
     return service.typed_data()
 
