@@ -189,9 +189,12 @@ def to_address(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ProviderConfig:
-    """Everything the daemon needs; build with :func:`load_config` or directly in tests."""
+    """Everything the daemon needs; build with :func:`load_config` or directly in tests.
 
-    private_key: str
+    The private key never shows in the repr (nor so in a log line or a traceback's locals).
+    """
+
+    private_key: str = field(repr=False)
     rpc_url: str
     escrow: str
     data_dir: Path
@@ -286,6 +289,16 @@ def _plan_from(data: Mapping[str, Any]) -> Plan:
         raise ConfigError(f"plan: {exc}") from exc
 
 
+def _plan_json(name: str, value: str) -> dict[str, Any]:
+    try:
+        plan = json.loads(value)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError's kin
+        raise ConfigError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{name} must be a JSON object of plan fields, got {value!r}")
+    return plan
+
+
 def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) -> ProviderConfig:
     """Read ``path`` (TOML, optional) and apply environment overrides; validate everything."""
     environ = os.environ if env is None else env
@@ -303,7 +316,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
             continue
         name = key[len(ENV_PREFIX) :].lower()
         if name == "plan":
-            plan_raw = json.loads(value)
+            plan_raw = _plan_json(key, value)
         elif name.startswith("settlement_"):
             settlement_raw[name[len("settlement_") :]] = value
         elif name.startswith("ask_"):
