@@ -10,14 +10,11 @@ config or input, 1 for a chain or market that refuses or cannot be reached.
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -29,53 +26,15 @@ from client.market_http import MarketHttp
 from contracts.binding import DEAL_CLOSED, DEAL_OPEN, Chain, DealState, Escrow, Token
 from contracts.errors import EscrowError
 from provider.asks import live_asks, post_ask, signed_ask
-from provider.config import LOCK_FILE, ProviderConfig, load_config, to_address
+from provider.config import ProviderConfig, load_config, to_address
+from provider.console import UsageError, emit_json, parse_tokens, print_table, tokens
+from provider.daemon_probe import daemon_pid
 from provider.errors import ConfigError, ProviderError
+from provider.escrow_history import DealMoney, deals_of, earnings
 
 Handler = Callable[[argparse.Namespace], int]
 CONFIG_ENV = "TPUMARKET_PROVIDER_CONFIG"
-_SCAN_CHUNK = 10_000
 _DEAL_STATUS: dict[int, str] = {DEAL_OPEN: "open", DEAL_CLOSED: "closed"}
-
-
-class UsageError(Exception):
-    """Bad input found after parsing: exit code 2."""
-
-
-# ---- formatting --------------------------------------------------------------------------
-
-
-def tokens(units: int, decimals: int) -> str:
-    """Format base units as tokens with all their decimals (``1.500000``)."""
-    sign = "-" if units < 0 else ""
-    whole, frac = divmod(abs(units), 10**decimals)
-    return f"{sign}{whole}.{frac:0{decimals}d}" if decimals else f"{sign}{whole}"
-
-
-def parse_tokens(text: str, decimals: int) -> int:
-    """Parse a positive amount of tokens (``1.5``) into base units."""
-    try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
-        raise UsageError(f"not an amount of tokens: {text!r}") from None
-    if not value.is_finite() or value <= 0:
-        raise UsageError(f"amount must be a positive number of tokens: {text!r}")
-    units = value * 10**decimals
-    if units != units.to_integral_value():
-        raise UsageError(f"amount has more than {decimals} decimals: {text!r}")
-    return int(units)
-
-
-def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print rows under a header, columns aligned."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-
-
-def emit_json(value: dict[str, Any]) -> None:
-    """Print one JSON object on one line."""
-    print(json.dumps(value, sort_keys=True), flush=True)
 
 
 # ---- connections -------------------------------------------------------------------------
@@ -106,6 +65,14 @@ class Operator:
             raise UsageError("the config names no market: set market_url")
         return MarketHttp(self.config.market_url)
 
+    def deals(self) -> list[int]:
+        """Return the ids of every deal opened with this provider."""
+        return deals_of(self.chain, self.escrow, self.address, self.config.settlement.start_block)
+
+    def earnings(self, deals: Sequence[int]) -> dict[int, DealMoney]:
+        """Sum what ``deals`` paid, hold and cost this provider."""
+        return earnings(self.chain, self.escrow, deals, self.config.settlement.start_block)
+
 
 def config_from(args: argparse.Namespace) -> ProviderConfig:
     """Load the config of ``--config`` (or ``$TPUMARKET_PROVIDER_CONFIG``) and the env."""
@@ -135,105 +102,6 @@ def connect(args: argparse.Namespace) -> Operator:
             f"the contract at {escrow.address} is not a tpumarket escrow: {exc}"
         ) from exc
     return Operator(config=config, chain=chain, escrow=escrow, token=token, decimals=decimals)
-
-
-def our_deals(op: Operator) -> list[int]:
-    """Return the ids of every deal opened with this provider (``DealOpened`` logs)."""
-    topic = op.escrow.contract.events.DealOpened.topic
-    provider_topic = "0x" + bytes.fromhex(op.address[2:]).rjust(32, b"\0").hex()
-    ids = []
-    for logs in _logs(op, [topic, None, None, provider_topic]):
-        ids += [int(e.args["dealId"]) for e in op.escrow.decode_events(logs)]
-    return ids
-
-
-def _logs(op: Operator, topics: list[Any] | None) -> Iterator[Any]:
-    w3 = op.chain.w3
-    latest = int(w3.eth.block_number)
-    start = op.config.settlement.start_block
-    while start <= latest:
-        end = min(latest, start + _SCAN_CHUNK - 1)
-        query: dict[str, Any] = {"address": op.escrow.address, "fromBlock": start, "toBlock": end}
-        if topics is not None:
-            query["topics"] = topics
-        yield w3.eth.get_logs(query)  # type: ignore[arg-type]
-        start = end + 1
-
-
-@dataclass
-class DealMoney:
-    """What one deal paid the provider, holds for it, and cost it (base units)."""
-
-    deal_id: int
-    paid: int = 0
-    pending: int = 0
-    penalties: int = 0
-    refunded: int = 0
-    tasks_refunded: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """Encode with amounts as decimal strings."""
-        return {
-            "deal_id": self.deal_id,
-            "paid": str(self.paid),
-            "pending": str(self.pending),
-            "penalties": str(self.penalties),
-            "refunded": str(self.refunded),
-            "tasks_refunded": self.tasks_refunded,
-            "net": str(self.paid - self.penalties),
-        }
-
-
-def earnings(op: Operator, deals: Sequence[int]) -> dict[int, DealMoney]:
-    """Sum the escrow's money events of ``deals``: paid, pending claims, penalties, refunds."""
-    money = {d: DealMoney(d) for d in deals}
-    for logs in _logs(op, None):
-        for event in op.escrow.decode_events(logs):
-            deal = money.get(int(event.args.get("dealId", -1)))
-            if deal is None:
-                continue
-            args = event.args
-            if event.name == "VoucherRedeemed":
-                deal.paid += int(args["paid"])
-            elif event.name == "ReservationFeePaid":
-                deal.paid += int(args["fee"])
-            elif event.name == "ReceiptsClaimed":
-                deal.pending += int(args["amount"])
-            elif event.name == "ClaimFinalized":
-                deal.pending -= int(args["amount"])
-                deal.paid += int(args["amount"])
-            elif event.name == "DisputeResolved":
-                deal.pending -= int(args["amount"])
-                if args["providerWins"]:
-                    deal.paid += int(args["amount"])
-                else:
-                    deal.penalties += int(args["penalty"])
-                    deal.refunded += int(args["refund"])
-            elif event.name == "BreachRefunded":
-                deal.penalties += int(args["penalty"])
-                deal.refunded += int(args["refund"])
-                deal.tasks_refunded += 1
-    return money
-
-
-def daemon_pid(data_dir: Path) -> int | None:
-    """Return the PID of the daemon holding ``data_dir``'s lock, or None when none does."""
-    path = data_dir / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            # a shared probe: it fails only while a daemon holds the exclusive lock
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else 0
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 # ---- handlers ----------------------------------------------------------------------------
@@ -431,7 +299,7 @@ def _deal_json(deal_id: int, deal: DealState) -> dict[str, Any]:
 
 def _deals(args: argparse.Namespace) -> int:
     op = connect(args)
-    ids = our_deals(op)
+    ids = op.deals()
     if not args.all:
         states = {d: op.escrow.get_deal(d) for d in ids}
         ids = [d for d in ids if states[d].status == DEAL_OPEN]
@@ -466,7 +334,7 @@ def _deals(args: argparse.Namespace) -> int:
 
 def _earnings(args: argparse.Namespace) -> int:
     op = connect(args)
-    money = earnings(op, our_deals(op))
+    money = op.earnings(op.deals())
     total = DealMoney(0)
     for deal in money.values():
         total.paid += deal.paid
@@ -516,7 +384,7 @@ def _status(args: argparse.Namespace) -> int:
         health = "ok" if reply.is_success else f"answers {reply.status_code}"
     except httpx.HTTPError:
         health = "unreachable"
-    ids = our_deals(op)
+    ids = op.deals()
     open_deals = sum(1 for d in ids if op.escrow.get_deal(d).status == DEAL_OPEN)
     balances = _balances(op)
     market: str | None = None
