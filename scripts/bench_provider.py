@@ -358,7 +358,7 @@ def output_rss_growth_mb(sub: Submitter, deal_id: int, daemon_pid: int, tasks: i
     return after - before
 
 
-def _malformed(rng: np.random.Generator) -> ProgramEnvelope:
+def malformed(rng: np.random.Generator) -> ProgramEnvelope:
     """A program whose StableHLO bytecode is garbage after a valid header."""
     import dataclasses
 
@@ -389,7 +389,7 @@ def stall_ratio(sub: Submitter, deal_id: int, honest: ProgramEnvelope, rounds: i
         for _ in range(rounds):
             alone.append(honest_ms())
             for _ in range(2):
-                bad = _malformed(rng)
+                bad = malformed(rng)
                 status, data = sub.submit(
                     conn, sub.sign(deal_id, bad, sub.next_index()), encode_envelope(bad)
                 )

@@ -38,13 +38,13 @@ def _failing_programs(platform: str) -> list[tuple[str, Any, str | None]]:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from bench_provider import _malformed
+    from bench_provider import malformed
 
     from tests.provider.programs import envelope_for, export_fn, spec
 
     here = "cuda" if platform == "cuda" else platform
     cases: list[tuple[str, Any, str | None]] = []
-    cases.append(("malformed_bytecode", _malformed(np.random.default_rng(1)), None))
+    cases.append(("malformed_bytecode", malformed(np.random.default_rng(1)), None))
     other = "cpu" if platform != "cpu" else "tpu"
     foreign = export_fn(lambda x: x * 2, spec(4), platforms=(other,))
     cases.append(("exported_for_" + other, envelope_for(foreign, [np.ones(4, np.float32)]), None))
