@@ -149,6 +149,9 @@ def _bwrap_prefix(
     bwrap: str, read_only: Sequence[str], writable: Path | None, env: Mapping[str, str]
 ) -> list[str]:
     args = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    # The private /tmp first: binds below it (a checkout or a venv under /tmp) then sit on top of
+    # it instead of being hidden by it.
+    args += ["--tmpfs", "/tmp"]
     for path in _SYSTEM_PATHS:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -160,7 +163,7 @@ def _bwrap_prefix(
         args += ["--ro-bind-try", path, path]
     for path in sorted({*_python_roots(), *read_only}):
         args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
     for pattern in _ACCELERATOR_GLOBS:
         for device in sorted(Path("/dev").glob(pattern)):
             args += ["--dev-bind", str(device), str(device)]
