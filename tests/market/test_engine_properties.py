@@ -9,6 +9,7 @@ priority, and depth that agrees with the open orders.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -252,8 +253,11 @@ class EngineMachine(RuleBasedStateMachine):
                 assert best(device_class) == (depth[0].price if depth else None)
 
 
+# `make test` runs 100 sequences of 60 operations (~6,000 steps); a long run sets more, e.g.
+# MARKET_ENGINE_EXAMPLES=2000 .venv/bin/pytest tests/market/test_engine_properties.py
+ENGINE_EXAMPLES = int(os.environ.get("MARKET_ENGINE_EXAMPLES", "100"))
 EngineMachine.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=ENGINE_EXAMPLES,
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
