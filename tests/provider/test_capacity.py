@@ -134,7 +134,8 @@ def test_advert_sells_the_device_class_it_runs_on_and_lists_compile_targets_apar
 
 
 @pytest.mark.skipif(
-    not tpu_compiler_available() or tpu_chips_present(), reason="needs libtpu on a host without TPU"
+    not tpu_compiler_available() or tpu_chips_present(),
+    reason="host: needs libtpu on a host without TPU chips",
 )
 def test_discover_on_a_cpu_host_with_libtpu_then_no_libtpu_error_lines() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
