@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from contracts.messages import ZERO_HASH, Ack, Quote, Receipt, TaskRequest, Voucher
+from provider.lifecycle import SettlementAction
 
 Key = tuple[int, int]
 
@@ -86,15 +87,11 @@ class VoucherRecord:
 class SettlementRecord:
     """A settlement step of a deal.
 
-    Actions: ``opened`` (the deal seen on chain, with its terms), ``redeem``, ``claim``,
-    ``finalize``, ``rejected`` (a claim the arbiter or a lapse gave to the client),
-    ``refunded`` (tasks the client refunded), ``missed`` (tasks whose settlement instant
-    passed off chain), ``voucher_unusable`` (a voucher the escrow refused to redeem),
-    ``closed``.
+    ``action`` is one of :class:`~provider.lifecycle.SettlementAction`.
     """
 
     deal_id: int
-    action: str
+    action: SettlementAction
     data: dict[str, Any]
     tx_hash: str | None
     recorded_at: float
@@ -133,7 +130,7 @@ class DealBook:
     sealed: bool = False
     _derived: dict[str, Any] = field(default_factory=dict)
 
-    def _tasks_of(self, action: str) -> frozenset[int]:
+    def _tasks_of(self, action: SettlementAction) -> frozenset[int]:
         cached = self._derived.get(action)
         if cached is None:
             cached = self._derived[action] = frozenset(
@@ -148,7 +145,7 @@ class DealBook:
             cached = self._derived["unusable"] = frozenset(
                 int(s.data["voucher_seq"])
                 for s in self.settlements
-                if s.action == "voucher_unusable"
+                if s.action is SettlementAction.VOUCHER_UNUSABLE
             )
         return cast(frozenset[int], cached)
 
@@ -166,7 +163,7 @@ class DealBook:
         if "redeemed" not in self._derived:
             found = None
             for settlement in reversed(self.settlements):
-                if settlement.action == "redeem":
+                if settlement.action is SettlementAction.REDEEM:
                     seq = int(settlement.data["voucher_seq"])
                     found = next(v for v in self.vouchers if v.seq == seq)
                     break
@@ -175,15 +172,15 @@ class DealBook:
 
     def claimed_tasks(self) -> frozenset[int]:
         """Return the task indices claimed on chain."""
-        return self._tasks_of("claim")
+        return self._tasks_of(SettlementAction.CLAIM)
 
     def refunded_tasks(self) -> frozenset[int]:
         """Return the task indices the client refunded on chain."""
-        return self._tasks_of("refunded")
+        return self._tasks_of(SettlementAction.REFUNDED)
 
     def missed_tasks(self) -> frozenset[int]:
         """Return the task indices whose settlement instant passed while not on chain."""
-        return self._tasks_of("missed")
+        return self._tasks_of(SettlementAction.MISSED)
 
     def on_chain(self, index: int) -> bool:
         """Return whether a task is settled on chain: vouched (redeemed), claimed or refunded."""
@@ -195,13 +192,13 @@ class DealBook:
     def opened(self) -> dict[str, Any] | None:
         """Return the deal's terms as seen on chain (``opened`` row), if journaled."""
         for settlement in self.settlements:
-            if settlement.action == "opened":
+            if settlement.action is SettlementAction.OPENED:
                 return settlement.data
         return None
 
     def closed(self) -> bool:
         """Return whether a settlement job saw the deal closed on chain."""
-        return any(s.action == "closed" for s in self.settlements)
+        return any(s.action is SettlementAction.CLOSED for s in self.settlements)
 
     def sealable(self) -> bool:
         """Return whether the deal is closed and settled: closed on chain (the escrow closes

@@ -16,6 +16,7 @@ from provider.journal.records import (
     VoucherRecord,
     ack_record,
 )
+from provider.lifecycle import SettlementAction
 
 ACK_COLUMNS = (
     "request_json, request_sig, request_hash, target, ack_json, ack_sig, acked_at, protocol"
@@ -67,7 +68,9 @@ def voucher_of_row(row: tuple[Any, ...]) -> VoucherRecord:
 def settlement_of_row(row: tuple[Any, ...]) -> SettlementRecord:
     """Return the record of a ``SETTLEMENT_COLUMNS`` row."""
     seq, deal, action, data, tx_hash, at = row
-    return SettlementRecord(int(deal), action, json.loads(data), tx_hash, float(at), int(seq))
+    return SettlementRecord(
+        int(deal), SettlementAction(action), json.loads(data), tx_hash, float(at), int(seq)
+    )
 
 
 def quote_of_row(row: tuple[Any, ...]) -> QuoteRecord:

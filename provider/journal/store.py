@@ -60,6 +60,7 @@ from provider.journal.rows import (
 from provider.journal.schema import SEALED, migrate
 from provider.journal.sealing import Sealing
 from provider.journal.verification import verify_book
+from provider.lifecycle import SettlementAction
 
 log = logging.getLogger("provider.journal")
 
@@ -406,7 +407,9 @@ class Journal(EnvelopeStore, Sealing):
     def record_settlement(
         self, deal_id: int, action: str, data: dict[str, Any], tx_hash: str | None
     ) -> SettlementRecord:
-        """Append an on-chain settlement step of a deal."""
+        """Append an on-chain settlement step of a deal (``action``: a
+        :class:`~provider.lifecycle.SettlementAction` or its string)."""
+        step = SettlementAction(action)
         at = _now()
         with self._lock:
             book = self._open_book(deal_id)
@@ -414,11 +417,9 @@ class Journal(EnvelopeStore, Sealing):
                 cursor = self._db.execute(
                     "INSERT INTO settlements (deal_id, action, data_json, tx_hash, recorded_at) "
                     "VALUES (?,?,?,?,?)",
-                    (str(deal_id), action, json.dumps(data), tx_hash, at),
+                    (str(deal_id), step.value, json.dumps(data), tx_hash, at),
                 )
-            record = SettlementRecord(
-                deal_id, action, data, tx_hash, at, int(cursor.lastrowid or 0)
-            )
+            record = SettlementRecord(deal_id, step, data, tx_hash, at, int(cursor.lastrowid or 0))
             book.settlements.append(record)
             book.changed()
         return record
