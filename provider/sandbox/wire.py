@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 _LEN = struct.Struct(">I")
@@ -19,7 +20,7 @@ class FrameError(ValueError):
     """Raised on a frame that cannot be decoded."""
 
 
-def pack(header: Header, payload: bytes = b"") -> bytes:
+def pack(header: Mapping[str, object], payload: bytes = b"") -> bytes:
     """Build one frame."""
     encoded = json.dumps(header, separators=(",", ":")).encode()
     return b"".join((_LEN.pack(len(encoded)), encoded, payload))

@@ -15,6 +15,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -104,6 +105,7 @@ def worker_main(
         _limit_cpu(limits)
         if op == "exit":
             return
+        reply: Mapping[str, object]
         if op == "compile":
             reply, body = runtime.compile(str(header.get("target", "local")), payload, progress)
         elif op == "run":
