@@ -75,7 +75,7 @@ SLO_MS = 60_000
 PRESIGNED_SLACK_S = 600
 
 
-def _mlp_program() -> tuple[ProgramEnvelope, Any, list[Any]]:
+def mlp_program() -> tuple[ProgramEnvelope, Any, list[Any]]:
     from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
 
     rng = np.random.default_rng(0)
@@ -436,7 +436,7 @@ def compile_cold_warm_ms() -> tuple[float, float]:
 
 def stall_only(args: argparse.Namespace) -> float:
     """Start a chain and the daemon; measure only the stall after malformed programs."""
-    envelope, _, _ = _mlp_program()
+    envelope, _, _ = mlp_program()
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
         chain = Chain(anvil.url)
         deployment = chain.deploy(anvil.keys[0])
@@ -468,7 +468,7 @@ def main() -> None:
         print(json.dumps({"stall_ratio_after_malformed": round(stall_only(args), 2)}))
         return
 
-    envelope, fn, call_args = _mlp_program()
+    envelope, fn, call_args = mlp_program()
     raw = raw_call_ms(fn, call_args, 2000)
     cold, warm = compile_cold_warm_ms()
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:

@@ -70,8 +70,8 @@ def check(platform: str, tasks: int, clients: int) -> dict[str, Any]:
     from bench_provider import (
         REPO,
         Submitter,
-        _mlp_program,
         daemon_task_ms,
+        mlp_program,
         open_deal,
         start_daemon,
         tasks_per_s,
@@ -85,7 +85,7 @@ def check(platform: str, tasks: int, clients: int) -> dict[str, Any]:
     from contracts.messages import address_of
     from contracts.program import encode_envelope
 
-    envelope, _, _ = _mlp_program()
+    envelope, _, _ = mlp_program()
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
         chain = Chain(anvil.url)
         deployment = chain.deploy(anvil.keys[0])
