@@ -16,7 +16,7 @@ from typing import Any
 
 from client.errors import ClientInputError, ProgramInputsError
 from client.models.signature import ProgramSignature
-from client.session import TaskSpec
+from client.tasks import TaskSpec
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
 from contracts.program import (
     Array,

@@ -35,6 +35,7 @@ import httpx
 from client.amounts import tokens
 from client.cli import REMOTE_ERRORS, Progress, UsageError, emit_json, note, print_table
 from client.errors import ClientError
+from client.job_cap import fit_under_cap
 from client.job_deal import deal_and_ledger, open_runner, sigint, warn
 from client.job_files import (
     JobTask,
@@ -43,9 +44,10 @@ from client.job_files import (
     inference_tasks,
     read_envelope,
 )
+from client.job_results import TaskResult, save_outputs
 from client.job_status import refund_breaches
-from client.jobs import JobRunner, TaskResult, fit_under_cap, save_outputs
-from client.ledger import OPEN_STATES
+from client.jobs import JobRunner
+from client.ledger_records import OPEN_STATES
 from client.watch import WatchReport
 from contracts.binding import DEAL_OPEN
 from contracts.messages import Plan

@@ -28,9 +28,12 @@ from client.job_deal import (
     sigint,
     warn,
 )
-from client.jobs import JobRunner, view_of, write_output
-from client.ledger import DealLedger, LedgerLocked, TaskRecord, TaskState
-from client.session import chain_states, settle_by
+from client.job_records import view_of
+from client.job_results import write_output
+from client.jobs import JobRunner
+from client.ledger import DealLedger, LedgerLocked
+from client.ledger_records import TaskRecord, TaskState
+from client.tasks import chain_states, settle_by
 from client.watch import ClaimWatcher, WatchReport
 from contracts.binding import DEAL_OPEN, Chain
 

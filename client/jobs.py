@@ -16,205 +16,37 @@ provider makes on chain are judged and disputed by the :class:`~client.watch.Cla
 
 from __future__ import annotations
 
-import json
 import math
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from client.amounts import tokens
 from client.errors import (
     ClientError,
     DeliveryRejected,
     ProviderRejected,
     ProviderUnavailable,
 )
-from client.job_files import JobTask
-from client.ledger import OPEN_STATES, ChainState, DealLedger, TaskRecord, TaskState
-from client.provider_http import TaskView
-from client.session import (
-    POLL_BACKOFF_S,
-    DealSession,
-    TaskOutcome,
-    TaskSpec,
-    settle_by,
+from client.job_cap import CapPlan
+from client.job_records import (
+    outcome_from,
+    record_outcome,
+    resumable_records,
+    spec_key,
+    view_fields,
 )
+from client.job_refresh import refresh_task
+from client.job_results import TaskResult
+from client.ledger import DealLedger
+from client.ledger_records import OPEN_STATES, ChainState, TaskRecord, TaskState
+from client.session import POLL_BACKOFF_S, DealSession
+from client.tasks import TaskOutcome, TaskSpec, settle_by
 from client.watch import ClaimWatcher, WatchReport
-from contracts.messages import TaskRequest, Voucher, task_bitmap
-from contracts.program import (
-    ArrayFormat,
-    ProgramFormatError,
-    decode_arrays,
-)
-
-# ---- the cap -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CapPlan:
-    """The batch fitted under a cap at each task's maximum price."""
-
-    cap: int
-    owed: int  # already vouched in this deal (earlier runs included)
-    run: tuple[JobTask, ...]
-    skipped: tuple[JobTask, ...]
-    warn_at: float = 0.8
-
-    @property
-    def projected(self) -> int:
-        """Return the bill if every task sent costs its maximum price."""
-        return self.owed + sum(t.spec.max_price for t in self.run)
-
-    @property
-    def warning(self) -> str | None:
-        """Return a warning when the projected bill nears or would pass the cap."""
-        wanted = self.projected + sum(t.spec.max_price for t in self.skipped)
-        if self.skipped:
-            return (
-                f"the batch could cost {tokens(wanted)}, past the cap {tokens(self.cap)} "
-                f"({tokens(self.owed)} already owed): {len(self.skipped)} task(s) not sent"
-            )
-        if self.cap and self.projected >= self.warn_at * self.cap:
-            return (
-                f"projected bill {tokens(self.projected)} is {self.projected / self.cap:.0%} "
-                f"of the cap {tokens(self.cap)}"
-            )
-        return None
-
-
-def fit_under_cap(
-    tasks: Sequence[JobTask], *, owed: int, cap: int, warn_at: float = 0.8
-) -> CapPlan:
-    """Keep tasks, in order, while their maximum prices fit under ``cap``; skip the rest."""
-    run: list[JobTask] = []
-    skipped: list[JobTask] = []
-    total = owed
-    for task in tasks:
-        if not skipped and total + task.spec.max_price <= cap:
-            run.append(task)
-            total += task.spec.max_price
-        else:
-            skipped.append(task)
-    return CapPlan(cap=cap, owed=owed, run=tuple(run), skipped=tuple(skipped), warn_at=warn_at)
-
-
-# ---- running -------------------------------------------------------------------------------
-
-
-@dataclass
-class TaskResult:
-    """What became of one task of the batch."""
-
-    task: JobTask
-    outcome: TaskOutcome | None = None
-    error: str | None = None  # submission failed: nothing acked, nothing owed
-    skipped: bool = False  # not sent: it could pass the cap
-    interrupted: bool = False  # not sent: the run was interrupted first
-    resumed: bool = False  # a crashed run's task with the same inputs, taken over
-
-    @property
-    def index(self) -> int | None:
-        """Return the task's index in the deal, if it was submitted."""
-        return self.outcome.index if self.outcome else None
-
-    @property
-    def state(self) -> str:
-        """Return paid, failed: <category>, refunded, claimed, rejected, undelivered, pending,
-        unknown, error, not sent or skipped."""
-        o = self.outcome
-        if self.skipped:
-            return "skipped"
-        if self.interrupted:
-            return "not sent"
-        if o is None:
-            return "error"
-        if o.refunded is not None:
-            return "refunded"
-        if o.verified:
-            diagnosis = o.view.diagnosis if o.view else None
-            return f"failed: {diagnosis.get('category')}" if diagnosis else "paid"
-        if o.claimed:
-            return "claimed"
-        if o.ack is None:
-            return "unknown"
-        if o.view is not None and o.view.receipt is not None:
-            return "rejected"
-        if o.abandoned:
-            return "pending"
-        return "undelivered"
-
-    @property
-    def amount(self) -> int:
-        """Return what the task costs this client (0 unless verified)."""
-        o = self.outcome
-        return o.view.receipt.amount if o and o.verified and o.view and o.view.receipt else 0
-
-    def detail(self) -> str:
-        """Return one line on the result: outputs, compile figures, diagnosis or reason."""
-        o = self.outcome
-        if self.skipped:
-            return "not sent: it could take the deal past its cap"
-        if self.interrupted:
-            return "not sent: the run was interrupted"
-        if o is None:
-            return self.error or ""
-        resumed = " (resumed)" if self.resumed else ""
-        if o.refunded is not None:
-            why = o.rejected or f"no delivery by the deadline {o.request.deadline}"
-            return f"refund {o.refunded[0]} + penalty {o.refunded[1]}; {why}"
-        if o.ack is None:
-            return (o.rejected or "the provider's answer was lost") + "; see `job status`"
-        if o.rejected:
-            return o.rejected + resumed
-        view = o.view
-        if view is None or view.receipt is None:
-            if o.abandoned:
-                return f"awaited until the run stopped; deadline {o.request.deadline}"
-            return f"no delivery by the deadline {o.request.deadline}"
-        if view.diagnosis:
-            return str(view.diagnosis.get("message") or "")[:100] + resumed
-        if view.report:
-            memory = view.report.get("memory_total_bytes")
-            return f"compiled for {view.report.get('device_kind')}, memory {memory} B{resumed}"
-        try:
-            arrays = decode_arrays(view.outputs or b"", ArrayFormat.SAFETENSORS)
-        except ProgramFormatError:
-            return "outputs verified" + resumed
-        shapes = ", ".join(f"{k}:{tuple(a.shape)}" for k, a in sorted(arrays.items()))
-        checked = ", spot-checked" if o.spot_checked else ""
-        return f"outputs {shapes}{checked}{resumed}"
-
+from contracts.messages import Voucher, task_bitmap
 
 Done = Callable[[TaskResult], None]
 Say = Callable[[str], None]
-
-
-def _key(request: TaskRequest) -> tuple[int, bytes, bytes, int]:
-    """Return what identifies a task's work: same key, same inputs (a rerun's match)."""
-    return (request.kind, request.program_hash, request.input_hash, request.max_price)
-
-
-def _spec_key(spec: TaskSpec) -> tuple[int, bytes, bytes, int]:
-    return (spec.kind, spec.envelope.program_sha256, spec.input_hash(), spec.max_price)
-
-
-def view_of(ledger: DealLedger, record: TaskRecord) -> TaskView | None:
-    """Return the provider's answer as the ledger kept it (None before the ack)."""
-    if record.ack is None:
-        return None
-    return TaskView(
-        state=record.result_state or "acked",
-        ack=record.ack,
-        ack_signature=record.ack_signature,
-        receipt=record.receipt,
-        receipt_signature=record.receipt_signature,
-        outputs=ledger.outputs_of(record.index),
-        report=record.report,
-        diagnosis=record.diagnosis,
-    )
 
 
 @dataclass
@@ -277,91 +109,21 @@ class JobRunner:
 
     def _record(self, outcome: TaskOutcome) -> None:
         """Write a task's new state to the ledger (called by the session at each change)."""
-        index = outcome.index
-        ledger = self.ledger
         with self._lock:
-            run, label = self._runs.get(index, self._run), self._labels.get(index, "")
-        known = ledger.tasks.get(index)
-        if known is None or known.request != outcome.request:
-            known = ledger.put(
-                TaskRecord(
-                    index=index,
-                    run=run,
-                    label=label or (known.label if known else ""),
-                    request=outcome.request,
-                    request_signature=outcome.request_signature,
-                    target=outcome.spec.target,
-                )
+            run, label = (
+                self._runs.get(outcome.index, self._run),
+                self._labels.get(outcome.index, ""),
             )
-        changes: dict[str, Any] = {}
-        if outcome.ack is not None and known.ack is None:
-            changes.update(
-                state=TaskState.ACKED, ack=outcome.ack, ack_signature=outcome.ack_signature
-            )
-        view = outcome.view
-        if outcome.verified and view is not None and known.state != TaskState.VERIFIED:
-            changes.update(state=TaskState.VERIFIED, reason=None)
-            changes.update(self._view_fields(index, view), spot_checked=outcome.spot_checked)
-        elif (
-            outcome.rejected
-            and view is not None
-            and view.receipt is not None
-            and known.state != TaskState.VERIFIED
-        ):
-            changes.update(state=TaskState.REJECTED, reason=outcome.rejected)
-            changes.update(self._view_fields(index, view))
-        elif outcome.rejected and known.reason != outcome.rejected:
-            changes.update(reason=outcome.rejected)
-        if changes:
-            ledger.update(index, **changes)
-
-    def _view_fields(self, index: int, view: TaskView) -> dict[str, Any]:
-        """Save a delivery's outputs (durably, first) and return the fields to record."""
-        outputs = self.ledger.save_outputs(index, view.outputs) if view.outputs else None
-        return {
-            "receipt": view.receipt,
-            "receipt_signature": view.receipt_signature,
-            "outputs": outputs,
-            "result_state": view.state,
-            "report": view.report,
-            "diagnosis": view.diagnosis,
-        }
+        record_outcome(self.ledger, outcome, run, label)
 
     def outcome_of(self, record: TaskRecord, spec: TaskSpec) -> TaskOutcome:
         """Rebuild a task's outcome from its ledger record (a resumed task)."""
-        outcome = TaskOutcome(
-            index=record.index,
-            spec=spec,
-            request=record.request,
-            request_signature=record.request_signature,
-            ack=record.ack,
-            ack_signature=record.ack_signature,
-            view=view_of(self.ledger, record),
-            verified=record.state == TaskState.VERIFIED,
-            rejected=record.reason,
-            refunded=record.refund,
-            spot_checked=record.spot_checked,
-            claimed=record.chain == ChainState.CLAIMED,
-        )
+        outcome = outcome_from(self.ledger, record, spec)
         with self.session._lock:
             self.session.outcomes[record.index] = outcome
         return outcome
 
     # ---- running ----------------------------------------------------------------------------
-
-    def _resumable(self) -> dict[tuple[int, bytes, bytes, int], list[TaskRecord]]:
-        """Return earlier tasks a rerun takes over, by inputs: those never resolved (sent or
-        acked) and those a crashed run verified but did not finish."""
-        unfinished = set(self.ledger.unfinished_runs()) - {self._run}
-        found: dict[tuple[int, bytes, bytes, int], list[TaskRecord]] = {}
-        for _, record in sorted(self.ledger.tasks.items()):
-            if record.run == self._run or record.chain is not None:
-                continue
-            if record.state in OPEN_STATES or (
-                record.state == TaskState.VERIFIED and record.run in unfinished
-            ):
-                found.setdefault(_key(record.request), []).append(record)
-        return found
 
     def run(
         self,
@@ -379,12 +141,12 @@ class JobRunner:
         """
         self._run = self.ledger.start_run()
         earlier = set(self.ledger.unfinished_runs()) - {self._run}
-        resumable = self._resumable()
+        resumable = resumable_records(self.ledger, self._run)
         results = [TaskResult(t) for t in plan.run]
         fresh: list[TaskResult] = []
         adopted: list[tuple[TaskResult, TaskRecord]] = []
         for result in results:
-            matches = resumable.get(_spec_key(result.task.spec))
+            matches = resumable.get(spec_key(result.task.spec))
             if matches:
                 record = self.ledger.update(matches.pop(0).index, run=self._run)
                 result.resumed = True
@@ -621,55 +383,9 @@ class JobRunner:
         return None
 
     def refresh(self, index: int) -> TaskRecord | None:
-        """Ask the provider once more for a task's result; verify and record it.
-
-        A task never acked as far as the ledger knows gets its ack if the provider has one;
-        a task the provider never got (404) is recorded as refused once its request can no
-        longer be accepted. Return the task's record as it now stands.
-        """
-        record = self.ledger.tasks.get(index)
-        if record is None or self.ledger.read_only:
-            return record
-        session = self.session
-        try:
-            view = session.provider.fetch(session.deal_id, index, wait_s=0)
-        except ProviderRejected as exc:
-            slo_ms, _ = session.terms()
-            too_late = record.request.deadline < self.session.now() + math.ceil(slo_ms / 1000)
-            if exc.status == 404 and record.state == TaskState.SENT and too_late:
-                return self.ledger.update(
-                    index, state=TaskState.REFUSED, reason="never reached the provider"
-                )
-            return record
-        except ClientError:
-            return record
-        changes: dict[str, Any] = {}
-        if record.ack is None:
-            try:
-                session.check_ack(record.request, view.ack, view.ack_signature)
-            except DeliveryRejected as exc:
-                return self.ledger.update(index, state=TaskState.REFUSED, reason=exc.reason)
-            changes.update(state=TaskState.ACKED, ack=view.ack, ack_signature=view.ack_signature)
-            record = self.ledger.update(index, **changes)
-        if view.receipt is None or record.ack is None or record.state == TaskState.VERIFIED:
-            return record
-        try:
-            receipt = session.verify_view(record.request, record.ack, view)
-        except DeliveryRejected as exc:
-            return self.ledger.update(
-                index, state=TaskState.REJECTED, reason=exc.reason, **self._view_fields(index, view)
-            )
-        record = self.ledger.update(
-            index, state=TaskState.VERIFIED, reason=None, **self._view_fields(index, view)
-        )
-        if record.payable and index not in session.book.paid:
-            with session._lock:
-                if index not in session.book.claimed:
-                    session.book.add(receipt)
-        outcome = session.outcomes.get(index)
-        if outcome is not None and not outcome.verified:
-            outcome.view, outcome.verified, outcome.rejected = view, True, None
-        return record
+        """Ask the provider once more for a task's result; verify and record it (see
+        ``client.job_refresh``). Return the task's record as it now stands."""
+        return refresh_task(self.session, self.ledger, index)
 
     def refund_due(self, chain_now: int) -> list[tuple[int, int, int]]:
         """Refund every pending task whose settlement instant has passed on chain.
@@ -702,7 +418,7 @@ class JobRunner:
                         index,
                         state=TaskState.REJECTED,
                         reason=result.detail,
-                        **self._view_fields(index, result.view),
+                        **view_fields(self.ledger, index, result.view),
                     )
                     if outcome is not None:
                         outcome.view, outcome.rejected = result.view, result.detail
@@ -770,26 +486,3 @@ class JobRunner:
                         self.refresh(index)
             self.ledger.save()
         return [self.ledger.tasks[i] for i in indices]
-
-
-def save_outputs(results: Sequence[TaskResult], out_dir: Path) -> list[Path]:
-    """Write each verified task's delivery: ``task-<i>.safetensors`` or ``task-<i>.json``."""
-    written = []
-    for r in results:
-        o = r.outcome
-        if o is None or not o.verified or o.view is None or not o.view.outputs:
-            continue
-        written.append(write_output(out_dir, o.index, o.view))
-    return written
-
-
-def write_output(out_dir: Path, index: int, view: TaskView) -> Path:
-    """Write one delivery into ``out_dir``; return the file's path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    is_json = bool(view.report or view.diagnosis)
-    path = out_dir / f"task-{index}.{'json' if is_json else 'safetensors'}"
-    if is_json:
-        path.write_text(json.dumps(json.loads(view.outputs or b"{}"), indent=1, sort_keys=True))
-    else:
-        path.write_bytes(view.outputs or b"")
-    return path

@@ -15,7 +15,6 @@ for its result.
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
@@ -23,16 +22,23 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
 from web3.exceptions import Web3Exception
 
 from client.accounts import ClientAccount
 from client.errors import ClientError, DeliveryRejected, ProviderRejected, ProviderUnavailable
-from client.ledger import ChainState
+from client.ledger_records import ChainState
 from client.provider_http import ProviderHttp, TaskView
-from client.verify import Delivery, verify_delivery
+from client.tasks import (
+    DEADLINE_SLACK_S,
+    BreachResult,
+    TaskOutcome,
+    TaskSpec,
+    chain_states,
+    request_deadline,
+    settle_by,
+)
+from client.verify import Delivery, spot_check, verify_delivery
 from client.vouchers import VoucherBook
-from contracts.binding import TASK_CLAIMED, TASK_REFUNDED, TASK_VOUCHED, Escrow
 from contracts.errors import ChainError, ContractRevert, SignatureError
 from contracts.messages import (
     KIND_INFERENCE,
@@ -45,110 +51,18 @@ from contracts.messages import (
     verify,
 )
 from contracts.program import (
-    ArrayFormat,
-    ProgramEnvelope,
-    decode_arrays,
     encode_envelope,
-    request_input_hash,
 )
 from contracts.reverts import EscrowDeadlineNotPassed, EscrowTaskAlreadySettled
 
 Progress = Callable[["TaskOutcome"], None]
 
-DEADLINE_SLACK_S = 2
-"""Seconds a request's deadline adds to the SLO, for transit and clock skew (agreed protocol)."""
 LATE_GRACE_S = 5.0
 """How long past its deadline a delivery is still awaited (a provider restart fits in it)."""
 POLL_BACKOFF_S = (0.2, 1.0)
+"""First and longest pause between polls of an unreachable provider."""
 CHAIN_CLOCK_READ_S = 1.0
 """How often the chain's clock is read to keep the session's clock from falling behind it."""
-"""First and longest pause between polls of an unreachable provider."""
-CHAIN_STATES: dict[int, ChainState] = {
-    TASK_VOUCHED: ChainState.VOUCHED,
-    TASK_CLAIMED: ChainState.CLAIMED,
-    TASK_REFUNDED: ChainState.REFUNDED,
-}
-
-
-def request_deadline(now: float, slo_ms: int, slack_s: int = DEADLINE_SLACK_S) -> int:
-    """Return the deadline a request sent at ``now`` carries: ``now + ceil(slo) + slack``."""
-    return int(now) + math.ceil(slo_ms / 1000) + slack_s
-
-
-def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
-    """Return a task's settlement instant: claimable until it, refundable only after it."""
-    return min(deadline, expiry) + challenge_window
-
-
-def chain_states(
-    escrow: Escrow, deal_id: int, indices: Sequence[int], *, batch: int = 500
-) -> dict[int, ChainState | None]:
-    """Return the escrow's settlement state of each task (one JSON-RPC batch per ``batch``)."""
-    out: dict[int, ChainState | None] = {}
-    ordered = list(indices)
-    for start in range(0, len(ordered), batch):
-        chunk = ordered[start : start + batch]
-        values = escrow.read_many([("taskStatus", (deal_id, i)) for i in chunk])
-        for index, value in zip(chunk, values, strict=True):
-            out[index] = CHAIN_STATES.get(int(value))
-    return out
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task to run: its kind, program envelope, compile target and price limit."""
-
-    kind: int
-    envelope: ProgramEnvelope
-    max_price: int
-    target: str | None = None
-
-    def input_hash(self) -> bytes:
-        """Return the request's inputHash for this task (the target is bound for a compile)."""
-        return request_input_hash(self.kind, self.envelope, self.target)
-
-
-@dataclass
-class TaskOutcome:
-    """What became of one task: acked, delivered and verified (payable), rejected, refunded."""
-
-    index: int
-    spec: TaskSpec
-    request: TaskRequest
-    request_signature: bytes = b""
-    ack: Ack | None = None
-    ack_signature: bytes = b""
-    view: TaskView | None = None
-    verified: bool = False
-    rejected: str | None = None
-    refunded: tuple[int, int] | None = None  # (refund, penalty)
-    spot_checked: bool = False
-    claimed: bool = False  # settled on chain by the provider's claim instead
-    abandoned: bool = False  # the client stopped waiting before the deadline (2nd Ctrl-C)
-
-    @property
-    def succeeded(self) -> bool:
-        """Return whether the provider delivered a successful, verified result."""
-        return bool(self.verified and self.view and self.view.state == "succeeded")
-
-
-@dataclass(frozen=True)
-class BreachResult:
-    """What asking for a breached task's refund came to.
-
-    ``kind``: ``delivered`` (the provider had the result after all, verified: pay it),
-    ``refunded`` (with ``refund``), ``settled`` (already settled on chain: ``chain``),
-    ``not_due`` (its settlement instant has not passed on chain) or ``failed`` (``detail``).
-    A delivery that came but failed verification on the last look is in ``view``, and why in
-    ``detail``.
-    """
-
-    kind: str
-    refund: tuple[int, int] | None = None
-    chain: ChainState | None = None
-    view: TaskView | None = None
-    receipt: Receipt | None = None
-    detail: str = ""
 
 
 @dataclass
@@ -405,19 +319,7 @@ class DealSession:
             or self._rng.random() >= self.spot_check_fraction
         ):
             return False
-        from client.models.jax_export import run_local
-
-        expected = run_local(spec.envelope)
-        delivered = decode_arrays(view.outputs or b"", ArrayFormat.SAFETENSORS)
-        for i, want in enumerate(expected):
-            got = delivered.get(str(i))
-            if got is None or got.shape != want.shape:
-                raise DeliveryRejected(index, f"spot check: output {i} missing or misshapen")
-            if not np.allclose(
-                got, want, atol=self.spot_check_tolerance, rtol=self.spot_check_tolerance
-            ):
-                worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
-                raise DeliveryRejected(index, f"spot check: output {i} differs by {worst:.3g}")
+        spot_check(index, spec.envelope, view.outputs or b"", self.spot_check_tolerance)
         return True
 
     def run(

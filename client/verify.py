@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from client.errors import DeliveryRejected
 from contracts.errors import SignatureError
 from contracts.messages import ZERO_HASH, Ack, Domain, Plan, Receipt, TaskRequest, verify
 from contracts.pricing import price_receipt
-from contracts.program import outputs_hash
+from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays, outputs_hash
 
 
 @dataclass(frozen=True)
@@ -81,3 +83,22 @@ def check_chain(receipts: Sequence[Receipt]) -> None:
         if receipt.prev_receipt_hash != previous:
             raise DeliveryRejected(receipt.task_index, "receipt chain is broken before this task")
         previous = receipt.struct_hash()
+
+
+def spot_check(index: int, envelope: ProgramEnvelope, outputs: bytes, tolerance: float) -> None:
+    """Run an inference program locally and compare its outputs with the delivered ones.
+
+    Raise ``DeliveryRejected`` when an output is missing, misshapen, or differs by more than
+    ``tolerance`` (absolute and relative).
+    """
+    from client.models.jax_export import run_local
+
+    expected = run_local(envelope)
+    delivered = decode_arrays(outputs, ArrayFormat.SAFETENSORS)
+    for i, want in enumerate(expected):
+        got = delivered.get(str(i))
+        if got is None or got.shape != want.shape:
+            raise DeliveryRejected(index, f"spot check: output {i} missing or misshapen")
+        if not np.allclose(got, want, atol=tolerance, rtol=tolerance):
+            worst = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+            raise DeliveryRejected(index, f"spot check: output {i} differs by {worst:.3g}")

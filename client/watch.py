@@ -28,7 +28,8 @@ import httpx
 from eth_utils.abi import event_abi_to_log_topic
 
 from client.accounts import ClientAccount
-from client.ledger import BatchRecord, ChainState, DealLedger, TaskRecord, TaskState
+from client.ledger import DealLedger
+from client.ledger_records import BatchRecord, ChainState, TaskRecord, TaskState
 from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, BATCH_REJECTED, Escrow
 from contracts.errors import ChainError, ContractRevert
 from contracts.reverts import EscrowChallengeWindowClosed

@@ -24,7 +24,8 @@ from client.demo.text import Say, outcome_line, tokens
 from client.demo.workload import Task, Workload
 from client.market_http import MarketHttp
 from client.provider_http import ProviderHttp
-from client.session import DealSession, TaskOutcome
+from client.session import DealSession
+from client.tasks import TaskOutcome
 from client.vouchers import VoucherBook
 from contracts.binding import Escrow
 from contracts.messages import ZERO_ADDRESS, Quote, address_of

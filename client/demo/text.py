@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from client.demo.terms import UNIT
 from client.demo.workload import Task
-from client.session import TaskOutcome
+from client.tasks import TaskOutcome
 
 GIB: Final = 1 << 30
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from client.demo.terms import ALPHA, BETA, TPU_TARGET
 from client.errors import ClientError
-from client.session import TaskSpec
+from client.tasks import TaskSpec
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
 from contracts.program import ProgramEnvelope
 

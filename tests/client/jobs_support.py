@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client.ledger import DealLedger, TaskRecord
+from client.ledger import DealLedger
+from client.ledger_records import TaskRecord
 from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
 from contracts.messages import sign_digest
 from contracts.program import encode_arrays, encode_envelope

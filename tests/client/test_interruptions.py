@@ -14,11 +14,14 @@ import pytest
 
 from client.accounts import ClientAccount
 from client.errors import ProviderRejected
+from client.job_cap import fit_under_cap
 from client.job_files import inference_tasks, read_envelope
-from client.jobs import JobRunner, fit_under_cap
-from client.ledger import ChainState, DealLedger, TaskState
+from client.jobs import JobRunner
+from client.ledger import DealLedger
+from client.ledger_records import ChainState, TaskState
 from client.provider_http import ProviderHttp
-from client.session import DealSession, request_deadline
+from client.session import DealSession
+from client.tasks import request_deadline
 from client.vouchers import VoucherBook
 from contracts.binding import TASK_CLAIMED, TASK_VOUCHED
 from contracts.messages import Plan

@@ -15,17 +15,11 @@ import pytest
 
 from client.cli import main
 from client.errors import ClientError, ProgramInputsError
+from client.job_cap import fit_under_cap
 from client.job_files import JobFileError, JobTask, inference_tasks, read_arrays, read_envelope
-from client.jobs import fit_under_cap
-from client.ledger import (
-    FORMAT,
-    DealLedger,
-    LedgerError,
-    LedgerLocked,
-    TaskRecord,
-    TaskState,
-)
-from client.session import TaskSpec
+from client.ledger import FORMAT, DealLedger, LedgerError, LedgerLocked
+from client.ledger_records import TaskRecord, TaskState
+from client.tasks import TaskSpec
 from client.vouchers import VoucherBook
 from contracts.messages import KIND_INFERENCE, Ack, TaskRequest
 from contracts.program import (

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from client.accounts import ClientAccount
 from client.jobs import JobRunner
-from client.ledger import ChainState, DealLedger, TaskRecord, TaskState
+from client.ledger import DealLedger
+from client.ledger_records import ChainState, TaskRecord, TaskState
 from client.provider_http import ProviderHttp
-from client.session import DealSession, settle_by
+from client.session import DealSession
+from client.tasks import settle_by
 from client.vouchers import VoucherBook
 from contracts.binding import TASK_REFUNDED
 from contracts.chain import free_port

@@ -18,7 +18,8 @@ import pytest
 from client.accounts import ClientAccount
 from client.errors import DeliveryRejected
 from client.provider_http import ProviderHttp, TaskView
-from client.session import DealSession, TaskSpec, settle_by
+from client.session import DealSession
+from client.tasks import TaskSpec, settle_by
 from client.vouchers import VoucherBook
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
 from contracts.program import ProgramEnvelope

@@ -15,7 +15,8 @@ import pytest
 
 from client.accounts import ClientAccount
 from client.cli import main
-from client.ledger import ChainState, DealLedger, TaskRecord, TaskState
+from client.ledger import DealLedger
+from client.ledger_records import ChainState, TaskRecord, TaskState
 from client.watch import ClaimWatcher, find_open_block
 from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, BATCH_REJECTED
 from contracts.chain import free_port, rpc

@@ -20,7 +20,8 @@ import pytest
 from client.accounts import ClientAccount
 from client.models import ExportedModel
 from client.provider_http import ProviderHttp
-from client.session import DealSession, TaskSpec
+from client.session import DealSession
+from client.tasks import TaskSpec
 from client.vouchers import VoucherBook
 from contracts.binding import BATCH_REJECTED, DEAL_CLOSED, TASK_CLAIMED, TASK_NONE, TASK_VOUCHED
 from contracts.errors import ContractRevert
