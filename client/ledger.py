@@ -47,6 +47,10 @@ class LedgerError(ClientError):
     """The deal's ledger file cannot be read, or belongs to another deal."""
 
 
+class LedgerFormatUnknown(LedgerError):
+    """The ledger was written in a format this client does not read (a newer release's)."""
+
+
 class LedgerLocked(LedgerError):
     """Another process holds the deal's ledger (one run per deal at a time)."""
 
@@ -70,6 +74,8 @@ class DealLedger:
     batches: dict[int, BatchRecord] = field(default_factory=dict)
     legacy_paid: dict[int, int] = field(default_factory=dict)  # migrated from format 1
     legacy_settled: set[int] = field(default_factory=set)  # migrated from format 1
+    legacy_refunded: dict[int, tuple[int, int]] = field(default_factory=dict)  # from format 1
+    legacy_pending: dict[int, dict[str, Any]] = field(default_factory=dict)  # v1 acks, as kept
     read_only: bool = False
     _seq: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -176,7 +182,10 @@ class DealLedger:
             if version == 1:
                 data = self._migrate_format1(data)
             elif version != FORMAT:
-                raise LedgerError(f"{self.path}: unknown ledger format {version!r}")
+                raise LedgerFormatUnknown(
+                    f"{self.path}: ledger format {version!r} is not one this client reads "
+                    f"(format {FORMAT} and older); a newer tpumarket wrote it"
+                )
             self._read_snapshot(data)
         self._replay_log()
 
@@ -205,15 +214,21 @@ class DealLedger:
             }
             self.legacy_paid = {int(k): int(v) for k, v in data.get("legacy_paid", {}).items()}
             self.legacy_settled = {int(i) for i in data.get("legacy_settled", [])}
+            self.legacy_refunded = {
+                int(k): (int(a), int(b)) for k, (a, b) in data.get("legacy_refunded", {}).items()
+            }
+            self.legacy_pending = {
+                int(k): dict(v) for k, v in data.get("legacy_pending", {}).items()
+            }
         except (ValueError, KeyError, TypeError) as exc:
             raise LedgerError(f"cannot read the deal ledger {self.path}: {exc}") from exc
 
     def _migrate_format1(self, data: dict[str, Any]) -> dict[str, Any]:
         """Turn a format-1 ledger (v1 settlement) into format 2; keep the old file aside.
 
-        Paid amounts and the last voucher carry over; tasks settled on chain stay settled. The
-        v1 acks of pending tasks cannot be refunded under v2 (they name no request): they are
-        dropped with the backup keeping them.
+        Paid amounts and the last voucher carry over; tasks settled on chain stay settled, with
+        the amounts refunded. The v1 acks of pending tasks cannot be refunded under v2 (they
+        name no request): they are kept as written, with their signatures, in ``legacy_pending``.
         """
         backup = self.path.with_suffix(".format1.bak")
         try:
@@ -232,6 +247,10 @@ class DealLedger:
                 "last_tasks": sorted(int(k) for k in paid),
                 "legacy_paid": paid,
                 "legacy_settled": settled,
+                "legacy_refunded": {
+                    str(int(k)): [int(a), int(b)] for k, (a, b) in data["refunded"].items()
+                },
+                "legacy_pending": {str(int(k)): dict(v) for k, v in data["pending"].items()},
             }
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LedgerError(f"cannot migrate the format-1 ledger {self.path}: {exc}") from exc
@@ -289,7 +308,9 @@ class DealLedger:
     def refunded(self) -> dict[int, tuple[int, int]]:
         """Return (refund, penalty) of every task refunded on chain, by index."""
         with self._lock:
-            return {i: t.refund for i, t in self.tasks.items() if t.refund is not None}
+            out = dict(self.legacy_refunded)
+            out.update({i: t.refund for i, t in self.tasks.items() if t.refund is not None})
+            return out
 
     def unfinished_runs(self) -> list[int]:
         """Return the runs that never reached their report (a crash or a double Ctrl-C)."""
@@ -399,6 +420,10 @@ class DealLedger:
                 "batches": [b.to_json() for _, b in sorted(self.batches.items())],
                 "legacy_paid": {str(k): v for k, v in sorted(self.legacy_paid.items())},
                 "legacy_settled": sorted(self.legacy_settled),
+                "legacy_refunded": {
+                    str(k): list(v) for k, v in sorted(self.legacy_refunded.items())
+                },
+                "legacy_pending": {str(k): v for k, v in sorted(self.legacy_pending.items())},
             }
             try:
                 _write_atomic(self.path, json.dumps(data, indent=1).encode())
