@@ -1,7 +1,6 @@
 """Sandboxed compile and inference of untrusted ``jax.export`` programs in spawned workers."""
 
 from provider.sandbox.limits import SandboxLimits
-from provider.sandbox.pool import WorkerInfo
 from provider.sandbox.results import (
     CompileResult,
     CostFigures,
@@ -10,6 +9,7 @@ from provider.sandbox.results import (
     TaskFailure,
 )
 from provider.sandbox.sandbox import Sandbox
+from provider.sandbox.worker_process import WorkerInfo
 
 __all__ = [
     "CompileResult",

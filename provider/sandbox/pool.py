@@ -3,30 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import queue
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Pipe
 from pathlib import Path
 
 from provider.diagnosis import Diagnosis, Stage, crash, timeout
 from provider.errors import SandboxClosedError, WorkerStartError
 from provider.sandbox.channel import PipeChannel
-from provider.sandbox.isolation import IsolationMode, host_pid, worker_command
-from provider.sandbox.limits import SandboxLimits, limits_to_json
+from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.wire import FrameError, Header, pack, unpack
-
-WORKER_MODULE = "provider.sandbox.worker"
+from provider.sandbox.worker_process import (
+    FRAME_OVERHEAD,
+    WORKER_MODULE,
+    WorkerInfo,
+    WorkerProcess,
+)
 
 StageObserver = Callable[[int, Stage], None]
-_FRAME_OVERHEAD = 1 << 20
 _CLOSE_CHECK_S = 1.0  # how often a caller waiting for a worker notices close()
 
 
@@ -40,128 +37,6 @@ class WarmCall:
     key: bytes
     request: Header
     payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """A worker that came up: its pid, seconds from spawn to ready, and its devices."""
-
-    pid: int
-    start_s: float
-    platform: str
-    device_kind: str
-    isolation: str = IsolationMode.RLIMITS.value
-    seccomp: bool = False
-
-
-class _Process:
-    """A worker's launcher process (bwrap, unshare or the interpreter itself).
-
-    ``pid`` is the interpreter's host pid once the worker said ready; ``exitcode`` is
-    negative for a death by signal, as :mod:`multiprocessing` reports it.
-    """
-
-    def __init__(self, popen: subprocess.Popen[bytes], mode: IsolationMode) -> None:
-        self.popen = popen
-        self.mode = mode
-        self.pid = popen.pid
-
-    def is_alive(self) -> bool:
-        return self.popen.poll() is None
-
-    @property
-    def exitcode(self) -> int | None:
-        code = self.popen.poll()
-        if code is not None and self.mode is not IsolationMode.RLIMITS and code > 128:
-            return 128 - code  # the launcher reports a signalled worker as 128 + signal
-        return code
-
-    def join(self, timeout_s: float) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout_s)
-
-    def kill(self) -> None:
-        for pid in {self.pid, self.popen.pid}:
-            if self.popen.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-
-
-class _Worker:
-    """One worker process and the parent's end of its socket pair."""
-
-    def __init__(
-        self,
-        limits: SandboxLimits,
-        cache_root: Path | None,
-        env: dict[str, str],
-        module: str = WORKER_MODULE,
-    ) -> None:
-        self.conn, child_conn = Pipe(duplex=True)
-        fd = child_conn.fileno()
-        argv = [str(fd), limits_to_json(limits), "-" if cache_root is None else str(cache_root)]
-        if cache_root is not None:
-            cache_root.mkdir(parents=True, exist_ok=True)
-        command, child_env, mode = worker_command(module, argv, env, cache_root)
-        self._spawned_at = time.perf_counter()
-        try:
-            popen = subprocess.Popen(
-                command,
-                env=child_env,
-                pass_fds=(fd,),
-                stdin=subprocess.DEVNULL,
-                cwd="/",
-                start_new_session=True,
-            )
-        finally:
-            child_conn.close()
-        self.process = _Process(popen, mode)
-        self.info: WorkerInfo | None = None
-        self.tasks = 0
-        self.warm: set[bytes] = set()
-        self.superseded = False  # a planned recycle's successor is ready: stop when idle
-
-    def wait_ready(self, timeout_s: float) -> WorkerInfo:
-        if self.info is not None:
-            return self.info
-        if not self.conn.poll(timeout_s):
-            self.kill()
-            raise WorkerStartError(f"sandbox worker did not start within {timeout_s:g} s")
-        try:
-            header, _ = unpack(self.conn.recv_bytes(_FRAME_OVERHEAD))
-        except (EOFError, OSError, FrameError) as exc:
-            self.kill()
-            raise WorkerStartError(
-                f"sandbox worker died while starting (exit code {self.process.exitcode})"
-            ) from exc
-        if header.get("type") != "ready":
-            self.kill()
-            raise WorkerStartError(f"sandbox worker sent {header.get('type')!r} instead of ready")
-        self.process.pid = host_pid(self.process.popen.pid, int(header["pid"]))
-        self.info = WorkerInfo(
-            pid=self.process.pid,
-            start_s=time.perf_counter() - self._spawned_at,
-            platform=str(header["platform"]),
-            device_kind=str(header["device_kind"]),
-            isolation=self.process.mode.value,
-            seccomp=bool(header.get("seccomp", False)),
-        )
-        return self.info
-
-    def kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10)
-        self.conn.close()
-
-    def stop(self) -> None:
-        try:
-            if self.info is not None and self.process.is_alive():
-                self.conn.send_bytes(pack({"op": "exit"}))
-                self.process.join(5)
-        except OSError:
-            pass
-        self.kill()
 
 
 class WorkerPool:
@@ -199,9 +74,9 @@ class WorkerPool:
         self._env = dict(env)
         self._module = module
         self._on_stage = on_stage
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: queue.Queue[WorkerProcess] = queue.Queue()
         self._lock = threading.Lock()
-        self._all: set[_Worker] = set()
+        self._all: set[WorkerProcess] = set()
         self._closed = False
         self._waiters: ThreadPoolExecutor | None = None  # async callers waiting for a worker
         self.replacements = 0
@@ -241,12 +116,12 @@ class WorkerPool:
             return
         self._idle.put(worker)
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> WorkerProcess:
         try:
             # One long-lived thread starts every worker: the launcher's parent-death signal
             # (bwrap --die-with-parent) follows the thread that forked it, not the process.
             worker = self._spawner.submit(
-                _Worker, self.limits, self._cache_root, self._env, self._module
+                WorkerProcess, self.limits, self._cache_root, self._env, self._module
             ).result()
         except RuntimeError as exc:  # the spawner is shut down: the pool is closing
             raise WorkerStartError("the sandbox is closing") from exc
@@ -256,7 +131,7 @@ class WorkerPool:
             self._all.add(worker)
         return worker
 
-    def _retire(self, worker: _Worker, *, kill: bool) -> None:
+    def _retire(self, worker: WorkerProcess, *, kill: bool) -> None:
         if kill:
             worker.kill()
         else:
@@ -279,7 +154,7 @@ class WorkerPool:
         with self._lock:
             return [w.info for w in self._all if w.info is not None]
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self) -> WorkerProcess:
         if self._idle.empty():
             with self._lock:
                 if self._starting:
@@ -310,7 +185,7 @@ class WorkerPool:
                 raise
             return worker
 
-    def _acquire_nowait(self) -> _Worker | None:
+    def _acquire_nowait(self) -> WorkerProcess | None:
         """Return an idle, started, live worker at once, or None (then wait in a thread)."""
         if self._closed:
             raise SandboxClosedError("the sandbox is closed")
@@ -323,7 +198,7 @@ class WorkerPool:
             return None
         return worker
 
-    async def _acquire_async(self) -> _Worker:
+    async def _acquire_async(self) -> WorkerProcess:
         """Borrow a worker; only when none is idle does a helper thread wait for one."""
         worker = self._acquire_nowait()
         if worker is not None:
@@ -341,14 +216,14 @@ class WorkerPool:
             pending.add_done_callback(self._give_back)
             raise
 
-    def _prefer(self, worker: _Worker, key: bytes | None) -> _Worker:
+    def _prefer(self, worker: WorkerProcess, key: bytes | None) -> WorkerProcess:
         """Swap ``worker`` for an idle one that suits the task better, if there is one.
 
         A task whose program a worker already ran goes to that worker (the warm path); any
         other task, a malformed one included, goes to the worker with the fewest warm
         programs, so that retiring it costs the other clients no warm worker.
         """
-        others: list[_Worker] = []
+        others: list[WorkerProcess] = []
         while True:
             try:
                 others.append(self._idle.get_nowait())
@@ -368,11 +243,11 @@ class WorkerPool:
                 self._idle.put(other)
         return best
 
-    def _give_back(self, acquired: Future[_Worker]) -> None:
+    def _give_back(self, acquired: Future[WorkerProcess]) -> None:
         if not acquired.cancelled() and acquired.exception() is None:
             self._idle.put(acquired.result())
 
-    def _stop(self, worker: _Worker) -> None:
+    def _stop(self, worker: WorkerProcess) -> None:
         worker.stop()
         with self._lock:
             self._all.discard(worker)
@@ -412,7 +287,7 @@ class WorkerPool:
         return self._finish(worker, reply)
 
     async def _exchange_async(
-        self, worker: _Worker, request: Header, payload: bytes, stage: Stage
+        self, worker: WorkerProcess, request: Header, payload: bytes, stage: Stage
     ) -> tuple[Header, bytes] | Diagnosis:
         """:meth:`_exchange` on the event loop, with the same deadlines and outcomes.
 
@@ -422,7 +297,7 @@ class WorkerPool:
         """
         outcome: tuple[Header, bytes] | Diagnosis | None = None
         try:
-            with PipeChannel(worker.conn, self.limits.max_output_bytes + _FRAME_OVERHEAD) as pipe:
+            with PipeChannel(worker.conn, self.limits.max_output_bytes + FRAME_OVERHEAD) as pipe:
                 outcome = await self._converse(worker, pipe, request, payload, stage)
         finally:
             if outcome is None or isinstance(outcome, Diagnosis):
@@ -430,7 +305,12 @@ class WorkerPool:
         return outcome
 
     async def _converse(
-        self, worker: _Worker, pipe: PipeChannel, request: Header, payload: bytes, stage: Stage
+        self,
+        worker: WorkerProcess,
+        pipe: PipeChannel,
+        request: Header,
+        payload: bytes,
+        stage: Stage,
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request and follow the stage reports; a diagnosis means: retire it."""
         loop = asyncio.get_running_loop()
@@ -482,7 +362,7 @@ class WorkerPool:
         return None
 
     def _exchange(
-        self, worker: _Worker, request: Header, payload: bytes, stage: Stage
+        self, worker: WorkerProcess, request: Header, payload: bytes, stage: Stage
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request; follow the worker's stage reports under each stage's deadline."""
         limit = self._first_limit(stage)
@@ -492,7 +372,7 @@ class WorkerPool:
         except OSError:
             self._retire(worker, kill=True)
             return crash(stage, worker.process.exitcode)
-        max_frame = self.limits.max_output_bytes + _FRAME_OVERHEAD
+        max_frame = self.limits.max_output_bytes + FRAME_OVERHEAD
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not worker.conn.poll(remaining):
@@ -520,7 +400,7 @@ class WorkerPool:
                 self._on_stage(worker.info.pid, stage)
 
     def _finish(
-        self, worker: _Worker, reply: tuple[Header, bytes] | Diagnosis
+        self, worker: WorkerProcess, reply: tuple[Header, bytes] | Diagnosis
     ) -> tuple[Header, bytes] | Diagnosis:
         """Give a worker that answered back to the pool, or recycle it."""
         if isinstance(reply, Diagnosis):
@@ -541,7 +421,7 @@ class WorkerPool:
             threading.Thread(target=self._succeed, args=(worker,), daemon=True).start()
         return reply
 
-    def _succeed(self, worker: _Worker) -> None:
+    def _succeed(self, worker: WorkerProcess) -> None:
         """Planned recycle: the old worker serves until its successor is ready."""
         if self._closed:
             return

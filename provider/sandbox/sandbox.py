@@ -24,7 +24,7 @@ from provider.diagnosis import HINT_SETS, Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.isolation import isolation_mode, worker_env
 from provider.sandbox.limits import SandboxLimits
-from provider.sandbox.pool import StageObserver, WarmCall, WorkerInfo, WorkerPool
+from provider.sandbox.pool import StageObserver, WarmCall, WorkerPool
 from provider.sandbox.results import (
     CompileResult,
     CostFigures,
@@ -34,6 +34,7 @@ from provider.sandbox.results import (
 )
 from provider.sandbox.targets import parse_target, platform_refusal
 from provider.sandbox.wire import Header
+from provider.sandbox.worker_process import WorkerInfo
 
 Envelope = ProgramEnvelope | bytes
 VALIDATOR_NICE = 19

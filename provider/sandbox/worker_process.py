@@ -1,0 +1,151 @@
+"""A sandbox worker as the parent sees it: its launcher process, its pipe, its ready report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Pipe
+from pathlib import Path
+
+from provider.errors import WorkerStartError
+from provider.sandbox.isolation import IsolationMode, host_pid, worker_command
+from provider.sandbox.limits import SandboxLimits, limits_to_json
+from provider.sandbox.wire import FrameError, pack, unpack
+
+WORKER_MODULE = "provider.sandbox.worker"
+FRAME_OVERHEAD = 1 << 20
+"""Bytes a frame may hold beyond its payload (the header)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker that came up: its pid, seconds from spawn to ready, and its devices."""
+
+    pid: int
+    start_s: float
+    platform: str
+    device_kind: str
+    isolation: str = IsolationMode.RLIMITS.value
+    seccomp: bool = False
+
+
+class Launcher:
+    """A worker's launcher process (bwrap, unshare or the interpreter itself).
+
+    ``pid`` is the interpreter's host pid once the worker said ready; ``exitcode`` is
+    negative for a death by signal, as :mod:`multiprocessing` reports it.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes], mode: IsolationMode) -> None:
+        """Wrap ``popen``, launched in isolation ``mode``."""
+        self.popen = popen
+        self.mode = mode
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        """Whether the launcher has not exited."""
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code (negative: killed by that signal), None while running."""
+        code = self.popen.poll()
+        if code is not None and self.mode is not IsolationMode.RLIMITS and code > 128:
+            return 128 - code  # the launcher reports a signalled worker as 128 + signal
+        return code
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the launcher to exit."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout_s)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its launcher."""
+        for pid in {self.pid, self.popen.pid}:
+            if self.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+class WorkerProcess:
+    """One worker process and the parent's end of its socket pair."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits,
+        cache_root: Path | None,
+        env: dict[str, str],
+        module: str = WORKER_MODULE,
+    ) -> None:
+        self.conn, child_conn = Pipe(duplex=True)
+        fd = child_conn.fileno()
+        argv = [str(fd), limits_to_json(limits), "-" if cache_root is None else str(cache_root)]
+        if cache_root is not None:
+            cache_root.mkdir(parents=True, exist_ok=True)
+        command, child_env, mode = worker_command(module, argv, env, cache_root)
+        self._spawned_at = time.perf_counter()
+        try:
+            popen = subprocess.Popen(
+                command,
+                env=child_env,
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                cwd="/",
+                start_new_session=True,
+            )
+        finally:
+            child_conn.close()
+        self.process = Launcher(popen, mode)
+        self.info: WorkerInfo | None = None
+        self.tasks = 0
+        self.warm: set[bytes] = set()
+        self.superseded = False  # a planned recycle's successor is ready: stop when idle
+
+    def wait_ready(self, timeout_s: float) -> WorkerInfo:
+        """Wait for the worker's ready report; kill it and raise if none comes in time."""
+        if self.info is not None:
+            return self.info
+        if not self.conn.poll(timeout_s):
+            self.kill()
+            raise WorkerStartError(f"sandbox worker did not start within {timeout_s:g} s")
+        try:
+            header, _ = unpack(self.conn.recv_bytes(FRAME_OVERHEAD))
+        except (EOFError, OSError, FrameError) as exc:
+            self.kill()
+            raise WorkerStartError(
+                f"sandbox worker died while starting (exit code {self.process.exitcode})"
+            ) from exc
+        if header.get("type") != "ready":
+            self.kill()
+            raise WorkerStartError(f"sandbox worker sent {header.get('type')!r} instead of ready")
+        self.process.pid = host_pid(self.process.popen.pid, int(header["pid"]))
+        self.info = WorkerInfo(
+            pid=self.process.pid,
+            start_s=time.perf_counter() - self._spawned_at,
+            platform=str(header["platform"]),
+            device_kind=str(header["device_kind"]),
+            isolation=self.process.mode.value,
+            seccomp=bool(header.get("seccomp", False)),
+        )
+        return self.info
+
+    def kill(self) -> None:
+        """Kill the worker now and close the pipe."""
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask the worker to exit, then make sure it has."""
+        try:
+            if self.info is not None and self.process.is_alive():
+                self.conn.send_bytes(pack({"op": "exit"}))
+                self.process.join(5)
+        except OSError:
+            pass
+        self.kill()
