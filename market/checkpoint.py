@@ -2,7 +2,7 @@
 
 In WAL mode SQLite copies the log back into the database file (a checkpoint, with an fsync)
 inside whichever commit crosses the size threshold, which stalls that commit and every request
-waiting on it. The market raises the threshold to a backstop (`storage.make_engine`) and this
+waiting on it. The market raises the threshold to a backstop (`database.make_engine`) and this
 thread runs a PASSIVE checkpoint a few times a second instead; PASSIVE never blocks the writer
 or readers. Durability is unchanged: a commit is in the log before it is answered.
 """

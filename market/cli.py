@@ -17,8 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 from contracts.binding import connect
 from contracts.cli import InputError, check_address
 from contracts.errors import EscrowError
-from market.service import Settings
-from market.storage import SQLITE_FILE
+from market.database import SQLITE_FILE
+from market.settings import Settings
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

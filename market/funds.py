@@ -46,7 +46,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from contracts.binding import Escrow
-from market import storage
+from market import chain_index, storage
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
 from market.models import Deal, Provider
@@ -238,7 +238,7 @@ class FundsGuard:
         """Raise `UnfundedError` unless `provider`'s stake on the escrow, free or locked in its
         open deals, reaches the market's minimum."""
         with self._session() as session:
-            locked = storage.open_deal_stakes(session=session, provider=provider)
+            locked = chain_index.open_deal_stakes(session=session, provider=provider)
         stake = self.stakes.at_least(provider, self.min_provider_stake - locked) + locked
         if stake < self.min_provider_stake:
             raise UnfundedError(

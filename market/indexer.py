@@ -27,10 +27,11 @@ from sqlmodel import Session
 from web3 import Web3
 
 from contracts.binding import Chain, Escrow
-from market import storage
+from market import chain_index
 from market.errors import MarketError
+from market.escrow_reader import TRANSIENT_CHAIN
 from market.models import INT64, ChainDeal
-from market.service import TRANSIENT_CHAIN, MarketService
+from market.service import MarketService
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +109,13 @@ class Indexer:
             with self.service.session() as session:
                 for entry in logs:
                     total += self._apply(session, escrow, entry)
-                storage.set_indexed_block(session=session, name=self.name, block=end)
+                chain_index.set_indexed_block(session=session, name=self.name, block=end)
                 session.commit()
             self.service.metrics.indexed_block.set(end)
             start = end + 1
         self.last_error = None
         if total:
-            self.service._changed()
+            self.service.changed()
         return total
 
     def _start(self, w3: Web3, head: int) -> int:
@@ -123,17 +124,17 @@ class Indexer:
         if first is None:
             first = deployment_block(w3, self.escrow_address, head)
         with self.service.session() as session:
-            if any(n != self.name for n in storage.indexer_names(session=session)):
+            if any(n != self.name for n in chain_index.indexer_names(session=session)):
                 log.warning("indexer: the market now follows %s; forgetting others", self.name)
-                storage.reset_chain_index(session=session)
-            storage.set_indexed_block(session=session, name=self.name, block=first - 1)
+                chain_index.reset_chain_index(session=session)
+            chain_index.set_indexed_block(session=session, name=self.name, block=first - 1)
             session.commit()
         return first
 
     def indexed_block(self) -> int | None:
         """Return the last block indexed (the deployment block - 1 before any), or None."""
         with self.service.session() as session:
-            return storage.indexed_block(session=session, name=self.name)
+            return chain_index.indexed_block(session=session, name=self.name)
 
     def _apply(self, session: Session, escrow: Escrow, entry: Any) -> int:
         events = escrow.decode_events([entry])
@@ -143,7 +144,7 @@ class Indexer:
         args = {k: _plain(v) for k, v in event.args.items()}
         tx_hash = _hex(entry["transactionHash"])
         deal_id = event.args.get("dealId")
-        fresh = storage.add_chain_event(
+        fresh = chain_index.add_chain_event(
             session=session,
             tx_hash=tx_hash,
             log_index=int(entry["logIndex"]),
@@ -158,13 +159,13 @@ class Indexer:
         if event.name == "DealOpened":
             _open(session, event.args, deal_id, tx_hash, int(entry["blockNumber"]))
             return 1
-        deal = storage.get_chain_deal(session=session, chain_deal_id=deal_id)
+        deal = chain_index.get_chain_deal(session=session, chain_deal_id=deal_id)
         if deal is None:  # opened before the configured first block: nothing to attach to
             return 1
         deal.last_tx = tx_hash
         apply = _APPLY.get(event.name)
         if apply is not None:
-            pair = storage.provider_client(
+            pair = chain_index.provider_client(
                 session=session, provider=deal.provider, client=deal.client
             )
             apply(deal, pair, event.args)
@@ -252,11 +253,11 @@ def _open(session: Session, args: dict[str, Any], deal_id: int, tx_hash: str, bl
             last_tx=tx_hash,
         )
     )
-    pair = storage.provider_client(session=session, provider=provider, client=client)
+    pair = chain_index.provider_client(session=session, provider=provider, client=client)
     pair.deals += 1
     session.add(pair)
     session.flush()
-    storage.link_chain_deal(
+    chain_index.link_chain_deal(
         session=session, quote_hash=quote_hash, client=client, chain_deal_id=deal_id
     )
 

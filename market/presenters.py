@@ -27,12 +27,16 @@ from market.models import (
     ChainDeal,
     Deal,
     DealPublic,
+    FillPublic,
     Order,
     OrderPublic,
+    PlaceResult,
+    PlaceSummary,
     Provider,
     ProviderClient,
     ProviderPublic,
 )
+from market.writer import Placed
 
 TOKEN_DECIMALS = 6
 """Decimals of the settlement token (the CLI's `--price` is in tokens of 6 decimals)."""
@@ -343,4 +347,65 @@ def deal_public(deal: Deal, orders: dict[str, Order], chain: ChainDeal | None) -
         opened_tx=chain.opened_tx if chain else None,
         last_tx=chain.last_tx if chain else None,
         closed_tx=chain.closed_tx if chain else None,
+    )
+
+
+# -- placements ------------------------------------------------------------------------------
+
+
+def place_results(placed: list[Placed]) -> list[PlaceResult]:
+    """Return each placed order and its fills, as answered to its request."""
+    return [PlaceResult.model_construct(order=_placed_order(p), fills=_fills(p)) for p in placed]
+
+
+def place_summaries(placed: list[Placed]) -> list[PlaceSummary]:
+    """Return each placed order's id, state and fills (a batch's cheaper answer)."""
+    return [
+        PlaceSummary.model_construct(
+            order_id=p.checked.order.order_id, state=p.state, remaining=p.remaining, fills=_fills(p)
+        )
+        for p in placed
+    ]
+
+
+def _fills(placed: Placed) -> list[FillPublic]:
+    return [
+        FillPublic.model_construct(
+            id=f"{f.device_class}:{f.fill_id}",
+            device_class=f.device_class,
+            fill_id=f.fill_id,
+            bid_id=f.bid_id,
+            ask_id=f.ask_id,
+            price=f.price,
+            quantity=f.quantity,
+            aggressor=f.aggressor.value,
+            time=f.time,
+        )
+        for f in placed.fills
+    ]
+
+
+def _placed_order(placed: Placed) -> OrderPublic:
+    c = placed.checked
+    o = c.order
+    return OrderPublic.model_construct(
+        side=o.side.value,
+        owner=o.owner,
+        device_class=o.device_class,
+        quantity=o.quantity,
+        price=o.price,
+        plan=o.plan,
+        slo_ms=o.slo_ms,
+        memory=o.memory,
+        expiry=o.expiry,
+        nonce=c.nonce,
+        order_id=o.order_id,
+        seq=placed.seq,
+        state=placed.state,
+        remaining=placed.remaining,
+        filled=o.quantity - placed.remaining,
+        created_at=c.created_at,
+        signature=c.signature,
+        quote=json.loads(c.quote_json) if c.quote_json else None,
+        quote_signature=c.quote_signature,
     )

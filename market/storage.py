@@ -1,163 +1,26 @@
-"""SQL storage of the market: keyword-only functions over a SQLModel session.
+"""SQL storage of the market's orders, deals and provider registry: keyword-only functions
+over a SQLModel session.
 
 Hot paths (placing orders) use SQLAlchemy Core bulk statements; reads use the ORM. Nothing here
 commits: the caller owns the transaction, so an order and its fills land together or not at all.
+The database itself (engine, schema) is `market.database`; the chain index, `market.chain_index`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Table, and_, delete, event, func, inspect, or_, update
-from sqlalchemy.engine import Connection, Engine
-from sqlmodel import Session, SQLModel, col, create_engine, select
+from sqlalchemy import Table, and_, func, or_
+from sqlalchemy.engine import Connection
+from sqlmodel import Session, SQLModel, col, select
 
 from market.engine import SNAPSHOT_VERSION, SnapshotData
 from market.engine.snapshot import OrderData
-from market.models import (
-    ChainDeal,
-    ChainEvent,
-    Deal,
-    Fill,
-    IndexerState,
-    NonceUse,
-    Order,
-    Provider,
-    ProviderClient,
-)
-
-SQLITE_FILE = "market.sqlite3"
-
-
-def database_url(*, data_dir: Path, url: str | None) -> str:
-    """Return `url` if given (PostgreSQL in production), else a SQLite file in `data_dir`."""
-    if url:
-        return (
-            url.replace("postgresql://", "postgresql+psycopg://", 1)
-            if url.startswith("postgresql://")
-            else url
-        )
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{data_dir / SQLITE_FILE}"
-
-
-def make_engine(*, url: str) -> Engine:
-    """Create the SQL engine; SQLite gets WAL, a busy timeout and fsync at checkpoints."""
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            # NORMAL in WAL mode: a commit survives a process crash (what "accepted" promises);
-            # only an OS crash or power loss can drop the last transactions.
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            # Checkpoints run in `market.checkpoint`'s thread; this is only a backstop (40 MB).
-            cursor.execute("PRAGMA wal_autocheckpoint=10000")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            # Keep the hot pages of the indexes in memory (64 MiB) and read the file mapped.
-            cursor.execute("PRAGMA cache_size=-65536")
-            cursor.execute("PRAGMA mmap_size=268435456")
-            cursor.execute("PRAGMA temp_store=MEMORY")
-            cursor.close()
-
-        return engine
-    return create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=True)
-
-
-# Indexes no query used, or that another index serves; each cost page writes per placed order
-# (dropped from older databases). `uq_orders_owner_nonce` serves the owner lookups.
-_RETIRED_INDEXES = (
-    "ix_orders_quote_hash",
-    "ix_orders_owner",
-    "ix_fills_bid_id",
-    "ix_fills_ask_id",
-    "ix_deals_chain_deal_id",
-)
-
-
-# The queries of the page and the API over tables that grow with history, each served by an
-# index so its cost follows the rows it returns, not the rows ever stored: an owner's and a
-# class's orders newest first (`list_orders`), a class's fills newest first and since a time
-# (`market.tape`: recent fills, price history, 24 h statistics), the last fill id of a class
-# (`load_snapshot`), deals newest first (`list_deals`).
-_HISTORY_INDEXES = (
-    "ix_orders_owner_created ON orders (owner, created_at)",
-    "ix_orders_class_created ON orders (device_class, created_at)",
-    "ix_orders_created ON orders (created_at)",
-    "ix_fills_class_seq ON fills (device_class, seq)",
-    "ix_fills_class_time ON fills (device_class, time)",
-    "ix_fills_class_fill_id ON fills (device_class, fill_id)",
-    "ix_deals_created ON deals (created_at)",
-)
-
-
-# Tables the chain indexer derives from the escrow's events, dependants first. They hold
-# nothing the chain does not: when their shape changes they are dropped and indexed again.
-CHAIN_TABLES = ("provider_clients", "chain_events", "chain_deals", "indexer_state")
+from market.models import Deal, Fill, NonceUse, Order, Provider
 
 LIVE_STATES = ("open", "partially_filled")
 _LIVE_SQL = "('open', 'partially_filled')"
-
-
-def init_db(*, engine: Engine) -> None:
-    """Create the tables and indexes that do not exist yet; drop retired indexes; rebuild the
-    chain index if an older version of the market wrote it."""
-    _drop_stale_chain_index(engine)
-    _number_fills(engine)
-    SQLModel.metadata.create_all(engine)
-    with engine.begin() as connection:
-        # A database made before orders claimed their own nonces lacks this index (its orders'
-        # nonces are in `nonces`, which `used_nonces` reads too, so they stay unique).
-        connection.exec_driver_sql(
-            "CREATE UNIQUE INDEX IF NOT EXISTS uq_orders_owner_nonce ON orders (owner, nonce)"
-        )
-        # Live orders by owner, for the funds check (`market.funds`): a partial index, so it
-        # holds only resting orders and an owner's history is never scanned.
-        connection.exec_driver_sql(
-            "CREATE INDEX IF NOT EXISTS ix_orders_owner_live ON orders (owner) "
-            f"WHERE state IN {_LIVE_SQL}"
-        )
-        for name in _RETIRED_INDEXES:
-            connection.exec_driver_sql(f"DROP INDEX IF EXISTS {name}")
-        for index in _HISTORY_INDEXES:
-            connection.exec_driver_sql(f"CREATE INDEX IF NOT EXISTS {index}")
-
-
-def _number_fills(engine: Engine) -> None:
-    """Give the fills of a database made before fills had a global `seq` one, in the order of
-    (time, class, fill id): the best the old rows tell."""
-    if "fills" not in inspect(engine).get_table_names():
-        return
-    if "seq" in {c["name"] for c in inspect(engine).get_columns("fills")}:
-        return
-    with engine.begin() as connection:
-        connection.exec_driver_sql("ALTER TABLE fills ADD COLUMN seq BIGINT")
-        connection.exec_driver_sql(
-            "UPDATE fills SET seq = r.n FROM (SELECT id, ROW_NUMBER() OVER "
-            "(ORDER BY time, device_class, fill_id) AS n FROM fills) AS r WHERE fills.id = r.id"
-        )
-        connection.exec_driver_sql("CREATE INDEX IF NOT EXISTS ix_fills_seq ON fills (seq)")
-
-
-def _drop_stale_chain_index(engine: Engine) -> None:
-    """Drop the chain index if its deals lack a column this version indexes (it was written for
-    an older escrow protocol); the indexer rebuilds it from the escrow's deployment block."""
-    tables = set(inspect(engine).get_table_names())
-    if "chain_deals" not in tables:
-        return
-    have = {c["name"] for c in inspect(engine).get_columns("chain_deals")}
-    if set(_table(ChainDeal).c.keys()) <= have:
-        return
-    with engine.begin() as connection:
-        for name in CHAIN_TABLES:
-            connection.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        if "deals" in tables:
-            connection.exec_driver_sql("UPDATE deals SET chain_deal_id = NULL")
 
 
 # -- orders -------------------------------------------------------------------------------------
@@ -226,20 +89,6 @@ def ask_quote_hashes(*, session: Session, device_class: str, now: int) -> dict[s
         )
     ).all()
     return {order_id: quote_hash for order_id, quote_hash in rows if quote_hash}
-
-
-def used_nonces(*, connection: Connection) -> dict[str, set[int]]:
-    """Return every nonce an order or a cancel used, by signer (EIP-55 form)."""
-    used: dict[str, set[int]] = {}
-    rows = connection.exec_driver_sql(
-        "SELECT owner, nonce FROM orders UNION ALL SELECT owner, nonce FROM nonces"
-    )
-    for owner, nonce in rows:
-        mine = used.get(owner)
-        if mine is None:
-            mine = used[owner] = set()
-        mine.add(nonce)
-    return used
 
 
 def _table(model: type[SQLModel]) -> Table:
@@ -315,7 +164,7 @@ def _placeholder(connection: Connection) -> str:
 
 def use_nonces(*, connection: Connection, pairs: Sequence[tuple[str, int]]) -> None:
     """Record (signer, nonce) pairs of cancels as used; raise IntegrityError if a cancel used one
-    before (orders claim theirs in their own rows: the caller checks both, see `used_nonces`)."""
+    before (orders claim theirs in their own rows: the caller checks both)."""
     _insert_many(connection, "nonces", _NONCE_COLUMNS, pairs)
 
 
@@ -465,15 +314,6 @@ def list_deals(*, session: Session, party: str | None = None, limit: int = 50) -
     return list(session.exec(query.order_by(col(Deal.created_at).desc()).limit(limit)).all())
 
 
-def chain_deals(*, session: Session, ids: Iterable[int]) -> dict[int, ChainDeal]:
-    """Return indexed on-chain deals by id."""
-    wanted = list(ids)
-    if not wanted:
-        return {}
-    rows = session.exec(select(ChainDeal).where(col(ChainDeal.chain_deal_id).in_(wanted))).all()
-    return {row.chain_deal_id: row for row in rows}
-
-
 def orders_by_id(*, session: Session, ids: Iterable[str]) -> dict[str, Order]:
     """Return orders by id."""
     wanted = list(ids)
@@ -481,28 +321,6 @@ def orders_by_id(*, session: Session, ids: Iterable[str]) -> dict[str, Order]:
         return {}
     rows = session.exec(select(Order).where(col(Order.order_id).in_(wanted))).all()
     return {row.order_id: row for row in rows}
-
-
-def link_chain_deal(
-    *, session: Session, quote_hash: str, client: str, chain_deal_id: int
-) -> Deal | None:
-    """Attach an on-chain deal to the market deal record whose own quote opened it; return it.
-
-    A deal's quote names its client and is attached to one record only, so the quote hash finds
-    at most one record; an ask's quote (which names no client) opens nothing on chain.
-    """
-    deal = session.exec(
-        select(Deal).where(
-            Deal.quote_hash == quote_hash,
-            col(Deal.quote_json).is_not(None),
-            col(Deal.chain_deal_id).is_(None),
-        )
-    ).first()
-    if deal is None or deal.client.lower() != client.lower():
-        return None
-    deal.chain_deal_id = chain_deal_id
-    session.add(deal)
-    return deal
 
 
 def quote_attached_elsewhere(*, session: Session, quote_hash: str, deal_id: str) -> str | None:
@@ -515,90 +333,6 @@ def quote_attached_elsewhere(*, session: Session, quote_hash: str, deal_id: str)
         )
     ).first()
     return other
-
-
-# -- chain indexer ------------------------------------------------------------------------------
-
-
-def indexed_block(*, session: Session, name: str) -> int | None:
-    """Return the last block the indexer `name` finished, or None."""
-    row = session.get(IndexerState, name)
-    return None if row is None else row.block
-
-
-def set_indexed_block(*, session: Session, name: str, block: int) -> None:
-    """Record the last block the indexer `name` finished."""
-    row = session.get(IndexerState, name)
-    if row is None:
-        session.add(IndexerState(name=name, block=block))
-    else:
-        row.block = block
-        session.add(row)
-
-
-def add_chain_event(
-    *,
-    session: Session,
-    tx_hash: str,
-    log_index: int,
-    block_number: int,
-    name: str,
-    chain_deal_id: int | None,
-    args: dict[str, Any],
-) -> bool:
-    """Store an event once; return False if it was stored before."""
-    if session.get(ChainEvent, (tx_hash, log_index)) is not None:
-        return False
-    session.add(
-        ChainEvent(
-            tx_hash=tx_hash,
-            log_index=log_index,
-            block_number=block_number,
-            name=name,
-            chain_deal_id=chain_deal_id,
-            args_json=json.dumps(args, default=str),
-        )
-    )
-    return True
-
-
-def get_chain_deal(*, session: Session, chain_deal_id: int) -> ChainDeal | None:
-    """Return an indexed on-chain deal, or None."""
-    return session.get(ChainDeal, chain_deal_id)
-
-
-def reset_chain_index(*, session: Session) -> None:
-    """Forget everything indexed (another escrow's events): deals, events, sums, positions."""
-    for model in (ProviderClient, ChainEvent, ChainDeal, IndexerState):
-        session.execute(delete(model))
-    session.execute(update(Deal).values(chain_deal_id=None))
-
-
-def indexer_names(*, session: Session) -> list[str]:
-    """Return the names of every indexer that recorded a position."""
-    return list(session.exec(select(IndexerState.name)).all())
-
-
-def provider_client(*, session: Session, provider: str, client: str) -> ProviderClient:
-    """Return the settlement sums of one (provider, client) pair, created empty if new."""
-    row = session.get(ProviderClient, (provider, client))
-    if row is None:
-        row = ProviderClient(provider=provider, client=client)
-        session.add(row)
-    return row
-
-
-def provider_clients(
-    *, session: Session, providers: Iterable[str] | None = None
-) -> dict[str, list[ProviderClient]]:
-    """Return the per-client settlement sums of providers (all if None), by provider address."""
-    query = select(ProviderClient)
-    if providers is not None:
-        query = query.where(col(ProviderClient.provider).in_(list(providers)))
-    out: dict[str, list[ProviderClient]] = {}
-    for row in session.exec(query).all():
-        out.setdefault(row.provider, []).append(row)
-    return out
 
 
 # -- providers ----------------------------------------------------------------------------------
@@ -620,14 +354,6 @@ def list_providers(*, session: Session, online_only: bool = False) -> list[Provi
 def advertised_classes(*, session: Session) -> list[str]:
     """Return the device classes registered providers advertise."""
     return list(session.exec(select(Provider.device_class).distinct()).all())
-
-
-def open_deal_stakes(*, session: Session, provider: str) -> int:
-    """Return the stake `provider` has locked in its indexed deals not closed on chain."""
-    rows = session.exec(
-        select(ChainDeal.stake).where(ChainDeal.provider == provider, ChainDeal.status != "closed")
-    ).all()
-    return sum(int(stake) for stake in rows)
 
 
 def mark_offline(*, session: Session, seen_before: float) -> list[str]:

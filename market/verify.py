@@ -26,7 +26,7 @@ from market.errors import (
     InvalidOrderError,
     SignatureExpiredError,
 )
-from market.models import OrderCreate, QuoteIn
+from market.models import Deal, OrderCreate, QuoteIn
 
 
 class CheckedOrder(NamedTuple):
@@ -185,3 +185,24 @@ def checksum(address: str) -> str:
         return checksum_of(address)
     except ValueError as exc:
         raise InvalidOrderError("address", address, "not an address") from exc
+
+
+def check_deal_quote(q: QuoteIn, plan: Plan, deal: Deal, terms: Quote) -> None:
+    """Raise `InvalidOrderError` unless a deal's quote names its client and keeps the terms of
+    the ask it matched (`terms`, the ask's quote) with a cap covering the deal's spend."""
+    if q.client.lower() != deal.client.lower():
+        raise InvalidOrderError("quote.client", q.client, f"must be the deal's {deal.client}")
+    kept = {
+        "arbiter": (q.arbiter.lower(), terms.arbiter.lower()),
+        "stake": (q.stake, terms.stake),
+        "penalty": (q.penalty, terms.penalty),
+        "duration": (q.duration, terms.duration),
+        "challenge_window": (q.challenge_window, terms.challenge_window),
+        "slo_ms": (q.slo_ms, terms.slo_ms),
+        "plan": (plan, terms.plan),
+    }
+    for name, (given, asked) in kept.items():
+        if given != asked:
+            raise InvalidOrderError(f"quote.{name}", given, "must keep the ask's terms")
+    if q.max_spend < int(deal.max_spend):
+        raise InvalidOrderError("quote.max_spend", q.max_spend, f"below deal's {deal.max_spend}")

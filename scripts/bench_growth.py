@@ -293,7 +293,8 @@ def journal_figures(args: argparse.Namespace) -> dict[str, Any]:
 def market_figures(args: argparse.Namespace) -> dict[str, Any]:
     """Place orders through the market's writer, expire them, watch the process's RSS."""
     from market.engine.orders import Order, Side
-    from market.service import MarketService, Settings
+    from market.service import MarketService
+    from market.settings import Settings
     from market.verify import CheckedOrder
 
     class Clock:

@@ -23,7 +23,8 @@ from market.api.routes import book, deals, orders, providers, stream
 from market.indexer import Indexer
 from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 

@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from market.errors import PayloadTooLargeError, UnsupportedMediaTypeError
-from market.service import Settings
+from market.settings import Settings
 
 M = TypeVar("M", bound=BaseModel)
 _REF = "#/components/schemas/{model}"

@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol
-from market.service import Settings
+from market.settings import Settings
 
 
 def market_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:

@@ -33,7 +33,8 @@ from contracts.orders import plan_kind
 from contracts.pricing import price_receipt
 from market.errors import ReplayError
 from market.models import HeartbeatCreate, OrderCreate, QuoteAttach
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .conftest import Clock
 from .signing import METERED, Trader

@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from market.api.app import create_app
-from market.service import MarketService, Settings
-from market.storage import database_url
+from market.database import database_url
+from market.service import MarketService
+from market.settings import Settings
 
 from .signing import CHAIN_ID, ESCROW, Trader
 
@@ -63,7 +64,8 @@ def postgres_url() -> tuple[str | None, str]:
     return _pg["url"], _pg["reason"] or ""
 
 
-def _reset_postgres(url: str) -> None:
+def reset_postgres(url: str) -> None:
+    """Drop everything in the PostgreSQL database at `url`."""
     engine = create_engine(database_url(data_dir=Path("."), url=url))
     with engine.begin() as conn:
         conn.execute(text("DROP SCHEMA public CASCADE"))
@@ -80,7 +82,7 @@ def backend(request: pytest.FixtureRequest) -> str | None:
     if url is None:
         print(f"PostgreSQL tests skipped: {reason}")
         pytest.skip(f"PostgreSQL unavailable: {reason}")
-    _reset_postgres(url)
+    reset_postgres(url)
     return url
 
 

@@ -16,7 +16,8 @@ from market.api.app import create_app
 from market.errors import ChainUnavailableError, ChallengeWindowTooShortError, ReplayError
 from market.indexer import Indexer
 from market.models import OrderCreate
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from . import chain as fixtures
 from .chain import (
@@ -115,7 +116,7 @@ def test_ask_when_window_below_the_escrows_minimum_then_refused_with_the_chains_
         assert f"minimum challenge window of {MIN_WINDOW}s" in response.json()["detail"]
         enough = replace(short, challenge_window=MIN_WINDOW, nonce=next(provider.nonces))
         assert api.post("/v1/orders", json=provider.ask(now, quote=enough)).status_code == 201
-    assert market.min_challenge_window() == world.escrow.min_challenge_window() == MIN_WINDOW
+    assert market.escrow.min_challenge_window() == world.escrow.min_challenge_window() == MIN_WINDOW
 
 
 def test_ask_when_the_chain_is_down_then_503_and_accepted_once_it_answers(

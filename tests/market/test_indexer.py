@@ -15,7 +15,7 @@ from contracts.binding import Chain
 from contracts.chain import ANVIL_BINARY, DEV_MNEMONIC, Anvil, dev_keys, free_port, rpc
 from contracts.errors import ChainError
 from contracts.messages import Plan, Voucher, task_bitmap
-from market import storage
+from market import chain_index, database
 from market.indexer import (
     DeploymentBlockUnknownError,
     Indexer,
@@ -24,7 +24,8 @@ from market.indexer import (
     first_block_with_code,
 )
 from market.models import ChainDeal, Deal
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from . import chain as fixtures
 from .chain import (
@@ -110,7 +111,7 @@ def test_indexer_stores_every_term_and_credit_the_v2_events_carry(
     chain_deal = open_on_chain(world, market, deal_id, client.key, provider.key)
     _indexer(world, market).run_once()
     with market.session() as session:
-        row = storage.get_chain_deal(session=session, chain_deal_id=chain_deal)
+        row = chain_index.get_chain_deal(session=session, chain_deal_id=chain_deal)
         assert row is not None
         state = world.escrow.get_deal(chain_deal)
         assert (row.client, row.provider, row.arbiter) == (
@@ -227,12 +228,12 @@ def test_indexer_when_the_market_moves_to_another_escrow_then_forgets_the_old_on
     Indexer(market, rpc_url=world.anvil.url, escrow=other.escrow).run_once()
     assert market.deal(deal_id).chain_deal_id is None
     with market.session() as session:
-        assert storage.chain_deals(session=session, ids=[0, 1, 2]) == {}
+        assert chain_index.chain_deals(session=session, ids=[0, 1, 2]) == {}
 
 
 def test_init_db_when_chain_index_is_from_an_older_protocol_then_rebuilt(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "data", run_jobs=False)
-    engine = storage.make_engine(url=storage.database_url(data_dir=settings.data_dir, url=None))
+    engine = database.make_engine(url=database.database_url(data_dir=settings.data_dir, url=None))
     with engine.begin() as connection:  # the v1 shape: no terms, no penalties
         connection.exec_driver_sql(
             "CREATE TABLE chain_deals (chain_deal_id BIGINT PRIMARY KEY, client VARCHAR(42), "
@@ -241,10 +242,10 @@ def test_init_db_when_chain_index_is_from_an_older_protocol_then_rebuilt(tmp_pat
         connection.exec_driver_sql("INSERT INTO chain_deals VALUES (1, '0x1', '0x2', 65536)")
         connection.exec_driver_sql("CREATE TABLE indexer_state (name VARCHAR(64), block BIGINT)")
         connection.exec_driver_sql("INSERT INTO indexer_state VALUES ('escrow:old', 99)")
-    storage.init_db(engine=engine)
+    database.init_db(engine=engine)
     with Session(engine) as session:
         assert session.get(ChainDeal, 1) is None
-        assert storage.indexer_names(session=session) == []
+        assert chain_index.indexer_names(session=session) == []
         columns = session.execute(text("SELECT * FROM chain_deals")).keys()
         assert "penalties" in columns and "challenge_window" in columns
         assert session.get(Deal, "x") is None  # the deals table exists and is usable

@@ -21,7 +21,8 @@ from schemathesis.checks import (
 )
 
 from market.api.app import create_app
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .signing import CHAIN_ID, ESCROW, Trader
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from contracts.binding import TASK_VOUCHED
 from contracts.messages import Plan, Quote, Voucher, address_of, task_bitmap
-from market import storage
+from market import chain_index
 from market.indexer import Indexer
 from market.models import HeartbeatCreate, ProviderPublic
-from market.service import MarketService, reliability
+from market.presenters import reliability
+from market.service import MarketService
 
 from . import chain as fixtures
 from .chain import MIN_WINDOW, ChainWorld, ack_of, claim_of, task_request
@@ -81,7 +82,7 @@ def test_reputation_when_provider_self_pays_a_65536_task_voucher_then_one_unit_f
     assert entry.reliability == round((1 + prior) / (1 + 2 * prior), 4) == 0.5
     assert "65536" not in entry.model_dump_json()
     with market.session() as session:  # the deal itself still says what the chain says
-        row = storage.get_chain_deal(session=session, chain_deal_id=deal)
+        row = chain_index.get_chain_deal(session=session, chain_deal_id=deal)
         assert row is not None and row.tasks_paid == 65_536 and row.paid == "1"
 
 
@@ -105,7 +106,7 @@ def test_reputation_when_value_comes_from_one_client_then_the_breakdown_shows_it
     assert (good.paid, good.clients, good.top_client_share) == ("10000", 2, 0.5)
     assert (fake.paid, fake.clients, fake.top_client_share) == ("10000", 1, 1.0)
     with market.session() as session:
-        pairs = storage.provider_clients(session=session, providers=[honest.address])
+        pairs = chain_index.provider_clients(session=session, providers=[honest.address])
     assert sorted((p.client, p.paid, p.deals) for p in pairs[honest.address]) == sorted(
         (address_of(c), "5000", 1) for c in world.clients[:2]
     )
@@ -149,7 +150,7 @@ def test_reputation_counts_claims_disputes_refunds_and_penalties_by_value(
     expected = reliability(paid=1_500, refunded=1_000, penalties=14_000, prior=prior)
     assert entry.reliability == round(expected, 4) < 0.5
     with market.session() as session:
-        row = storage.get_chain_deal(session=session, chain_deal_id=deal)
+        row = chain_index.get_chain_deal(session=session, chain_deal_id=deal)
         assert row is not None
         assert (row.tasks_claimed, row.tasks_paid, row.reservation_fee) == (4, 3, "300")
         assert (row.paid, row.refunded, row.penalties) == ("1500", "1000", "14000")

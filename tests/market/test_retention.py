@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 
 from market.api.app import create_app
 from market.jobs import prune_history
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .conftest import START, Clock
 from .signing import Trader

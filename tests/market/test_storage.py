@@ -10,7 +10,8 @@ import pytest
 
 from market import storage
 from market.models import OrderCreate
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .conftest import START, Clock
 from .signing import Trader

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from sqlmodel import Session
 
+from market.database import database_url, make_engine
 from market.models import ChainDeal, Deal, ProviderClient
-from market.storage import database_url, make_engine
 
 from .server import ROOT, market_server
 from .signing import Trader

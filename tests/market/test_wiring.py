@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 from market.api.app import create_app
 from market.cli import register, settings_from_args
 from market.indexer import Indexer
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .signing import CHAIN_ID, ESCROW
 

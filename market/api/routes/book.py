@@ -35,7 +35,7 @@ def escrow_block(service: MarketService) -> int | None:
     key = (str(settings.rpc_url), settings.escrow.lower())
     if key not in _ESCROW_BLOCKS:
         try:
-            _ESCROW_BLOCKS[key] = service._read_escrow(
+            _ESCROW_BLOCKS[key] = service.escrow.read(
                 lambda e: deployment_block(e.tx.w3, e.address, int(e.tx.w3.eth.block_number))
             )
         except (ChainUnavailableError, DeploymentBlockUnknownError):

@@ -1,0 +1,136 @@
+"""SQL storage of the chain index: the escrow's deals and events the indexer read, its
+positions, the per-(provider, client) settlement sums, and the link from a market deal record
+to its on-chain deal. Keyword-only functions over a SQLModel session; nothing here commits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import delete, update
+from sqlmodel import Session, col, select
+
+from market.models import ChainDeal, ChainEvent, Deal, IndexerState, ProviderClient
+
+# -- chain indexer ------------------------------------------------------------------------------
+
+
+def indexed_block(*, session: Session, name: str) -> int | None:
+    """Return the last block the indexer `name` finished, or None."""
+    row = session.get(IndexerState, name)
+    return None if row is None else row.block
+
+
+def set_indexed_block(*, session: Session, name: str, block: int) -> None:
+    """Record the last block the indexer `name` finished."""
+    row = session.get(IndexerState, name)
+    if row is None:
+        session.add(IndexerState(name=name, block=block))
+    else:
+        row.block = block
+        session.add(row)
+
+
+def add_chain_event(
+    *,
+    session: Session,
+    tx_hash: str,
+    log_index: int,
+    block_number: int,
+    name: str,
+    chain_deal_id: int | None,
+    args: dict[str, Any],
+) -> bool:
+    """Store an event once; return False if it was stored before."""
+    if session.get(ChainEvent, (tx_hash, log_index)) is not None:
+        return False
+    session.add(
+        ChainEvent(
+            tx_hash=tx_hash,
+            log_index=log_index,
+            block_number=block_number,
+            name=name,
+            chain_deal_id=chain_deal_id,
+            args_json=json.dumps(args, default=str),
+        )
+    )
+    return True
+
+
+def get_chain_deal(*, session: Session, chain_deal_id: int) -> ChainDeal | None:
+    """Return an indexed on-chain deal, or None."""
+    return session.get(ChainDeal, chain_deal_id)
+
+
+def reset_chain_index(*, session: Session) -> None:
+    """Forget everything indexed (another escrow's events): deals, events, sums, positions."""
+    for model in (ProviderClient, ChainEvent, ChainDeal, IndexerState):
+        session.execute(delete(model))
+    session.execute(update(Deal).values(chain_deal_id=None))
+
+
+def indexer_names(*, session: Session) -> list[str]:
+    """Return the names of every indexer that recorded a position."""
+    return list(session.exec(select(IndexerState.name)).all())
+
+
+def provider_client(*, session: Session, provider: str, client: str) -> ProviderClient:
+    """Return the settlement sums of one (provider, client) pair, created empty if new."""
+    row = session.get(ProviderClient, (provider, client))
+    if row is None:
+        row = ProviderClient(provider=provider, client=client)
+        session.add(row)
+    return row
+
+
+def provider_clients(
+    *, session: Session, providers: Iterable[str] | None = None
+) -> dict[str, list[ProviderClient]]:
+    """Return the per-client settlement sums of providers (all if None), by provider address."""
+    query = select(ProviderClient)
+    if providers is not None:
+        query = query.where(col(ProviderClient.provider).in_(list(providers)))
+    out: dict[str, list[ProviderClient]] = {}
+    for row in session.exec(query).all():
+        out.setdefault(row.provider, []).append(row)
+    return out
+
+
+def chain_deals(*, session: Session, ids: Iterable[int]) -> dict[int, ChainDeal]:
+    """Return indexed on-chain deals by id."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    rows = session.exec(select(ChainDeal).where(col(ChainDeal.chain_deal_id).in_(wanted))).all()
+    return {row.chain_deal_id: row for row in rows}
+
+
+def link_chain_deal(
+    *, session: Session, quote_hash: str, client: str, chain_deal_id: int
+) -> Deal | None:
+    """Attach an on-chain deal to the market deal record whose own quote opened it; return it.
+
+    A deal's quote names its client and is attached to one record only, so the quote hash finds
+    at most one record; an ask's quote (which names no client) opens nothing on chain.
+    """
+    deal = session.exec(
+        select(Deal).where(
+            Deal.quote_hash == quote_hash,
+            col(Deal.quote_json).is_not(None),
+            col(Deal.chain_deal_id).is_(None),
+        )
+    ).first()
+    if deal is None or deal.client.lower() != client.lower():
+        return None
+    deal.chain_deal_id = chain_deal_id
+    session.add(deal)
+    return deal
+
+
+def open_deal_stakes(*, session: Session, provider: str) -> int:
+    """Return the stake `provider` has locked in its indexed deals not closed on chain."""
+    rows = session.exec(
+        select(ChainDeal.stake).where(ChainDeal.provider == provider, ChainDeal.status != "closed")
+    ).all()
+    return sum(int(stake) for stake in rows)
