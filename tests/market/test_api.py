@@ -15,7 +15,8 @@ from contracts.messages import ZERO_ADDRESS, Plan, Quote
 from contracts.typed_data import schema
 from market.api.app import create_app
 from market.auth import RateLimiter
-from market.service import MarketService, Settings
+from market.service import MarketService
+from market.settings import Settings
 
 from .conftest import START, Clock
 from .signing import ESCROW, GIB, METERED, Trader
@@ -669,10 +670,11 @@ def test_fills_of_a_database_made_before_seq_when_restarted_then_numbered_oldest
             place(client, alice.bid(NOW, device_class=device_class, price=50, quantity=1))
             clock.advance(1)
     first.close()
-    with first.db.begin() as connection:  # the fills table as an older market wrote it
+    with first.db.begin() as connection:  # the fills table as migration 0001 left it
         for index in ("ix_fills_seq", "ix_fills_class_seq"):
             connection.exec_driver_sql(f"DROP INDEX {index}")
         connection.exec_driver_sql("ALTER TABLE fills DROP COLUMN seq")
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '0001'")
     second = MarketService(settings, clock=clock)
     with TestClient(create_app(service=second)) as client:
         assert [f["id"] for f in client.get("/v1/fills").json()] == [
