@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -27,6 +26,7 @@ from client.accounts import ClientAccount
 from client.amounts import to_units
 from client.errors import ClientError, ClientInputError
 from client.market_http import MarketHttp
+from client.settings import ClientSettings, load_settings
 from contracts.binding import Chain, Escrow
 from contracts.cli import InputError, check_address, check_contract, check_private_key, dispatch
 from contracts.errors import EscrowError
@@ -115,9 +115,31 @@ def note(message: str) -> None:
 # ---- connections, checked at the door ------------------------------------------------------
 
 
+def settings_of(args: argparse.Namespace) -> ClientSettings:
+    """Return the environment's settings; options left unset take their values from them.
+
+    Read once per command, inside ``guarded`` (a bad variable exits 2 with one line).
+    """
+    settings: ClientSettings | None = getattr(args, "settings", None)
+    if settings is None:
+        settings = load_settings()
+        args.settings = settings
+        for option, value in (
+            ("rpc_url", settings.rpc_url),
+            ("escrow", settings.escrow),
+            ("market_url", settings.market_url),
+            ("from_block", settings.escrow_block),
+            ("state_dir", settings.client_state),
+        ):
+            if hasattr(args, option) and getattr(args, option) is None:
+                setattr(args, option, value)
+    return settings
+
+
 def key_from(args: argparse.Namespace) -> str:
     """Return the client key from `--key` or the environment, checked (never padded)."""
-    key = args.key or os.environ.get(KEY_ENV)
+    secret = settings_of(args).client_key
+    key = args.key or (secret.get_secret_value() if secret is not None else None)
     if not key:
         raise UsageError(f"no client key: pass --key or set {KEY_ENV}")
     what = "--key" if args.key else KEY_ENV
@@ -178,6 +200,7 @@ def guarded(handler: Handler) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         try:
+            settings_of(args)
             return handler(args)
         except (InputError, ClientInputError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -202,17 +225,17 @@ def common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--rpc-url",
-        default=os.environ.get("TPUMARKET_RPC_URL", "http://127.0.0.1:8545"),
-        help="chain RPC URL (env TPUMARKET_RPC_URL)",
+        default=None,
+        help="chain RPC URL (env TPUMARKET_RPC_URL, default http://127.0.0.1:8545)",
     )
     common.add_argument(
         "--escrow",
-        default=os.environ.get("TPUMARKET_ESCROW"),
+        default=None,
         help="escrow contract address (env TPUMARKET_ESCROW)",
     )
     common.add_argument(
         "--market-url",
-        default=os.environ.get("TPUMARKET_MARKET_URL"),
+        default=None,
         help="market base URL (env TPUMARKET_MARKET_URL)",
     )
     common.add_argument("--key", default=None, help=f"client private key (env {KEY_ENV})")

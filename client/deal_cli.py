@@ -18,7 +18,6 @@ Registered by `client.cli.register` under `tpumarket client`.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from client.cli import (
     parse_amount,
     positive_int,
     print_table,
+    settings_of,
 )
 from client.errors import ClientError
 from client.market_http import MarketHttpError
@@ -51,7 +51,7 @@ def state_dir_of(args: argparse.Namespace) -> Path:
     """Return the folder of the deal ledgers: ``--state-dir``, the environment, or ~."""
     if getattr(args, "state_dir", None) is not None:
         return Path(args.state_dir)
-    return Path(os.environ.get(STATE_ENV) or Path.home() / ".tpumarket" / "client")
+    return settings_of(args).client_state
 
 
 def resolve_deal(args: argparse.Namespace, text: str) -> int:

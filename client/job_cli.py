@@ -77,7 +77,7 @@ def _add_deal_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from-block",
         type=int,
-        default=int(os.environ.get(FROM_BLOCK_ENV) or 0),
+        default=None,
         help=f"the escrow's deployment block: no log is read below it (env {FROM_BLOCK_ENV})",
     )
 
