@@ -10,7 +10,7 @@ ENGINE_SRC := market/engine/orders.py market/engine/book.py market/engine/engine
 ENGINE_STAMP := .cache/engine-native.built
 ARGS    ?=
 
-.PHONY: demo test lint typecheck unit setup system-deps bench-gas clean
+.PHONY: demo test check lint typecheck unit fast setup system-deps bench-gas clean
 
 setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP) $(XLA_STAMP)
 
@@ -60,6 +60,13 @@ unit: setup system-deps
 	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest $(ARGS)
 
 test: lint typecheck unit
+
+# The fast part: lint, types, import contracts and the tests that start no real component
+# (tests/conftest.py marks the others slow).
+fast: setup
+	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -q -m "not slow" $(ARGS)
+
+check: lint typecheck fast
 
 bench-gas: setup
 	scripts/bench-gas

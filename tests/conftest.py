@@ -1,5 +1,9 @@
 """Suite-wide rules: a skipped test fails the run, and `make check`'s fast selection.
 
+`slow` marks every test that starts a real component (anvil, sandboxed workers, servers,
+browsers, the PyTorch export environment) or runs a long property machine; `make check` runs
+the rest (`-m "not slow"`), the pure cores, in a few minutes.
+
 Every real component (anvil, bubblewrap, Chromium, PostgreSQL, libtpu, the models) is installed
 by the set-up, so a skip means a missing install step, not a choice: the run fails and lists
 it. Skips that depend on the kind of host (a TPU VM has chips where a test needs their absence)
@@ -14,6 +18,35 @@ import os
 import pytest
 
 HOST_SKIP = "host:"
+SLOW_DIRS = ("e2e", "integration")
+SLOW_FIXTURES = frozenset(
+    {"anvil", "deployed", "world", "exact_clock", "chain_world", "sandbox", "daemon", "api"}
+)
+SLOW_MODULES = frozenset(
+    {
+        "test_engine_properties",
+        "test_escrow_stateful",
+        "test_artifacts",
+        "test_gas_snapshot",
+        "test_web",
+        "test_openapi",
+        "test_native",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark as slow what starts real components or runs long machines."""
+    for item in items:
+        parts = item.path.parts
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if (
+            any(part in SLOW_DIRS for part in parts)
+            or fixtures & SLOW_FIXTURES
+            or item.path.stem in SLOW_MODULES
+            or "models" in parts
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 def _reason(report: pytest.TestReport) -> str:
