@@ -31,6 +31,18 @@ SLOW_MODULES = frozenset(
         "test_web",
         "test_openapi",
         "test_native",
+        "test_hostile_http",
+        "test_routes_as_stranger",
+        "test_journal_sealing",
+        "test_cli_errors",
+        "test_diagnosis_cases",
+    }
+)
+SLOW_MODULE_PREFIXES = ("test_sandbox_",)
+SLOW_TESTS = frozenset(
+    {
+        "test_typed_exceptions_match_the_compiled_abi",  # compiles the contracts with solc
+        "test_discover_on_a_cpu_host_with_libtpu_then_no_libtpu_error_lines",
     }
 )
 
@@ -44,6 +56,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             any(part in SLOW_DIRS for part in parts)
             or fixtures & SLOW_FIXTURES
             or item.path.stem in SLOW_MODULES
+            or item.path.stem.startswith(SLOW_MODULE_PREFIXES)
+            or getattr(item, "originalname", item.name) in SLOW_TESTS
             or "models" in parts
         ):
             item.add_marker(pytest.mark.slow)
