@@ -27,7 +27,7 @@ from client.market_http import MarketHttp
 from client.provider_http import ProviderHttp
 from client.session import DealSession
 from client.vouchers import VoucherBook
-from client.watch import deal_logs, find_open_block
+from client.watch import deal_logs, find_open_block, market_escrow_block
 from contracts.binding import Chain, Escrow
 from contracts.errors import ChainError
 from contracts.messages import Plan
@@ -102,7 +102,7 @@ def open_runner(
         raise ClientError(f"that endpoint serves {info.get('provider')}, not {deal.provider}")
     if plan.struct_hash() != deal.plan_hash:
         raise ClientError("the provider's plan is not the plan the deal was opened with")
-    slo_ms = _deal_slo(escrow, ledger, args.from_block) or int(info["slo_ms"])
+    slo_ms = _deal_slo(escrow, ledger, start_block(args)) or int(info["slo_ms"])
     deal_cap = deal.max_spend if cap is None else min(cap, deal.max_spend)
     session = DealSession(
         provider=provider,
@@ -119,7 +119,7 @@ def open_runner(
         grace_s=getattr(args, "grace_s", 5.0),
     )
     runner = JobRunner.resume(session, ledger, say=warn)
-    runner.lowest_block = args.from_block
+    runner.lowest_block = start_block(args)
     return runner, deal_cap
 
 
@@ -158,3 +158,17 @@ def sigint(handler: Any) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def start_block(args: argparse.Namespace) -> int:
+    """Return where to read the escrow's events from: ``--from-block``, else the escrow's
+    deployment block as the market tells it (``GET /v1/domain``, asked once), else 0."""
+    if args.from_block:
+        return int(args.from_block)
+    market_url = getattr(args, "market_url", None)
+    if market_url:
+        block = market_escrow_block(market_url)
+        if block:
+            args.from_block = block
+            return block
+    return 0

@@ -26,6 +26,7 @@ from client.job_deal import (
     open_ledger,
     open_runner,
     sigint,
+    start_block,
     warn,
 )
 from client.job_records import view_of
@@ -108,7 +109,7 @@ def job_watch(args: argparse.Namespace) -> int:
             # Without the provider a task the ledger has not seen verified cannot be asked for
             # once more: its claim is judged from the ledger alone (and disputed).
             warn(f"no provider to ask ({exc}): claims are judged from the ledger alone")
-            watch = ClaimWatcher(account, ledger, say=warn, lowest_block=args.from_block).scan
+            watch = ClaimWatcher(account, ledger, say=warn, lowest_block=start_block(args)).scan
         stop = threading.Event()
 
         def handler(signum: int, frame: FrameType | None) -> None:
