@@ -54,9 +54,16 @@ def _post(url: str, path: str, body: dict[str, Any], status: int) -> dict[str, A
     return reply
 
 
+_LAST_BEAT: dict[str, int] = {}
+
+
 def _beat(url: str, provider: Trader, device_class: str) -> float:
-    """Heartbeat `provider`; return when (the market clock is this host's)."""
+    """Heartbeat `provider`; return when (the market clock is this host's). A heartbeat's
+    whole-second timestamp must pass the previous one's: wait for the next second if needed."""
+    while int(time.time()) <= _LAST_BEAT.get(provider.address, -1):
+        time.sleep(0.05)
     sent = time.time()
+    _LAST_BEAT[provider.address] = int(sent)
     _post(
         url,
         "/v1/providers/heartbeat",
