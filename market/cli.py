@@ -18,6 +18,7 @@ from contracts.binding import connect
 from contracts.cli import InputError, check_address
 from contracts.errors import EscrowError
 from market.database import SQLITE_FILE
+from market.errors import MarketConfigError
 from market.settings import Settings
 
 
@@ -172,7 +173,7 @@ def _serve(args: argparse.Namespace) -> int:
             settings_from_args(args),
             chain_id_given=args.chain_id is not None or bool(os.environ.get("MARKET_CHAIN_ID")),
         )
-    except InputError as exc:
+    except (InputError, MarketConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except EscrowError as exc:

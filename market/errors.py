@@ -141,3 +141,8 @@ class UnfundedError(ForbiddenError):
 
 class QuotaError(ForbiddenError):
     """Raise when a signer holds as many live orders (or device classes) as the market allows."""
+
+
+class MarketConfigError(MarketError, ValueError):
+    """A market setting is invalid (from the environment or the command line); the message
+    names the setting, its environment variable and the value given."""

@@ -1,97 +1,121 @@
-"""Settings of one market process: limits, TTLs, jobs and where its database and escrow are."""
+"""Settings of one market process: limits, TTLs, jobs and where its database and escrow are.
+
+Every field is settable from the environment as `TPUMARKET_MARKET_<FIELD>` (upper case; the
+table in docs/market.md); a few keep their older names too (`MARKET_DATA_DIR`, `DATABASE_URL`,
+`MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`, `MARKET_FROM_BLOCK`,
+`MARKET_MIN_CHALLENGE_WINDOW`, `MARKET_FILLS_RETENTION_DAYS`, `MARKET_ORDERS_RETENTION_DAYS`).
+Keyword arguments (the `market serve` flags) win over the environment.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import AliasChoices, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from contracts.messages import ZERO_ADDRESS
+from market.errors import MarketConfigError
+
+PREFIX = "TPUMARKET_MARKET_"
 
 
-@dataclass
-class Settings:
-    """Configuration of one market process (see `from_env` for the environment variables)."""
+def _env(name: str, *older: str) -> Any:
+    """The environment names of field `name`: the prefixed one, then its older ones."""
+    return AliasChoices(PREFIX + name.upper(), *older)
 
-    data_dir: Path = Path("data")
-    database_url: str | None = None
-    chain_id: int = 31337
-    escrow: str = ZERO_ADDRESS
-    rpc_url: str | None = None
+
+class Settings(BaseSettings):
+    """Configuration of one market process (the module docstring names its variables)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        case_sensitive=False,
+        populate_by_name=True,
+        extra="forbid",
+        env_ignore_empty=True,  # an empty variable is unset, as before
+    )
+
+    data_dir: Path = Field(Path("data"), validation_alias=_env("data_dir", "MARKET_DATA_DIR"))
+    database_url: str | None = Field(None, validation_alias=_env("database_url", "DATABASE_URL"))
+    chain_id: int = Field(31337, gt=0, validation_alias=_env("chain_id", "MARKET_CHAIN_ID"))
+    escrow: str = Field(ZERO_ADDRESS, validation_alias=_env("escrow", "MARKET_ESCROW"))
+    rpc_url: str | None = Field(None, validation_alias=_env("rpc_url", "RPC_URL"))
     # Token buckets: orders (a batch costs its order count), cancels and heartbeats per signing
     # account, requests per client IP. Several source addresses do not widen a signer's bucket.
-    rate_per_address: float = 200.0
-    burst_per_address: float = 1_000.0
-    rate_per_ip: float = 5_000.0  # above one client's pace (docs/market.md, "Rate limits")
-    burst_per_ip: float = 10_000.0
+    # A rate of 0 is no limit.
+    rate_per_address: float = Field(200.0, ge=0)
+    burst_per_address: float = Field(1_000.0, ge=0)
+    rate_per_ip: float = Field(5_000.0, ge=0)  # above one client's pace (docs/market.md)
+    burst_per_ip: float = Field(10_000.0, ge=0)
     # Body caps per route (`market.api.body`), enforced while the body streams in.
-    max_body_bytes: int = 1 << 20  # a batch; also the app-wide backstop
-    max_order_bytes: int = 16 << 10
-    max_heartbeat_bytes: int = 16 << 10
-    max_small_body_bytes: int = 4 << 10  # a cancel, a quote attached to a deal
-    max_batch: int = 500
+    max_body_bytes: int = Field(1 << 20, gt=0)  # a batch; also the app-wide backstop
+    max_order_bytes: int = Field(16 << 10, gt=0)
+    max_heartbeat_bytes: int = Field(16 << 10, gt=0)
+    max_small_body_bytes: int = Field(4 << 10, gt=0)  # a cancel, a quote attached to a deal
+    max_batch: int = Field(500, gt=0)
     # Connections (`market.api.server`): idle keep-alive connections close after `keep_alive_s`;
     # a request must arrive whole (headers and body) within `request_read_timeout_s` of its
     # first byte, with at most `max_header_bytes` of request line and headers.
-    keep_alive_s: float = 5.0
-    request_read_timeout_s: float = 10.0
-    max_header_bytes: int = 32 << 10
-    max_connections: int = 4_096
-    max_streams: int = 2_048  # live-update streams (`/v1/stream`) served at once ...
-    max_streams_per_ip: int = 16  # ... and to one client address
+    keep_alive_s: float = Field(5.0, gt=0)
+    request_read_timeout_s: float = Field(10.0, gt=0)
+    max_header_bytes: int = Field(32 << 10, gt=0)
+    max_connections: int = Field(4_096, gt=0)
+    max_streams: int = Field(2_048, ge=0)  # live-update streams (`/v1/stream`) served at once ...
+    max_streams_per_ip: int = Field(16, ge=0)  # ... and to one client address
     # Funds behind orders (`market.funds`), when the market knows its escrow: a bid needs its
     # signer's free escrow balance to cover it and its other commitments, an ask or a heartbeat
     # needs stake, an order needs a device class a staked provider advertises.
     require_funds: bool = True
-    min_provider_stake: int = 1_000_000
-    max_live_orders_per_owner: int = 1_000
-    max_classes_per_provider: int = 16  # a run-time class and compile-<generation> classes
-    unopened_deal_hold_s: int = 3_600  # a matched deal not opened on chain counts this long
-    funds_cache_s: float = 2.0
-    max_order_ttl_s: int = 30 * 24 * 3600
-    heartbeat_skew_s: int = 300
-    provider_offline_after_s: float = 60.0
+    min_provider_stake: int = Field(1_000_000, ge=0)
+    max_live_orders_per_owner: int = Field(1_000, gt=0)
+    max_classes_per_provider: int = Field(16, gt=0)  # a run-time class and compile-<gen> ones
+    unopened_deal_hold_s: int = Field(3_600, ge=0)  # a matched deal not opened counts this long
+    funds_cache_s: float = Field(2.0, ge=0)
+    max_order_ttl_s: int = Field(30 * 24 * 3600, gt=0)
+    heartbeat_skew_s: int = Field(300, ge=0)
+    provider_offline_after_s: float = Field(60.0, gt=0)
     run_jobs: bool = True
-    expire_every_s: float = 1.0
-    offline_every_s: float = 5.0
-    index_every_s: float = 2.0
-    index_chunk_blocks: int = 2_000
+    expire_every_s: float = Field(1.0, gt=0)
+    offline_every_s: float = Field(5.0, gt=0)
+    index_every_s: float = Field(2.0, gt=0)
+    index_chunk_blocks: int = Field(2_000, gt=0)
     # The escrow's deployment block (nothing before it to index); None: the indexer finds it.
-    index_from_block: int | None = None
+    index_from_block: int | None = Field(
+        None, ge=0, validation_alias=_env("index_from_block", "MARKET_FROM_BLOCK")
+    )
     # The shortest challenge window an ask's quote may set, on top of the escrow's own minimum
     # (read once from the chain when the market knows the escrow); never below 1 s.
-    min_challenge_window: int = 1
+    min_challenge_window: int = Field(
+        1, validation_alias=_env("min_challenge_window", "MARKET_MIN_CHALLENGE_WINDOW")
+    )
     # The prior of the reputation score, in token base units (docs/market.md, "Reputation").
-    reputation_prior: int = 1_000_000
+    reputation_prior: int = Field(1_000_000, gt=0)
     # History kept on disk, in days (None keeps all): fills older than this and finished orders
     # whose expiry passed this long ago are deleted by the retention job (`storage.prune_history`).
-    fills_retention_days: float | None = None
-    orders_retention_days: float | None = None
-    retention_every_s: float = 3_600.0
+    fills_retention_days: float | None = Field(
+        None, gt=0, validation_alias=_env("fills_retention_days", "MARKET_FILLS_RETENTION_DAYS")
+    )
+    orders_retention_days: float | None = Field(
+        None, gt=0, validation_alias=_env("orders_retention_days", "MARKET_ORDERS_RETENTION_DAYS")
+    )
+    retention_every_s: float = Field(3_600.0, gt=0)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
-        """Read `MARKET_DATA_DIR`, `DATABASE_URL`, `MARKET_CHAIN_ID`, `MARKET_ESCROW`, `RPC_URL`,
-        `MARKET_FROM_BLOCK`, `MARKET_MIN_CHALLENGE_WINDOW`, `MARKET_FILLS_RETENTION_DAYS`,
-        `MARKET_ORDERS_RETENTION_DAYS`."""
-        env = os.environ
-        values: dict[str, Any] = {
-            "data_dir": Path(env.get("MARKET_DATA_DIR", "data")),
-            "database_url": env.get("DATABASE_URL") or None,
-            "chain_id": int(env.get("MARKET_CHAIN_ID", "31337")),
-            "escrow": env.get("MARKET_ESCROW", ZERO_ADDRESS),
-            "rpc_url": env.get("RPC_URL") or None,
-            "index_from_block": _optional_int(env.get("MARKET_FROM_BLOCK")),
-        }
-        for name in ("fills_retention_days", "orders_retention_days"):
-            if env.get(f"MARKET_{name.upper()}"):
-                values[name] = float(env[f"MARKET_{name.upper()}"])
-        if env.get("MARKET_MIN_CHALLENGE_WINDOW"):
-            values["min_challenge_window"] = int(env["MARKET_MIN_CHALLENGE_WINDOW"])
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        """Read the environment; `overrides` that are not None win over it. Raise
+        `MarketConfigError` naming the first bad value."""
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as exc:
+            raise MarketConfigError(describe(exc)) from None
 
 
-def _optional_int(text: str | None) -> int | None:
-    return int(text) if text else None
+def describe(exc: ValidationError) -> str:
+    """Return a one-line account of the first error: the setting, its variable, the problem."""
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "?"
+    field = name.lower().removeprefix(PREFIX.lower())
+    variable = PREFIX + field.upper()
+    return f"market setting {field} ({variable}): {error['msg']}, got {error.get('input')!r}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -422,7 +421,7 @@ def test_place_when_ask_quote_has_no_challenge_window_then_422(
 def test_place_when_ask_window_below_the_markets_minimum_then_422(
     settings: Settings, clock: Clock, bob: Trader
 ) -> None:
-    strict = replace(settings, min_challenge_window=30)
+    strict = settings.model_copy(update={"min_challenge_window": 30})
     service = MarketService(strict, clock=clock)
     try:
         with TestClient(create_app(service=service)) as api:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,7 +22,8 @@ DAY = 86_400
 @pytest.fixture
 def kept(settings: Settings, clock: Clock) -> Iterator[tuple[MarketService, TestClient]]:
     service = MarketService(
-        replace(settings, fills_retention_days=1, orders_retention_days=1), clock=clock
+        settings.model_copy(update={"fills_retention_days": 1, "orders_retention_days": 1}),
+        clock=clock,
     )
     with TestClient(create_app(service=service)) as client:
         yield service, client
