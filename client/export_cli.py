@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from client.cli import UsageError, emit_json, guarded, print_table
+from client.models.program import ExportedModel
 from client.models.signature import Array
 from contracts.program import (
     KNOWN_PLATFORMS,
@@ -134,6 +135,12 @@ def export_torch_model(args: argparse.Namespace) -> int:
         model = _export(args, inputs, state, platforms)
     except ExportFailed as exc:
         return _failed(args, exc)
+    return write_program(args, model, args.route)
+
+
+def write_program(args: argparse.Namespace, model: ExportedModel, route: str | None) -> int:
+    """Write an exported model's program file (``--out``) and its example inputs
+    (``--inputs-out``, else beside it), then say what was written (table or ``--json``)."""
     out = Path(args.out)
     envelope = model.example_envelope()
     out.write_bytes(encode_envelope(envelope))
@@ -141,8 +148,8 @@ def export_torch_model(args: argparse.Namespace) -> int:
         Path(args.inputs_out) if args.inputs_out else out.with_suffix(".inputs.safetensors")
     )
     inputs_out.write_bytes(encode_arrays(model.signature.bind_inputs(list(model.example_inputs))))
-    summary = {
-        "route": args.route,
+    summary: dict[str, Any] = {} if route is None else {"route": route}
+    summary |= {
         "program": str(out),
         "inputs": str(inputs_out),
         "program_bytes": len(envelope.program),
@@ -154,8 +161,9 @@ def export_torch_model(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
         return 0
+    how = "" if route is None else f"{route}: "
     print(
-        f"wrote {out} ({args.route}: program {len(envelope.program):,} B, "
+        f"wrote {out} ({how}program {len(envelope.program):,} B, "
         f"weights {len(envelope.weights or b''):,} B, platforms {','.join(model.platforms)})"
     )
     print(f"wrote {inputs_out} (example inputs)")

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
-from client.cli import common_options, emit_json, guarded, parse_amount, positive_int, print_table
+from client.cli import common_options, guarded, parse_amount, positive_int
 from client.deal_cli import STATE_ENV
 from client.export_cli import extend as extend_export
+from client.export_cli import write_program
 from client.job_deal import with_deal
 from client.job_run import job_run
 from client.job_status import job_refund, job_status, job_watch
-from contracts.program import encode_arrays, encode_envelope
 
 FROM_BLOCK_ENV = "TPUMARKET_ESCROW_BLOCK"
 
@@ -36,32 +35,7 @@ def _job_export(args: argparse.Namespace) -> int:
     from client.models.zoo.silero_vad import export_silero_vad
 
     model = export_silero_vad(batch=args.batch, chunks=args.chunks)
-    out = Path(args.out)
-    envelope = model.example_envelope()
-    out.write_bytes(encode_envelope(envelope))
-    inputs_out = (
-        Path(args.inputs_out) if args.inputs_out else out.with_suffix(".inputs.safetensors")
-    )
-    named = model.signature.bind_inputs(list(model.example_inputs))
-    inputs_out.write_bytes(encode_arrays(named))
-    summary = {
-        "program": str(out),
-        "inputs": str(inputs_out),
-        "program_bytes": len(envelope.program),
-        "weights_bytes": len(envelope.weights or b""),
-        "inputs_names": {s.key: s.describe() for s in model.signature.inputs},
-        "outputs": [s.describe() for s in model.signature.outputs],
-    }
-    if args.json:
-        emit_json(summary)
-        return 0
-    print(
-        f"wrote {out} (program {len(envelope.program):,} B, "
-        f"weights {len(envelope.weights or b''):,} B)"
-    )
-    print(f"wrote {inputs_out} (example inputs)")
-    print_table(["tensor", "input"], [[s.key, s.describe()] for s in model.signature.inputs])
-    return 0
+    return write_program(args, model, None)
 
 
 def _add_deal_options(parser: argparse.ArgumentParser) -> None:

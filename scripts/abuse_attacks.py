@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from client.accounts import TERMS
 from contracts.messages import Quote, Voucher
 from scripts.abuse_world import DEVICE_CLASS, SLO_MS, World
 from tests.market.signing import Trader
@@ -21,16 +22,6 @@ from tests.market.signing import Trader
 ZERO = b"\0" * 65
 JSON = {"content-type": "application/json"}
 DEAL_SCOPE = 2**256 - 1  # the task index of a deal-summary proof (provider.access.DEAL_SCOPE)
-TERMS = (
-    "provider",
-    "arbiter",
-    "stake",
-    "penalty",
-    "duration",
-    "challenge_window",
-    "slo_ms",
-    "plan",
-)
 
 
 @dataclass
