@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -161,3 +162,25 @@ def guarded_protocol(
             "timeout_body": body,
         },
     )
+
+
+async def read_streamed_body(
+    receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+    max_bytes: int,
+    too_large: Callable[[], Exception],
+) -> bytes | None:
+    """Read an ASGI request body, raising ``too_large()`` as soon as more than ``max_bytes``
+    have arrived (nothing past the cap is kept); None if the client disconnected first."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large()
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)

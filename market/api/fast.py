@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from contracts.serving import read_streamed_body
 from market.api.body import check_shape, order_limits, parse
 from market.errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from market.models import OrderCreate
@@ -120,16 +121,8 @@ async def _read_capped(
             raise PayloadTooLargeError(f"bad content-length {text[:20]!r}")
         if int(text) > max_bytes:
             raise PayloadTooLargeError(f"request body larger than {max_bytes} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLargeError(f"request body larger than {max_bytes} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return await read_streamed_body(
+        receive,
+        max_bytes,
+        lambda: PayloadTooLargeError(f"request body larger than {max_bytes} bytes"),
+    )

@@ -15,6 +15,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.program import ProgramFormatError, check_target_name
+from contracts.serving import read_streamed_body
 from provider.api.errors import STATUS_BY_CODE, error_body
 from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER, task_json
 from provider.api.waiting import settled_view
@@ -198,19 +199,9 @@ async def _answer(send: Send, status: int, answer: bytes) -> None:
 
 
 async def _read_body(receive: Receive, cap: int, code: str = "envelope_too_large") -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            raise RejectedError(code, f"more than {cap} bytes, cap {cap}")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return await read_streamed_body(
+        receive, cap, lambda: RejectedError(code, f"more than {cap} bytes, cap {cap}")
+    )
 
 
 def _error(code: str, reason: str) -> bytes:
