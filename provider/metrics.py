@@ -13,15 +13,22 @@ from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from provider.lifecycle import SettlementAction, SettlementEvent
+
 MONEY_AMOUNTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
-    "redeem": (("paid", "paid"),),
-    "claim": (("amount", "claimed"),),
-    "finalize": (("amount", "paid"),),
-    "rejected": (("amount", "lost"),),
-    "refunded": (("refund", "refunded"), ("penalty", "penalty")),
-    "closed": (("returned_to_client", "returned_to_client"), ("stake_returned", "stake_returned")),
+    SettlementAction.REDEEM: (("paid", "paid"),),
+    SettlementAction.CLAIM: (("amount", "claimed"),),
+    SettlementAction.FINALIZE: (("amount", "paid"),),
+    SettlementAction.REJECTED: (("amount", "lost"),),
+    SettlementAction.REFUNDED: (("refund", "refunded"), ("penalty", "penalty")),
+    SettlementAction.CLOSED: (
+        ("returned_to_client", "returned_to_client"),
+        ("stake_returned", "stake_returned"),
+    ),
 }
-"""Per journaled settlement action: (data field, ``what`` label) of the amounts it moved."""
+"""Per journaled settlement action: (data field, ``what`` label) of the amounts it moved.
+
+The other money event, :attr:`SettlementEvent.DISPUTED`, moves nothing when it happens."""
 
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
 
@@ -120,9 +127,10 @@ class ProviderMetrics:
         )
 
     def money(self, action: str, data: Mapping[str, Any]) -> None:
-        """Count one money event (a journaled settlement action) and the amounts it moved."""
+        """Count one money event and the amounts it moved: a journaled settlement action (a
+        :class:`SettlementAction` or its string) or :attr:`SettlementEvent.DISPUTED`."""
         fields = MONEY_AMOUNTS.get(action)
-        if fields is None and action != "disputed":
+        if fields is None and action != SettlementEvent.DISPUTED:
             return
         self.money_events.labels(action).inc()
         for name, what in fields or ():

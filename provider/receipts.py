@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contracts.messages import KIND_COMPILE, STATUS_SUCCESS, Plan, Receipt, TaskRequest, Voucher
 from contracts.pricing import price
 from provider.diagnosis import Diagnosis
+from provider.lifecycle import SettlementAction, TaskState
 from provider.sandbox.results import CompileResult, InferenceResult, TaskFailure
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def delivery(outcome: SandboxOutcome) -> tuple[bytes, dict[str, Any], int, int, 
     """
     if isinstance(outcome, InferenceResult):
         detail = {
-            "state": "succeeded",
+            "state": TaskState.SUCCEEDED,
             "platform": outcome.platform,
             "device_kind": outcome.device_kind,
         }
@@ -103,7 +104,7 @@ def delivery(outcome: SandboxOutcome) -> tuple[bytes, dict[str, Any], int, int, 
         report = compile_report(outcome)
         return (
             canonical_json(report),
-            {"state": "succeeded", "report": report},
+            {"state": TaskState.SUCCEEDED, "report": report},
             STATUS_SUCCESS,
             0,
             _ms(outcome.compile_time_s),
@@ -112,7 +113,7 @@ def delivery(outcome: SandboxOutcome) -> tuple[bytes, dict[str, Any], int, int, 
     diagnosis = diagnosis_to_json(outcome.diagnosis)
     return (
         canonical_json(diagnosis),
-        {"state": "failed", "diagnosis": diagnosis},
+        {"state": TaskState.FAILED, "diagnosis": diagnosis},
         outcome.diagnosis.code,
         _ms(outcome.device_time_s),
         _ms(outcome.compile_time_s),
@@ -225,9 +226,9 @@ def cap_spent(book: DealBook, reservation_fee: int) -> int:
     redeemed = book.redeemed()
     spent = reservation_fee + (0 if redeemed is None else redeemed.voucher.cumulative_amount)
     for settlement in book.settlements:
-        if settlement.action == "claim":
+        if settlement.action == SettlementAction.CLAIM:
             spent += int(settlement.data["amount"])
-        elif settlement.action == "refunded":  # the ack prices of the refunded tasks
+        elif settlement.action == SettlementAction.REFUNDED:  # the ack prices of the refunded tasks
             spent += int(settlement.data["refund"])
     return spent
 
