@@ -9,24 +9,35 @@ chain with that quote.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar
 
-from contracts.hashing import keccak256, keccak_text
-from contracts.messages import (
-    Domain,
-    Plan,
-    _attr,
-    _from_json,
-    _Message,
-    _word,
-    recover_public,
-)
+from contracts.eip712 import Domain, Message, check, definition, digest, struct_hash
+from contracts.hashing import keccak256
+from contracts.messages import Plan
+from contracts.signing import recover_address
 
-MARKET_DOMAIN_NAME = "tpumarket-market"
-MARKET_DOMAIN_VERSION = "1"
+__all__ = [
+    "MARKET_DOMAIN_NAME",
+    "MARKET_DOMAIN_VERSION",
+    "Ask",
+    "Bid",
+    "CancelOrder",
+    "Heartbeat",
+    "advert_hash",
+    "canonical_json",
+    "digest",
+    "market_domain",
+    "order_id",
+    "order_request",
+    "plan_kind",
+    "recover_address",
+    "struct_hash",
+]
+
+MARKET_DOMAIN_NAME = str(definition()["market"]["domain"]["name"])
+MARKET_DOMAIN_VERSION = str(definition()["market"]["domain"]["version"])
 
 
 def market_domain(chain_id: int, escrow: str) -> Domain:
@@ -55,150 +66,8 @@ def plan_kind(plan: Plan) -> str:
     return "flat"
 
 
-_LAYOUTS: dict[type[_Message], tuple[tuple[str, str, int], ...]] = {}
-_TYPEHASHES: dict[type[_Message], bytes] = {}
-
-
-def _layout(cls: type[_Message]) -> tuple[tuple[str, str, int], ...]:
-    """Return (attribute, EIP-712 kind, bit width of uints) of each field, in type order."""
-    layout = _LAYOUTS.get(cls)
-    if layout is None:
-        layout = _LAYOUTS[cls] = tuple(
-            (_attr(n), kind, int(kind[4:]) if kind.startswith("uint") and "[" not in kind else 0)
-            for n, kind in cls.TYPES
-        )
-    return layout
-
-
-def struct_hash(message: _Message) -> bytes:
-    """Return the EIP-712 struct hash of a message, fast (the market verifies every order).
-
-    Equal to `message.struct_hash()` for every message type of `contracts` (tested); supports
-    uint, address, bool, bytes32, string and nested message fields.
-    """
-    parts = [_typehash(type(message))]
-    for attr, kind, bits in _layout(type(message)):
-        value = getattr(message, attr)
-        if bits:
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << bits:
-                raise ValueError(f"{value!r} does not fit {kind}")
-            parts.append(value.to_bytes(32, "big"))
-        elif kind == "address":
-            parts.append(_address_word(value))
-        elif kind == "string":
-            if not isinstance(value, str):
-                raise ValueError("string field needs a str")
-            parts.append(_string_hash(value))
-        elif kind == "bytes32":
-            if not isinstance(value, bytes) or len(value) != 32:
-                raise ValueError("bytes32 field needs exactly 32 bytes")
-            parts.append(value)
-        elif kind == "bool":
-            parts.append((1 if value else 0).to_bytes(32, "big"))
-        elif isinstance(value, Plan):
-            parts.append(_plan_hash(value))
-        elif isinstance(value, _Message):
-            parts.append(struct_hash(value))
-        else:
-            parts.append(message._encode_field(kind, value))
-    return keccak256(b"".join(parts))
-
-
-@functools.lru_cache(maxsize=4_096)
-def _string_hash(value: str) -> bytes:
-    return keccak256(value.encode())
-
-
-@functools.lru_cache(maxsize=4_096)
-def _plan_hash(plan: Plan) -> bytes:
-    return struct_hash(plan)
-
-
-def digest(message: _Message, domain: Domain) -> bytes:
-    """Return the EIP-712 digest of a message under `domain` (fast path of `.digest`)."""
-    return keccak256(b"\x19\x01" + domain.separator() + struct_hash(message))
-
-
-def _address_word(value: object) -> bytes:
-    if not isinstance(value, str) or len(value) != 42 or value[:2] not in ("0x", "0X"):
-        raise ValueError(f"{value!r} is not an address")
-    return bytes(12) + bytes.fromhex(value[2:])
-
-
-def recover_address(digest: bytes, signature: bytes) -> str:
-    """Return the lowercase 0x-address that signed `digest`; raise SignatureError if none did.
-
-    The same rules as `contracts.messages.recover_digest` (65 bytes, v in {27, 28}, low s),
-    without the checksum encoding (the market compares addresses case-insensitively).
-    """
-    return _address_of_public(recover_public(digest, signature))
-
-
-@functools.lru_cache(maxsize=65_536)
-def _address_of_public(public: bytes) -> str:
-    # Cached: the same signers come back, and the address costs a keccak.
-    return "0x" + keccak256(public[1:])[-20:].hex()
-
-
-class _MarketMessage(_Message):
-    """Market messages: settlement-message machinery plus `string` fields (hashed, EIP-712)."""
-
-    @classmethod
-    def typehash(cls) -> bytes:
-        """Return keccak256 of the type string (cached per class)."""
-        return _typehash(cls)
-
-    def struct_hash(self) -> bytes:
-        """Return the EIP-712 struct hash."""
-        return struct_hash(self)
-
-    def _encode_field(self, kind: str, value: Any) -> bytes:
-        if kind == "string":
-            if not isinstance(value, str):
-                raise ValueError("string field needs a str")
-            return keccak256(value.encode())
-        return _word(kind, value)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Self:
-        """Build the message from `to_json` output; raise ValueError on bad fields."""
-        kwargs: dict[str, Any] = {}
-        for name, kind in cls.TYPES:
-            attr = _attr(name)
-            if attr not in data:
-                raise ValueError(f"{cls.TYPE_NAME} lacks field {attr}")
-            value = data[attr]
-            if kind == "string":
-                if not isinstance(value, str):
-                    raise ValueError(f"{cls.TYPE_NAME}.{attr} must be a string")
-                kwargs[attr] = value
-            else:
-                kwargs[attr] = _from_json(kind, value, cls)
-        return cls(**kwargs)
-
-
-def _typehash(cls: type[_Message]) -> bytes:
-    typehash = _TYPEHASHES.get(cls)
-    if typehash is None:
-        typehash = _TYPEHASHES[cls] = keccak_text(cls.encode_type())
-    return typehash
-
-
-_ORDER_TYPES: tuple[tuple[str, str], ...] = (
-    ("owner", "address"),
-    ("deviceClass", "string"),
-    ("quantity", "uint64"),
-    ("price", "uint256"),
-    ("plan", "string"),
-    ("sloMs", "uint64"),
-    ("memory", "uint64"),
-    ("expiry", "uint64"),
-    ("nonce", "uint256"),
-)
-
-
 @dataclass(frozen=True)
-class Bid(_MarketMessage):
+class Bid(Message):
     """A client's signed demand: up to `quantity` units at `price` per unit or less.
 
     `slo_ms` is the worst latency the client accepts, `memory` the bytes it needs; the bid may
@@ -206,7 +75,6 @@ class Bid(_MarketMessage):
     """
 
     TYPE_NAME: ClassVar[str] = "Bid"
-    TYPES: ClassVar[tuple[tuple[str, str], ...]] = _ORDER_TYPES
 
     owner: str
     device_class: str
@@ -220,7 +88,7 @@ class Bid(_MarketMessage):
 
 
 @dataclass(frozen=True)
-class Ask(_MarketMessage):
+class Ask(Message):
     """A provider's signed offer of `quantity` units at `price` per unit or more.
 
     `slo_ms` is the latency it commits to, `memory` the bytes it offers, and `quote_hash` the
@@ -228,7 +96,6 @@ class Ask(_MarketMessage):
     """
 
     TYPE_NAME: ClassVar[str] = "Ask"
-    TYPES: ClassVar[tuple[tuple[str, str], ...]] = (*_ORDER_TYPES, ("quoteHash", "bytes32"))
 
     owner: str
     device_class: str
@@ -243,16 +110,10 @@ class Ask(_MarketMessage):
 
 
 @dataclass(frozen=True)
-class CancelOrder(_MarketMessage):
+class CancelOrder(Message):
     """An owner's signed withdrawal of one of its orders (by order id, the order's digest)."""
 
     TYPE_NAME: ClassVar[str] = "CancelOrder"
-    TYPES: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("owner", "address"),
-        ("orderId", "bytes32"),
-        ("nonce", "uint256"),
-        ("expiry", "uint64"),
-    )
 
     owner: str
     order_id: bytes
@@ -261,7 +122,7 @@ class CancelOrder(_MarketMessage):
 
 
 @dataclass(frozen=True)
-class Heartbeat(_MarketMessage):
+class Heartbeat(Message):
     """A provider's signed advert: `advert_hash` is keccak256 of the advert's canonical JSON.
 
     `timestamp` (unix seconds) must grow from one heartbeat to the next, which makes a replayed
@@ -269,11 +130,6 @@ class Heartbeat(_MarketMessage):
     """
 
     TYPE_NAME: ClassVar[str] = "Heartbeat"
-    TYPES: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("provider", "address"),
-        ("advertHash", "bytes32"),
-        ("timestamp", "uint64"),
-    )
 
     provider: str
     advert_hash: bytes
@@ -324,3 +180,7 @@ def order_request(
         body["quote"] = quote.to_json()
         body["quote_signature"] = "0x" + (quote_signature or b"").hex()
     return body
+
+
+for _message in (Bid, Ask, CancelOrder, Heartbeat):
+    check(_message)  # a class that drifts from typed_data.json fails here, at import

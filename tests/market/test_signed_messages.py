@@ -10,6 +10,7 @@ from eth_utils.crypto import keccak
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.eip712 import attribute, encode_word
 from contracts.errors import SignatureError
 from contracts.messages import (
     SECP256K1_N,
@@ -20,8 +21,6 @@ from contracts.messages import (
     Receipt,
     TaskRequest,
     Voucher,
-    _attr,
-    _word,
 )
 from contracts.orders import (
     Ask,
@@ -155,11 +154,11 @@ def test_fast_struct_hash_when_any_message_then_equals_reference(message: Any) -
 
 
 def _reference_bid(bid: Bid) -> bytes:
-    """Encode with the generic `_Message` field encoder, strings hashed as EIP-712 says."""
+    """Encode word by word with the public field encoder, strings hashed as EIP-712 says."""
     words = []
     for name, kind in Bid.TYPES:
-        value = getattr(bid, _attr(name))
-        words.append(keccak(value.encode()) if kind == "string" else _word(kind, value))
+        value = getattr(bid, attribute(name))
+        words.append(keccak(value.encode()) if kind == "string" else encode_word(kind, value))
     return keccak(Bid.typehash() + b"".join(words))
 
 

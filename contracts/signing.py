@@ -1,0 +1,91 @@
+"""secp256k1 keys: sign a 32-byte digest, recover its signer, and the address forms we hand out.
+
+Signatures are 65 bytes r||s||v with v in {27, 28} and s in the lower half order, the form the
+escrow accepts (it refuses malleable twins); recovery refuses every other form.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import coincurve
+from eth_utils.address import to_checksum_address
+
+from contracts.errors import SignatureError
+from contracts.hashing import keccak256
+
+SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+
+
+def _private_key(private_key: bytes | str) -> coincurve.PrivateKey:
+    raw = (
+        bytes.fromhex(private_key.removeprefix("0x"))
+        if isinstance(private_key, str)
+        else private_key
+    )
+    return coincurve.PrivateKey(raw)
+
+
+def sign_digest(digest: bytes, private_key: bytes | str) -> bytes:
+    """Sign a 32-byte digest; return r||s||v with low s and v in {27, 28}."""
+    raw = _private_key(private_key).sign_recoverable(digest, hasher=None)
+    return raw[:64] + bytes([raw[64] + 27])
+
+
+def recover_public(digest: bytes, signature: bytes) -> bytes:
+    """Return the uncompressed public key that signed `digest` (65 bytes, 0x04 first).
+
+    Raise SignatureError unless the signature is 65 bytes, v is 27 or 28 and s is in the
+    lower half order (no malleable twins).
+    """
+    if len(signature) != 65:
+        raise SignatureError(f"signature must be 65 bytes, got {len(signature)}")
+    v = signature[64]
+    s = int.from_bytes(signature[32:64], "big")
+    if v not in (27, 28):
+        raise SignatureError(f"signature v must be 27 or 28, got {v}")
+    if not 0 < s <= SECP256K1_N // 2:
+        raise SignatureError("signature s is not in the lower half order (malleable)")
+    try:
+        public = coincurve.PublicKey.from_signature_and_message(
+            signature[:64] + bytes([v - 27]), digest, hasher=None
+        )
+    except Exception as exc:  # coincurve raises plain Exception on bad points
+        raise SignatureError(f"signature does not recover: {exc}") from exc
+    return bytes(public.format(compressed=False))
+
+
+def recover_digest(digest: bytes, signature: bytes) -> str:
+    """Return the signer of `digest`; raise SignatureError on malformed or malleable signatures."""
+    return checksum_of(keccak256(recover_public(digest, signature)[1:])[-20:])
+
+
+def recover_address(digest: bytes, signature: bytes) -> str:
+    """Return the lowercase 0x-address that signed `digest`; raise SignatureError if none did.
+
+    The same rules as `recover_digest` (65 bytes, v in {27, 28}, low s), without the checksum
+    encoding (the market compares addresses case-insensitively).
+    """
+    return _address_of_public(recover_public(digest, signature))
+
+
+@functools.lru_cache(maxsize=65_536)
+def _address_of_public(public: bytes) -> str:
+    # Cached: the same signers come back, and the address costs a keccak.
+    return "0x" + keccak256(public[1:])[-20:].hex()
+
+
+@functools.lru_cache(maxsize=65_536)
+def checksum_of(address: bytes | str) -> str:
+    """Return the EIP-55 form of an address, 20 bytes or text; raise ValueError if it is none.
+
+    Cached: the same parties sign again and again, and the checksum costs about as much as a
+    signature recovery (~30 us).
+    """
+    return to_checksum_address(address)
+
+
+def address_of(private_key: bytes | str) -> str:
+    """Return the checksummed address of a private key."""
+    public = _private_key(private_key).public_key.format(compressed=False)
+    return checksum_of(keccak256(public[1:])[-20:])
