@@ -21,7 +21,8 @@ from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER,
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import NotFoundError, ProviderError, RejectedError
-from provider.service import MAX_JSON_DEPTH, CheckedRequest, json_depth
+from provider.task_checks import CheckedRequest
+from provider.wire import MAX_JSON_DEPTH, json_depth
 
 MAX_WAIT_S = 60.0
 MAX_SMALL_BODY_BYTES = 64 * 1024

@@ -19,8 +19,8 @@ from contracts.messages import Receipt
 from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays
 from provider.daemon import Daemon
 from provider.errors import ConfigError
+from provider.output_memory import OUTPUT_MEMORY_ENV, OutputMemory, output_memory_budget
 from provider.sandbox import Sandbox
-from provider.service import OUTPUT_MEMORY_ENV, OutputMemory, output_memory_budget
 from tests.provider.access_support import proof
 from tests.provider.daemon_support import ChainWorld, provider_config, sign_task
 from tests.provider.programs import envelope_for, export_fn, spec

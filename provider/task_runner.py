@@ -1,0 +1,157 @@
+"""Run acked tasks on the sandbox pool and deliver them: receipts signed, chained, journaled.
+
+Compile tasks run on a thread pool (the sandbox call blocks); inference tasks submitted from
+the event loop run on it as loop tasks (the loop talks to the worker itself: no thread hop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeAlias
+
+from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
+from contracts.program import ProgramEnvelope
+from provider.errors import SandboxClosedError
+from provider.journal import AckRecord, Journal, Key, ReceiptRecord
+from provider.metrics import ProviderMetrics
+from provider.output_memory import OutputMemory
+from provider.receipts import build_receipt, delivery
+from provider.sandbox import Sandbox
+from provider.signing import DomainSigner
+from provider.task_checks import KIND_NAMES
+
+# The task service's logger: its lines and the filters on them stay as they were.
+log = logging.getLogger("provider.service")
+TaskFuture: TypeAlias = Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]
+"""A running task: a pool future, or a loop task for inference."""
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class TaskRunner:
+    """Run acked tasks in the sandbox and deliver their signed, journaled receipts."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        sandbox: Sandbox,
+        signer: DomainSigner,
+        outputs: OutputMemory,
+        metrics: ProviderMetrics,
+        workers: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Run at most ``workers`` tasks at once on the pool; keep outputs in ``outputs``."""
+        self.journal = journal
+        self.sandbox = sandbox
+        self.signer = signer
+        self.outputs = outputs
+        self.metrics = metrics
+        self._clock = clock
+        self.inflight: dict[Key, TaskFuture] = {}
+        """The tasks running now, by key (a task leaves once it delivered)."""
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
+        self.closed = False
+
+    def start(
+        self,
+        record: AckRecord,
+        plan: Plan,
+        envelope: bytes,
+        decoded: ProgramEnvelope | None = None,
+    ) -> None:
+        """Start an acked task (hold the task service's lock)."""
+        future: TaskFuture
+        loop = _running_loop()
+        if loop is not None and record.request.kind == KIND_INFERENCE:
+            # On the event loop, which talks to the worker itself: no thread hop.
+            future = loop.create_task(self._execute_async(record, plan, envelope, decoded))
+        else:
+            future = self._executor.submit(self._execute, record, plan, envelope, decoded)
+        self.inflight[record.key] = future
+        self.metrics.inflight.inc()
+        future.add_done_callback(functools.partial(self._done, record.key))
+
+    def _done(self, key: Key, future: TaskFuture) -> None:
+        # Runs in the task thread, or at once in the submitting thread (which holds the task
+        # service's lock) when the task already finished: so it must not take that lock.
+        self.metrics.inflight.dec()
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self.inflight.pop(key, None)
+        elif not isinstance(error, SandboxClosedError):
+            log.error(
+                "task failed without a receipt", extra={"task": list(key), "error": str(error)}
+            )
+
+    def _execute(
+        self, record: AckRecord, plan: Plan, envelope: bytes, decoded: ProgramEnvelope | None
+    ) -> ReceiptRecord:
+        request = record.request
+        started = self._clock()
+        if request.kind == KIND_COMPILE:
+            outcome: Any = self.sandbox.compile(envelope, record.target or "local")
+        else:
+            outcome = self.sandbox.run(envelope, decoded=decoded)
+        finished = self._clock()
+        return self.deliver(record, plan, outcome, started, finished)
+
+    async def _execute_async(
+        self, record: AckRecord, plan: Plan, envelope: bytes, decoded: ProgramEnvelope | None
+    ) -> ReceiptRecord:
+        started = self._clock()
+        outcome = await self.sandbox.run_async(envelope, decoded=decoded)
+        return self.deliver(record, plan, outcome, started, self._clock())
+
+    def deliver(
+        self, record: AckRecord, plan: Plan, outcome: Any, started: float, finished: float
+    ) -> ReceiptRecord:
+        """Sign the receipt of a finished task, chain it and journal it (with a deferred ack)."""
+        request = record.request
+        outputs, detail, status, device_ms, compile_ms, cache_hit = delivery(outcome)
+        with self.journal.lock:
+            receipt = build_receipt(
+                plan,
+                request,
+                deadline=request.deadline,
+                outputs=outputs,
+                status=status,
+                device_ms=device_ms,
+                compile_ms=compile_ms,
+                cache_hit=cache_hit,
+                started_at=int(started),
+                finished_at=int(finished),
+                prev_receipt_hash=self.journal.next_prev_hash(request.deal_id),
+            )
+            receipt_hash = receipt.struct_hash()
+            signature = self.signer.sign(receipt_hash)
+            stored = self.journal.record_receipt(
+                receipt, signature, outputs, detail, receipt_hash=receipt_hash
+            )
+        self.outputs.put(stored.key, outputs)
+        kind = KIND_NAMES.get(request.kind, "other")
+        self.metrics.tasks_delivered.labels(kind, detail["state"]).inc()
+        self.metrics.task_seconds.labels(kind).observe(max(0.0, finished - record.acked_at))
+        self.metrics.amount_receipted.inc(receipt.amount)
+        return stored
+
+    def close(self) -> None:
+        """Drop queued tasks (journaled, so re-run on restart) and wait for running ones."""
+        self.closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["TaskFuture", "TaskRunner"]
