@@ -25,12 +25,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
-from eth_utils.abi import event_abi_to_log_topic
 
 from client.accounts import ClientAccount
 from client.ledger import DealLedger
 from client.ledger_records import BatchRecord, ChainState, TaskRecord, TaskState
-from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_PENDING, BATCH_REJECTED, Escrow
+from contracts.binding import (
+    BATCH_DISPUTED,
+    BATCH_PAID,
+    BATCH_PENDING,
+    BATCH_REJECTED,
+    Escrow,
+    indexed_topic,
+)
 from contracts.errors import ChainError, ContractRevert
 from contracts.reverts import EscrowChallengeWindowClosed
 
@@ -61,17 +67,6 @@ class WatchReport:
     to_block: int
 
 
-def _topic(escrow: Escrow, name: str) -> bytes:
-    for item in escrow.contract.abi:
-        if item.get("type") == "event" and item.get("name") == name:
-            return bytes(event_abi_to_log_topic(item))  # type: ignore[arg-type]
-    raise KeyError(name)
-
-
-def _deal_topic(deal_id: int) -> str:
-    return "0x" + deal_id.to_bytes(32, "big").hex()
-
-
 def deal_logs(
     escrow: Escrow,
     name: str,
@@ -85,7 +80,7 @@ def deal_logs(
 
     The deal id is the event's first indexed argument; the range is read in chunks.
     """
-    topics = ["0x" + _topic(escrow, name).hex(), _deal_topic(deal_id)]
+    topics = [escrow.event_topic(name), indexed_topic(deal_id)]
     start = from_block
     while start <= to_block:
         end = min(to_block, start + chunk - 1)

@@ -19,6 +19,7 @@ from web3 import Web3
 from web3.contract import Contract
 from web3.types import RPCEndpoint
 
+from contracts.abi import abi_type, entries, topic
 from contracts.compiler import Artifact, load_contracts
 from contracts.errors import ChainError
 from contracts.messages import Ack, Claim, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
@@ -69,6 +70,7 @@ __all__ = [
     "Transactor",
     "TxResult",
     "connect",
+    "indexed_topic",
 ]
 
 # Deployment defaults: a minute is the least a provider's daemon gets after each deadline to
@@ -87,21 +89,18 @@ class _Bound:
         self._inputs = {
             item["name"]: (
                 selector_of(item),
-                [_abi_type(i) for i in item["inputs"]],
+                [abi_type(i) for i in item["inputs"]],
             )
             for item in abi
             if item["type"] == "function"
         }
         self._outputs = {
-            item["name"]: [_abi_type(o) for o in item["outputs"]]
+            item["name"]: [abi_type(o) for o in item["outputs"]]
             for item in abi
             if item["type"] == "function"
         }
-        self._events = {
-            bytes(transactor.w3.keccak(text=_event_signature(item))): item["name"]
-            for item in abi
-            if item["type"] == "event"
-        }
+        self._topics = {name: topic(item) for name, item in entries([abi], "event").items()}
+        self._events = {event_topic: name for name, event_topic in self._topics.items()}
 
     def _send(self, key: str, name: str, *args: Any, gas: int | None = None) -> TxResult:
         data = self.contract.encode_abi(name, args=list(args))
@@ -155,8 +154,16 @@ class _Bound:
             results.append(values[0] if len(values) == 1 else values)
         return results
 
+    def event_topic(self, name: str) -> str:
+        """Return the first topic (0x-hex) of this contract's event `name`, from its ABI.
+
+        Raise KeyError if the contract has no such event. Filter logs with it; an indexed
+        argument's topic is `indexed_topic(value)`.
+        """
+        return "0x" + self._topics[name].hex()
+
     def decode_events(self, logs: Any) -> tuple[Event, ...]:
-        """Decode this contract's events among `logs`."""
+        """Decode this contract's events among `logs`, each by its ABI entry (found by topic)."""
         events = []
         for log in logs:
             if to_checksum_address(log["address"]) != self.address or not log["topics"]:
@@ -172,23 +179,19 @@ class _Bound:
 ETH_CALL = RPCEndpoint("eth_call")
 
 
+def indexed_topic(value: int | str) -> str:
+    """Return the topic (0x-hex) of an indexed `uint256` (an int) or `address` (0x-text)."""
+    if isinstance(value, int):
+        return "0x" + value.to_bytes(32, "big").hex()
+    return "0x" + bytes.fromhex(value.removeprefix("0x")).rjust(32, b"\0").hex()
+
+
 class _RpcReplyError(Exception):
     """One failed reply of a batch, carrying its revert data for the decoder."""
 
     def __init__(self, message: str, data: Any) -> None:
         super().__init__(message)
         self.data = data
-
-
-def _event_signature(item: dict[str, Any]) -> str:
-    return f"{item['name']}({','.join(_abi_type(i) for i in item['inputs'])})"
-
-
-def _abi_type(item: dict[str, Any]) -> str:
-    kind = str(item["type"])
-    if kind.startswith("tuple"):
-        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + kind[5:]
-    return kind
 
 
 class Token(_Bound):

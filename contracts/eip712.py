@@ -366,7 +366,7 @@ class Message:
         super().__init_subclass__(**kwargs)
         if "TYPE_NAME" in cls.__dict__:
             cls.TYPES = fields_of(cls.TYPE_NAME)
-            _CLASSES[cls.TYPE_NAME] = cls
+            _CLASSES.setdefault(cls.TYPE_NAME, cls)  # the first class of a struct is its class
 
     @classmethod
     def encode_type(cls) -> str:

@@ -16,12 +16,9 @@ from client.demo.deals import Deal
 from client.demo.errors import DemoError
 from client.demo.terms import CHALLENGE_WINDOW, CLOSE_TIMEOUT_S, REDEEM_TIMEOUT_S
 from client.demo.text import Say, tokens
-from contracts.binding import DEAL_CLOSED, DealState, Escrow
+from contracts.binding import DEAL_CLOSED, DealState, Escrow, indexed_topic
 from contracts.chain import rpc
-from contracts.hashing import keccak_text
 from contracts.messages import Voucher
-
-_DEAL_CLOSED_TOPIC = "0x" + keccak_text("DealClosed(uint256,uint256,uint256)").hex()
 
 Check = Callable[[str], None]  # raises if the named provider's daemon has exited
 
@@ -153,7 +150,7 @@ def _closed(escrow: Escrow, deal_id: int) -> tuple[int, int]:
             "address": escrow.address,
             "fromBlock": 0,
             "toBlock": "latest",
-            "topics": [_DEAL_CLOSED_TOPIC, "0x" + deal_id.to_bytes(32, "big").hex()],
+            "topics": [escrow.event_topic("DealClosed"), indexed_topic(deal_id)],
         }
     )
     for event in escrow.decode_events(logs):

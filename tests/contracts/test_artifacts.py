@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,12 +18,6 @@ def test_shipped_artifacts_equal_a_fresh_compile_of_the_sources() -> None:
     fresh = compiler.compile_contracts()
     for name in compiler.CONTRACT_NAMES:
         assert artifacts[name] == fresh[name]
-
-
-def test_typed_data_file_equals_the_message_definitions() -> None:
-    from contracts import typed_data
-
-    assert typed_data.shipped() == json.loads(json.dumps(typed_data.schema()))
 
 
 def test_artifacts_load_without_node_or_a_compiler_cache(tmp_path: Path) -> None:

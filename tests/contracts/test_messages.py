@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from contracts import typed_data
 from contracts.binding import Chain
-from contracts.compiler import compile_contracts
 from contracts.errors import SignatureError
 from contracts.messages import (
     SECP256K1_N,
@@ -31,7 +30,6 @@ from contracts.messages import (
     verify,
 )
 from contracts.pricing import plan_is_valid, price
-from contracts.reverts import REVERTS
 
 from .conftest import World
 
@@ -332,13 +330,6 @@ def test_task_bitmap_marks_each_index() -> None:
     v = Voucher(1, 1, task_bitmap([0, 255, 256, 1000]))
     assert [i for i in range(1100) if v.covers(i)] == [0, 255, 256, 1000]
     assert task_bitmap([]) == ()
-
-
-def test_typed_exceptions_match_the_compiled_abi() -> None:
-    artifacts = compile_contracts()
-    errors = {item["name"] for a in artifacts.values() for item in a.abi if item["type"] == "error"}
-    assert errors == set(REVERTS)
-    assert all(cls.__name__ == name for name, cls in REVERTS.items())
 
 
 def test_chain_binding_rejects_unreachable_rpc() -> None:
