@@ -43,7 +43,7 @@ from client.ledger_records import OPEN_STATES, ChainState, TaskRecord, TaskState
 from client.session import POLL_BACKOFF_S, DealSession
 from client.tasks import TaskOutcome, TaskSpec, settle_by
 from client.watch import ClaimWatcher, WatchReport
-from contracts.messages import Voucher, task_bitmap
+from contracts.messages import Voucher
 
 Done = Callable[[TaskResult], None]
 Say = Callable[[str], None]
@@ -119,8 +119,7 @@ class JobRunner:
     def outcome_of(self, record: TaskRecord, spec: TaskSpec) -> TaskOutcome:
         """Rebuild a task's outcome from its ledger record (a resumed task)."""
         outcome = outcome_from(self.ledger, record, spec)
-        with self.session._lock:
-            self.session.outcomes[record.index] = outcome
+        self.session.track(outcome)
         return outcome
 
     # ---- running ----------------------------------------------------------------------------
@@ -347,20 +346,10 @@ class JobRunner:
         for attempt in (0, 1):
             self._apply_chain(session.reconcile())
             floor = session.account.escrow.get_deal(session.deal_id).vouched
-            with session._lock:
-                if session.book.has_news(floor):
-                    voucher, signature = session.book.sign_next(
-                        session.domain, session.account.key, floor
-                    )
-                elif not ledger.voucher_delivered and session.book.last_signed > floor:
-                    voucher = Voucher(
-                        session.deal_id,
-                        session.book.last_signed,
-                        task_bitmap(session.book.last_tasks),
-                    )
-                    signature = voucher.sign(session.domain, session.account.key)
-                else:
-                    return None
+            signed = session.sign_voucher(floor, resend=not ledger.voucher_delivered)
+            if signed is None:
+                return None
+            voucher, signature = signed
             ledger.last_signed = voucher.cumulative_amount
             ledger.last_tasks = frozenset(session.book.last_tasks)
             ledger.voucher_delivered = False
@@ -423,16 +412,14 @@ class JobRunner:
                     if outcome is not None:
                         outcome.view, outcome.rejected = result.view, result.detail
                 self.ledger.update(index, chain=ChainState.REFUNDED, refund=result.refund)
-                with self.session._lock:
-                    self.session.book.mark_claimed(index)
+                self.session.mark_claimed(index)
                 if outcome is not None:
                     outcome.refunded = result.refund
                 done.append((index, refund, penalty))
             elif result.kind == "settled" and result.chain is not None:
                 self.ledger.update(index, chain=result.chain)
                 if result.chain != ChainState.VOUCHED:
-                    with self.session._lock:
-                        self.session.book.mark_claimed(index)
+                    self.session.mark_claimed(index)
                 if outcome is not None:
                     outcome.claimed = True
             elif result.kind == "failed":
@@ -461,8 +448,7 @@ class JobRunner:
         report = watcher.scan()
         for index, record in self.ledger.tasks.items():
             if record.chain == ChainState.CLAIMED:
-                with self.session._lock:
-                    self.session.book.mark_claimed(index)
+                self.session.mark_claimed(index)
                 outcome = self.session.outcomes.get(index)
                 if outcome is not None and not outcome.verified:
                     outcome.claimed = True

@@ -48,6 +48,7 @@ from contracts.messages import (
     Receipt,
     TaskRequest,
     Voucher,
+    task_bitmap,
     verify,
 )
 from contracts.program import (
@@ -155,14 +156,17 @@ class DealSession:
             request=request,
             request_signature=request.sign(self.domain, self.account.key),
         )
-        with self._lock:
-            self.outcomes[index] = outcome
+        self.track(outcome)
         return outcome
 
     def resign(self, outcome: TaskOutcome, now: float | None = None) -> None:
         """Sign ``outcome``'s task again, same index, with a deadline from ``now``."""
         fresh = self.sign_request(outcome.index, outcome.spec, now)
         outcome.request, outcome.request_signature = fresh.request, fresh.request_signature
+        self.track(outcome)
+
+    def track(self, outcome: TaskOutcome) -> None:
+        """Make ``outcome`` the session's record of its task (a signed or resumed task)."""
         with self._lock:
             self.outcomes[outcome.index] = outcome
 
@@ -363,21 +367,48 @@ class DealSession:
             if state is None:
                 continue
             found[index] = state
-            with self._lock:
-                if state == ChainState.VOUCHED:
+            if state == ChainState.VOUCHED:
+                with self._lock:
                     self.confirmed_vouched.add(index)
-                else:
-                    self.book.mark_claimed(index)
+            else:
+                self.mark_claimed(index)
         return found
+
+    def mark_claimed(self, index: int) -> None:
+        """Take a task settled on chain without a voucher (claimed or refunded) out of the
+        voucher book: no voucher covers it again."""
+        with self._lock:
+            self.book.mark_claimed(index)
+
+    def add_payable(self, receipt: Receipt) -> None:
+        """Add a verified receipt to the voucher book, unless its task was claimed or
+        refunded on chain."""
+        with self._lock:
+            if receipt.task_index not in self.book.claimed:
+                self.book.add(receipt)
+
+    def sign_voucher(self, floor: int, *, resend: bool = False) -> tuple[Voucher, bytes] | None:
+        """Sign the next voucher above ``floor`` (what the chain counts as vouched); None if
+        nothing new is owed.
+
+        With ``resend``, when nothing new is owed, sign the last voucher again if it is above
+        ``floor`` (it was signed, but may not have reached the provider).
+        """
+        with self._lock:
+            if self.book.has_news(floor):
+                return self.book.sign_next(self.domain, self.account.key, floor)
+            if not resend or self.book.last_signed <= floor:
+                return None
+            voucher = Voucher(
+                self.deal_id, self.book.last_signed, task_bitmap(self.book.last_tasks)
+            )
+            return voucher, voucher.sign(self.domain, self.account.key)
 
     def prepare_voucher(self) -> tuple[Voucher, bytes] | None:
         """Reconcile with the chain and sign the next voucher; None if nothing new is owed."""
         self.reconcile()
         floor = self.account.escrow.get_deal(self.deal_id).vouched
-        with self._lock:
-            if not self.book.has_news(floor):
-                return None
-            return self.book.sign_next(self.domain, self.account.key, floor)
+        return self.sign_voucher(floor)
 
     def pay(self) -> Voucher | None:
         """Sign the cumulative voucher for every verified delivery and hand it over.
@@ -479,14 +510,12 @@ class DealSession:
                 outcome.refunded = result.refund
                 if result.view is not None:
                     outcome.view, outcome.rejected = result.view, result.detail
-                with self._lock:
-                    self.book.mark_claimed(outcome.index)
+                self.mark_claimed(outcome.index)
                 refunded.append(outcome)
             elif result.kind == "settled":
                 outcome.claimed = True
                 outcome.rejected = outcome.rejected or f"{result.chain} on chain by the provider"
-                with self._lock:
-                    self.book.mark_claimed(outcome.index)
+                self.mark_claimed(outcome.index)
         return refunded
 
 
