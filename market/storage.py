@@ -175,18 +175,28 @@ def record_placement(
     updates: Sequence[tuple[str, str, int]],
     fills: Sequence[tuple[Any, ...]],
     deals: Sequence[tuple[Any, ...]],
-) -> None:
-    """Insert new orders, fills and deals (tuples in the `*_COLUMNS` orders); store updates."""
+    last_fill_seq: int | None = None,
+) -> int | None:
+    """Insert new orders, fills and deals (tuples in the `*_COLUMNS` orders); store updates.
+
+    The fills' rows lack `seq`: they are numbered after `last_fill_seq`, the last committed
+    fill's (read from SQL when None, as it must be unless the caller is the only writer of
+    fills and saw every commit). Return the last `seq` now used (None: no fill yet).
+    """
     if orders:
         _insert_many(connection, "orders", ORDER_COLUMNS, orders)
     if updates:
         record_progress(connection=connection, updates=updates)
-    if fills:  # the caller's rows lack `seq`: number them after the last committed fill
-        last = connection.exec_driver_sql("SELECT MAX(seq) FROM fills").scalar() or 0
+    if fills:
+        last = last_fill_seq
+        if last is None:
+            last = connection.exec_driver_sql("SELECT MAX(seq) FROM fills").scalar() or 0
         numbered = [(*row, last + i) for i, row in enumerate(fills, 1)]
         _insert_many(connection, "fills", FILL_COLUMNS, numbered)
+        last_fill_seq = last + len(fills)
     if deals:
         _insert_many(connection, "deals", DEAL_COLUMNS, deals)
+    return last_fill_seq
 
 
 def record_progress(*, connection: Connection, updates: Iterable[tuple[str, str, int]]) -> None:

@@ -92,6 +92,8 @@ class Writer:
         self._on_commit = on_commit
         with db.connect() as connection:
             self._nonces = _Nonces.load(connection, int(time.time()))
+        self._connection: Connection | None = None  # the writer thread's, kept between groups
+        self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
         self._thread.start()
@@ -153,6 +155,27 @@ class Writer:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._disconnect()
+
+    def _connect(self) -> Connection:
+        """Return the writer's connection, opening it if needed: one pool checkout for many
+        groups, not one per group."""
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = self._db.connect()
+        return connection
+
+    def _disconnect(self) -> None:
+        """Drop the writer's connection (after a failure, or at the end): the next group opens
+        a fresh one, and the next fill asks SQL for the last `seq`."""
+        connection, self._connection, self._fill_seq = self._connection, None, None
+        if connection is not None:
+            connection.close()
+
+    def _serve(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
             first = get()
@@ -223,35 +246,46 @@ class Writer:
                     ReplayError(f"nonce {nonce} of {owner} was used before")
                 )
                 return True
-            with self._db.connect() as connection:
+            connection = self._connect()
+            try:
+                gate = None if self._gate is None else self._gate(live[0].now)
+                results, rows = _match(live, books, gate)
+                fill_seq = storage.record_placement(
+                    connection=connection,
+                    orders=rows.orders,
+                    updates=rows.updates,
+                    fills=rows.fills,
+                    deals=rows.deals,
+                    last_fill_seq=self._fill_seq,
+                )
+                connection.commit()
+                self._fill_seq = fill_seq
+            except IntegrityError:
+                self._fill_seq = None
                 try:
-                    gate = None if self._gate is None else self._gate(live[0].now)
-                    results, rows = _match(live, books, gate)
-                    storage.record_placement(
-                        connection=connection,
-                        orders=rows.orders,
-                        updates=rows.updates,
-                        fills=rows.fills,
-                        deals=rows.deals,
-                    )
-                    connection.commit()
-                except IntegrityError:
                     connection.rollback()
                     self._books.rebuild(names)
                     if not alone:
                         return False  # a nonce forgotten since: retried one request at a time
                     used = sorted(p for p in pairs if _stored(connection, [p]))
-                    if not used:
-                        raise
-                    owner, nonce = used[0]
-                    live[0].future.set_exception(
-                        ReplayError(f"nonce {nonce} of {owner} was used before")
-                    )
-                    return True
+                    connection.rollback()  # end the read transaction of the lookups
                 except BaseException:
-                    connection.rollback()
-                    self._books.rebuild(names)
+                    self._disconnect()
                     raise
+                if not used:
+                    raise
+                owner, nonce = used[0]
+                live[0].future.set_exception(
+                    ReplayError(f"nonce {nonce} of {owner} was used before")
+                )
+                return True
+            except BaseException:
+                try:
+                    connection.rollback()
+                finally:
+                    self._disconnect()  # whatever failed, the next group starts afresh
+                    self._books.rebuild(names)
+                raise
             claim = self._nonces.claim
             for r in live:
                 for c in r.orders:

@@ -17,7 +17,7 @@ from contracts.serving import restore_recursion_limit
 from market.api import errors
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
-from market.api.fast import FastOrders
+from market.api.fast import FastOrders, MarketApp
 from market.api.limits import BodySizeLimit, SecurityHeaders
 from market.api.routes import book, deals, orders, providers, stream
 from market.indexer import Indexer
@@ -34,8 +34,12 @@ def create_app(
     *,
     service: MarketService | None = None,
     indexer_factory: Callable[[MarketService], Indexer | None] | None = None,
-) -> FastAPI:
-    """Build the app; the service (database, books) is created at startup unless given."""
+    fast_orders: bool = True,
+) -> MarketApp:
+    """Build the app; the service (database, books) is created at startup unless given.
+
+    With `fast_orders`, ``POST /v1/orders`` is served by `market.api.fast.FastOrders` ahead of
+    the framework (the same answers, cheaper); without it, by the FastAPI route."""
     restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
     settings = settings or (service.settings if service else Settings.from_env())
 
@@ -69,7 +73,7 @@ def create_app(
             if service is None:
                 svc.close()
 
-    app = FastAPI(
+    app = MarketApp(
         title="tpumarket market",
         version="1",
         description="Signed asks and bids for accelerator compute, matched into deal records "
@@ -86,9 +90,10 @@ def create_app(
         app.include_router(module.router, dependencies=limited)
     # The bodies the routes read themselves (`market.api.body`), published all the same.
     publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)
-    app.add_middleware(FastOrders, market=app)  # POST /v1/orders without the framework
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(SecurityHeaders)
+    if fast_orders:
+        app.fast = FastOrders(app)  # POST /v1/orders without the framework
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

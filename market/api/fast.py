@@ -1,20 +1,23 @@
 """``POST /v1/orders`` served straight from ASGI: the single-order hot path skips the framework.
 
 Clients post one signed order per request, so this route's per-request cost decides the
-market's throughput. `FastOrders` sits in front of the FastAPI app (inside the app-wide
-middleware: body size backstop, security headers) and serves this one route itself, doing what
-the route and its dependencies do, in the same order and with the same answers:
+market's throughput. `MarketApp` (the market's FastAPI app) hands this one route to
+`FastOrders` before any middleware runs, and `FastOrders` does what the route, its
+dependencies and the app-wide middleware do, in the same order and with the same answers:
 
 1. the caller's per-IP token (`market.api.deps.limit_ip`);
-2. the body read within the route's limits (`market.api.body`: JSON content type, declared and
-   streamed size, containers and items counted before parsing);
+2. the body read within the route's limits and the app-wide backstop (`market.api.body`,
+   `market.api.limits.BodySizeLimit`: JSON content type, declared and streamed size,
+   containers and items counted before parsing);
 3. the body validated as `OrderCreate` (`market.api.body.parse`, bounded 422s);
-4. the order placed (`MarketService.place_async`) and answered 201 with its `PlaceResult`.
+4. the order placed (`MarketService.place_async`) and answered 201 with its `PlaceResult`;
+5. every answer with the security headers (`market.api.limits.SecurityHeaders`).
 
 Any error goes to the app's own exception handler for its type, so a 4xx here is the byte-for-
-byte answer the framework would give. Every other request goes to the app untouched; the
-FastAPI route of the same path stays, for the OpenAPI document and apps served without this
-wrapper.
+byte answer the framework would give. Every other request goes to the framework untouched; the
+FastAPI route of the same path stays, for the OpenAPI document and apps built with
+``create_app(fast_orders=False)``. The framework's middleware stack (error middleware, body
+limit, telemetry, two wrappers of ``send``) cost this route more per request than parsing it.
 """
 
 from __future__ import annotations
@@ -23,43 +26,60 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from contracts.serving import read_streamed_body
 from market.api.body import check_shape, order_limits, parse
+from market.api.limits import SECURITY_HEADERS, secured
 from market.errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from market.models import OrderCreate
 from market.service import MarketService
 
 PATH = "/v1/orders"
 _JSON = (b"content-type", b"application/json")
+_HEADERS = (_JSON, *SECURITY_HEADERS)
+
+
+class MarketApp(FastAPI):
+    """The market's FastAPI app, with ``POST /v1/orders`` served by `FastOrders` (if set)
+    before the framework's middleware."""
+
+    fast: FastOrders | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Route one ASGI call: the fast route, or the framework."""
+        fast = self.fast
+        if (
+            fast is not None
+            and scope["type"] == "http"
+            and scope["path"] == PATH
+            and scope["method"] == "POST"
+        ):
+            scope["app"] = self
+            await fast(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 class FastOrders:
-    """Serve ``POST /v1/orders`` directly; hand every other request to ``app``."""
+    """Serve ``POST /v1/orders`` of ``market`` directly."""
 
-    def __init__(self, app: ASGIApp, market: FastAPI) -> None:
-        """Wrap ``app``, the inner ASGI stack of ``market`` (whose state and exception handlers
-        this route uses)."""
-        self.app = app
+    def __init__(self, market: FastAPI) -> None:
+        """Serve the route of ``market`` (whose state and exception handlers it uses)."""
         self.market = market
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Route one ASGI call."""
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == PATH:
-            await self._place(scope, receive, send)
-        else:
-            await self.app(scope, receive, send)
-
-    async def _place(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer one ``POST /v1/orders``."""
         service: MarketService = self.market.state.service
         try:
             client = scope.get("client")
             service.ip_limiter.take(client[0] if client else "unknown")
             headers = _headers(scope)
             _require_json(headers)
-            limits = order_limits(service.settings)
-            raw = await _read_capped(headers, receive, limits.max_bytes)
+            settings = service.settings
+            limits = order_limits(settings)
+            max_bytes = min(limits.max_bytes, settings.max_body_bytes)  # the backstop's too
+            raw = await _read_capped(headers, receive, max_bytes)
             if raw is None:
                 return  # the client went away
             check_shape(raw, limits)
@@ -71,13 +91,13 @@ class FastOrders:
             if handler is None:
                 raise
             response = await handler(Request(scope, receive), exc)
-            await response(scope, receive, send)
+            await response(scope, receive, secured(send))
             return
         await send(
             {
                 "type": "http.response.start",
                 "status": 201,
-                "headers": [_JSON, (b"content-length", str(len(answer)).encode())],
+                "headers": [*_HEADERS, (b"content-length", str(len(answer)).encode())],
             }
         )
         await send({"type": "http.response.body", "body": answer})

@@ -42,15 +42,22 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
-                message = {**message, "headers": headers}
-            await send(message)
+        await self.app(scope, receive, secured(send))
 
-        await self.app(scope, receive, send_with_headers)
+
+def secured(send: Send) -> Send:
+    """Return ``send`` adding `SECURITY_HEADERS` to a response's start (keeping any the app set
+    itself)."""
+
+    async def send_with_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            present = {name.lower() for name, _ in headers}
+            headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_headers
 
 
 class _TooLarge(Exception):

@@ -23,10 +23,9 @@ from .signing import Trader
 def pair(service: MarketService) -> Iterator[tuple[TestClient, TestClient]]:
     """A client of the app as served (fast route) and one of the same app without it."""
     fast = create_app(service=service)
-    framework = create_app(service=service)
-    kept = [m for m in framework.user_middleware if m.cls is not FastOrders]  # type: ignore[comparison-overlap]
-    framework.user_middleware = kept
-    assert len(framework.user_middleware) == len(fast.user_middleware) - 1
+    framework = create_app(service=service, fast_orders=False)
+    assert isinstance(fast.fast, FastOrders)
+    assert framework.fast is None
     with TestClient(fast) as a, TestClient(framework) as b:
         yield a, b
 

@@ -142,3 +142,31 @@ def test_nonces_when_many_orders_expire_then_memory_holds_only_the_live_window(
         service.place_batch([OrderCreate.model_validate(b) for b in batch])
         assert service.writer.remembered_nonces() == 100  # the previous round's are forgotten
         clock.advance(31)
+
+
+def _fill_seqs(service: MarketService) -> list[int]:
+    with service.db.connect() as connection:
+        return [seq for (seq,) in connection.exec_driver_sql("SELECT seq FROM fills ORDER BY seq")]
+
+
+def test_fill_seq_when_a_group_with_fills_rolls_back_then_the_next_fill_follows_the_last_commit(
+    service: MarketService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, bob = Trader(), Trader()
+    service.place([OrderCreate.model_validate(bob.ask(START, price=100, quantity=20))])
+    service.place([OrderCreate.model_validate(alice.bid(START, price=100, quantity=1))])
+    assert _fill_seqs(service) == [1]
+    real = storage.record_placement
+
+    def written_then_failed(**kwargs: object) -> int | None:
+        real(**kwargs)  # type: ignore[arg-type]  # the fills are in the transaction...
+        raise RuntimeError("commit lost")  # ...which rolls back
+
+    monkeypatch.setattr(storage, "record_placement", written_then_failed)
+    with pytest.raises(RuntimeError, match="commit lost"):
+        _place(service, alice.bid(START, price=100, quantity=2))()
+    monkeypatch.setattr(storage, "record_placement", real)
+    [placed] = _place(service, alice.bid(START, price=100, quantity=3))()
+    assert [f.quantity for f in placed.fills] == [3]
+    service.place([OrderCreate.model_validate(alice.bid(START, price=100, quantity=4))])
+    assert _fill_seqs(service) == [1, 2, 3]
