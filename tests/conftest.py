@@ -9,13 +9,19 @@ by the set-up, so a skip means a missing install step, not a choice: the run fai
 it. Skips that depend on the kind of host (a TPU VM has chips where a test needs their absence)
 give a reason starting with ``host:`` and are allowed; `TPUMARKET_ALLOW_SKIPS=1` allows the rest
 on a developer's machine that lacks a component.
+
+No process the run starts outlives it (see tests/processes.py): `pytest_configure` gives the run
+its id and watchdog, and the session's end stops whatever is still running, naming it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 
 import pytest
+
+from tests import processes
 
 HOST_SKIP = "host:"
 SLOW_DIRS = ("e2e", "integration")
@@ -24,6 +30,7 @@ SLOW_FIXTURES = frozenset(
 )
 SLOW_MODULES = frozenset(
     {
+        "test_no_orphans",
         "test_engine_properties",
         "test_escrow_stateful",
         "test_artifacts",
@@ -45,6 +52,31 @@ SLOW_TESTS = frozenset(
         "test_discover_on_a_cpu_host_with_libtpu_then_no_libtpu_error_lines",
     }
 )
+
+
+class _Reaper:
+    """Stops what the tests left running, once every fixture is torn down, and names it."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None]:
+        # A wrapper: this runs after every other implementation, fixture teardown included,
+        # even when one of them raises (an interrupt in set-up breaks tmp_path's teardown).
+        try:
+            yield
+        finally:
+            left = processes.reap()
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if left and reporter is not None:
+                reporter.ensure_newline()
+                reporter.section("processes the tests left running (stopped now)")
+                for process in left:
+                    reporter.write_line(str(process))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the run an id its processes inherit and a watchdog that stops them if it dies."""
+    processes.install()
+    config.pluginmanager.register(_Reaper(), "tpumarket-reaper")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

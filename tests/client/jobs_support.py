@@ -22,6 +22,7 @@ from client.ledger_records import TaskRecord
 from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
 from contracts.messages import sign_digest
 from contracts.program import encode_arrays, encode_envelope
+from tests import processes
 from tests.e2e.stack import ROOT, Provider, Stack, spin_inputs, spin_model, wait_until
 
 STEPS_SLOW = 50_000_000  # about 1 s of device time on this CPU: a task still in flight
@@ -86,7 +87,7 @@ class JobProcess:
     """A `tpumarket job ...` started in the background, to be killed or interrupted."""
 
     def __init__(self, st: Stack, state: Path, *args: str) -> None:
-        self.popen = subprocess.Popen(
+        self.popen = processes.spawn(
             [sys.executable, "-m", "client.cli", "job", *args, "--json"],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -124,9 +125,7 @@ class JobProcess:
 
     def stop(self) -> None:
         """Make sure the process is gone (test cleanup)."""
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(30)
+        processes.kill(self.popen)
 
 
 def ledger_of(st: Stack, state: Path, deal_id: int) -> DealLedger:

@@ -26,6 +26,7 @@ from client.cli import register
 from client.models import export_jax
 from contracts.chain import free_port
 from contracts.program import encode_arrays, encode_envelope
+from tests import processes
 from tests.contracts.conftest import World
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +189,7 @@ def test_bad_files_and_inputs_that_do_not_fit_the_program_exit_2_before_anything
 
 
 def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return processes.spawn(
         [sys.executable, *args],
         cwd=ROOT,
         env={**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})},

@@ -29,6 +29,7 @@ from contracts.program import (
     decode_arrays,
     encode_arrays,
 )
+from tests import processes
 
 ESCROW = "0x" + "ab" * 20
 
@@ -206,7 +207,7 @@ def test_second_run_on_same_deal_refused_by_lock(tmp_path: Path) -> None:
 
 
 def test_lock_of_a_run_killed_with_sigkill_is_released_by_the_kernel(tmp_path: Path) -> None:
-    holder = subprocess.Popen(
+    holder = processes.spawn(
         [
             sys.executable,
             "-c",

@@ -26,6 +26,7 @@ from contracts.binding import Chain, Escrow, Token
 from contracts.chain import Anvil, free_port
 from contracts.messages import ZERO_ADDRESS, Plan, Quote, address_of
 from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+from tests import processes
 from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,13 +53,12 @@ class Process:
     def start(self) -> None:
         """Start the process, appending to its log."""
         with self.log.open("ab") as log:
-            self.popen = subprocess.Popen(
+            self.popen = processes.spawn(
                 [sys.executable, *self.args],
                 cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **self.env},
-                start_new_session=True,
             )
 
     def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
@@ -86,15 +86,9 @@ class Process:
         self.popen.wait(30)
 
     def stop(self) -> None:
-        """SIGTERM by PID; SIGKILL if it lingers."""
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        os.kill(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
+        """SIGTERM its process group; SIGKILL what lingers."""
+        if self.popen is not None:
+            processes.stop(self.popen, grace_s=30)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from contracts.errors import ContractRevert
 from contracts.messages import ZERO_ADDRESS, Claim, address_of
 from contracts.pricing import outcome_based
 from contracts.program import encode_arrays, encode_envelope
+from tests import processes
 from tests.client.jobs_support import acked_by_provider
 from tests.e2e.stack import (
     MIN_WINDOW,
@@ -319,7 +320,7 @@ def test_job_run_says_what_it_waits_for_while_the_provider_does_not_answer(
 ) -> None:
     st, fast, _ = world
     deal_id = st.open_deal(st.quote(fast, max_spend=20_000), fast)
-    process = subprocess.Popen(
+    process = processes.spawn(
         [
             *(sys.executable, "-m", "client.cli", "job", "run", "--json"),
             *("--deal", str(deal_id), "--provider-url", fast.url),

@@ -32,6 +32,7 @@ import pytest
 
 from contracts.chain import free_port
 from contracts.messages import address_of
+from tests import processes
 from tests.e2e.stack import ROOT, wait_until
 
 README = ROOT / "README.md"
@@ -211,14 +212,13 @@ def test_readme_running_parts_on_their_own_runs_as_printed(folder: Path) -> None
 
 
 def _start(command: Command, folder: Path, env: dict[str, str]) -> Service:
-    popen = subprocess.Popen(
+    popen = processes.spawn(
         ["bash", "-c", f"exec {command.text}"],
         cwd=folder,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
     )
     service = Service(command, popen)
     threading.Thread(target=service.read, daemon=True).start()

@@ -15,6 +15,7 @@ from market.api.app import create_app
 from market.database import database_url
 from market.service import MarketService
 from market.settings import Settings
+from tests import processes
 
 from .signing import CHAIN_ID, ESCROW, Trader
 
@@ -51,6 +52,7 @@ def postgres_url() -> tuple[str | None, str]:
                     text=True,
                     timeout=300,
                     check=False,
+                    env=processes.unmarked_env(),  # the cluster outlives the run, by design
                 )
                 lines = done.stdout.strip().splitlines()
                 if done.returncode == 0 and lines:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from contracts.chain import free_port
+from tests import processes
 
 from .signing import CHAIN_ID, ESCROW
 
@@ -40,7 +40,7 @@ def market_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, int]]:
     """Start the market on a free port; yield its base URL and PID; stop it by PID."""
     port = free_port()
     log = (data_dir.parent / f"server-{port}.log").open("wb")
-    process = subprocess.Popen(
+    process = processes.spawn(
         [
             sys.executable,
             "-m",
@@ -61,7 +61,6 @@ def market_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, int]]:
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "DATABASE_URL": ""},
-        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -79,11 +78,5 @@ def market_process(data_dir: Path, *extra: str) -> Iterator[tuple[str, int]]:
             time.sleep(0.05)  # readiness poll of an external process
         yield url, process.pid
     finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
+        processes.stop(process, grace_s=10)
         log.close()

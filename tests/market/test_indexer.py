@@ -26,6 +26,7 @@ from market.indexer import (
 from market.models import ChainDeal, Deal
 from market.service import MarketService
 from market.settings import Settings
+from tests import processes
 
 from . import chain as fixtures
 from .chain import (
@@ -188,9 +189,7 @@ def archive_anvil() -> Iterator[Anvil]:
         str(ANVIL_BINARY), "--host", "127.0.0.1", "--port", str(port),
         "--accounts", "10", "--mnemonic", DEV_MNEMONIC, "--silent",
     ]  # fmt: skip
-    process = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    process = processes.spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     anvil = Anvil(port=port, chain_id=31337, process=process, keys=dev_keys(10))
     try:
         deadline = time.monotonic() + 20

@@ -8,7 +8,6 @@ served meanwhile; a compile target header that is no target name is a 400 before
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from contracts.chain import free_port
+from tests import processes
 from tests.provider.daemon_support import (
     PLAN,
     SLO_S,
@@ -72,7 +72,7 @@ def served(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) ->
     env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=chain_world.provider)
     env["JAX_PLATFORMS"] = "cpu"
     with (work / "daemon.log").open("wb") as log:
-        process = subprocess.Popen(
+        process = processes.spawn(
             [
                 *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
                 *("--config", str(config), "--port", str(port)),
@@ -96,12 +96,7 @@ def served(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) ->
         wait_until(up, 120, "daemon health")
         yield daemon
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(30)
+        processes.stop(process, grace_s=60)
 
 
 def _drip(sock: socket.socket, data: bytes, limit_s: float) -> tuple[float, bytes]:

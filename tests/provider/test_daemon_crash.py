@@ -19,6 +19,7 @@ from contracts.messages import ZERO_HASH, Ack, Receipt, address_of, verify
 from contracts.reverts import EscrowTaskAlreadySettled
 from provider.journal import Journal
 from provider.receipts import settle_by
+from tests import processes
 from tests.provider.access_support import deal_access
 from tests.provider.daemon_support import (
     PLAN,
@@ -48,7 +49,7 @@ class DaemonProcess:
         env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=self.world.provider)
         env["JAX_PLATFORMS"] = "cpu"
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = processes.spawn(
                 [
                     *(sys.executable, "-m", "provider.cli", "run"),
                     *("--config", str(self.config), "--port", str(port)),
@@ -78,13 +79,8 @@ class DaemonProcess:
         self.process.wait(30)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
+        if self.process is not None:
+            processes.stop(self.process, grace_s=60)
 
 
 @pytest.fixture

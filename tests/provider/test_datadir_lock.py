@@ -19,6 +19,7 @@ import pytest
 
 from contracts.chain import free_port
 from provider.daemon import DataDirLock, DataDirLockedError
+from tests import processes
 from tests.provider.daemon_support import PLAN, SLO_S, ChainWorld, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ class Processes:
         env["JAX_PLATFORMS"] = "cpu"
         log = self.logs / f"daemon-{len(self.started)}.log"
         with log.open("wb") as out:
-            process = subprocess.Popen(
+            process = processes.spawn(
                 [
                     *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
                     *("--config", str(self.config), "--port", str(port)),
@@ -72,13 +73,7 @@ class Processes:
 
     def stop_all(self) -> None:
         for process in self.started:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.kill(process.pid, signal.SIGKILL)
-                    process.wait(30)
+            processes.stop(process, grace_s=60)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from provider.errors import JournalError, RejectedError
 from provider.journal import SCHEMA_VERSION, AckRecord, Journal
 from provider.journal.command import verify_journal
 from provider.receipts import build_receipt
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "0x" + "11" * 32
@@ -335,7 +336,7 @@ def test_journal_when_killed_while_sealing_then_reopens_whole_and_seals_the_rest
         serve(journal, deal_id, 3)
     journal.close()
 
-    sealer = subprocess.Popen([sys.executable, "-c", SEAL_AT_OPEN, str(path)], cwd=REPO)
+    sealer = processes.spawn([sys.executable, "-c", SEAL_AT_OPEN, str(path)], cwd=REPO)
     try:
         reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
         sealed_before = 0

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from provider.config import load_config
 from provider.daemon import Daemon, DataDirLock
 from provider.receipts import settle_by
 from provider.sandbox import Sandbox
+from tests import processes
 from tests.provider.daemon_support import FUNDS, PENALTY, PLAN, ChainWorld, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def market_url(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory
     args += ["--data-dir", str(work), "--rpc-url", chain_world.anvil.url]
     args += ["--escrow", chain_world.escrow.address, "--chain-id", str(chain_world.domain.chain_id)]
     log = (work / "market.log").open("ab")
-    process = subprocess.Popen(
+    process = processes.spawn(
         args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DATABASE_URL": ""}
     )
     url = f"http://127.0.0.1:{port}"
@@ -61,8 +61,7 @@ def market_url(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory
         wait_until(up, 120, "the market")
         yield url
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(30)
+        processes.stop(process, grace_s=30)
         log.close()
 
 

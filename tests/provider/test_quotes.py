@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
 from provider.config import SettlementConfig
 from provider.daemon import Daemon
 from provider.sandbox import Sandbox
+from tests import processes
 from tests.provider.daemon_support import (
     CHALLENGE_WINDOW,
     FUNDS,
@@ -54,7 +54,7 @@ def market_url(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory
     args += ["--data-dir", str(work), "--rpc-url", chain_world.anvil.url]
     args += ["--escrow", chain_world.escrow.address, "--chain-id", str(chain_world.domain.chain_id)]
     log = (work / "market.log").open("ab")
-    process = subprocess.Popen(
+    process = processes.spawn(
         args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DATABASE_URL": ""}
     )
     url = f"http://127.0.0.1:{port}"
@@ -70,8 +70,7 @@ def market_url(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory
         wait_until(up, 120, "the market")
         yield url
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(30)
+        processes.stop(process, grace_s=30)
         log.close()
 
 
