@@ -237,6 +237,11 @@ class MarketService(MarketReads):
         placed, started = await self._place_async(orders_in)
         return place_results(self._placed(placed, started))
 
+    async def placed_async(self, orders_in: Sequence[OrderCreate]) -> list[Placed]:
+        """`place_async` answering what the writer did (the fast route encodes it itself)."""
+        placed, started = await self._place_async(orders_in)
+        return self._placed(placed, started)
+
     async def place_batch_async(self, orders_in: Sequence[OrderCreate]) -> list[PlaceSummary]:
         """`place_batch` for an event loop: verify (see `_place_async`), await the commit."""
         placed, started = await self._place_async(orders_in)
@@ -257,7 +262,7 @@ class MarketService(MarketReads):
         if self.guards_funds():
             reservation = await asyncio.to_thread(self._reserve, checked, now)
         try:
-            placed = await asyncio.wrap_future(self.writer.submit(checked, now))
+            placed = await self.writer.submit_async(checked, now)
         finally:
             if reservation is not None:
                 reservation.release()

@@ -26,6 +26,8 @@ and a batch spanning classes commits atomically.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import heapq
 import queue
 import threading
@@ -33,7 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import ExitStack
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
@@ -62,10 +64,65 @@ class Placed(NamedTuple):
     fills: list[EngineFill]
 
 
+class _Answer(Protocol):
+    """Where a request's outcome goes: a thread's `Future`, or a `_LoopAnswer`."""
+
+    def done(self) -> bool: ...
+    def set_result(self, result: list[Placed]) -> None: ...
+    def set_exception(self, exception: BaseException) -> None: ...
+
+
+_Outbox = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[list[Placed]]", object]]]
+
+
+class _LoopAnswer:
+    """A request's outcome for an event loop: kept in the writer's outbox until the group is
+    done, then handed to the loop with the group's other outcomes in one wake-up."""
+
+    __slots__ = ("_done", "future", "loop", "outbox")
+
+    def __init__(
+        self,
+        future: asyncio.Future[list[Placed]],
+        loop: asyncio.AbstractEventLoop,
+        outbox: _Outbox,
+    ) -> None:
+        self.future = future
+        self.loop = loop
+        self.outbox = outbox
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: list[Placed]) -> None:
+        self._post(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._post(exception)
+
+    def _post(self, outcome: object) -> None:
+        if self._done:
+            raise RuntimeError("a request's outcome was set twice")
+        self._done = True
+        self.outbox.setdefault(self.loop, []).append((self.future, outcome))
+
+
+def _deliver(outcomes: list[tuple[asyncio.Future[list[Placed]], object]]) -> None:
+    """Set each future's outcome (on its loop); one its caller stopped awaiting is skipped."""
+    for future, outcome in outcomes:
+        if future.done():
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)  # type: ignore[arg-type]  # a result, not an error
+
+
 class _Request(NamedTuple):
     orders: list[CheckedOrder]
     now: int
-    future: Future[list[Placed]]
+    future: _Answer
 
 
 class _Call(NamedTuple):
@@ -94,6 +151,7 @@ class Writer:
             self._nonces = _Nonces.load(connection, int(time.time()))
         self._connection: Connection | None = None  # the writer thread's, kept between groups
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
+        self._outbox: _Outbox = {}  # loops' outcomes of the group being written (writer only)
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
         self._thread.start()
@@ -111,9 +169,19 @@ class Writer:
         the commit), for callers that must not block (an event loop)."""
         if not self._thread.is_alive():
             raise RuntimeError("the market's writer has stopped")
-        request = _Request(orders, now, Future())
-        self._queue.put(request)
-        return request.future
+        future: Future[list[Placed]] = Future()
+        self._queue.put(_Request(orders, now, future))
+        return future
+
+    def submit_async(self, orders: list[CheckedOrder], now: int) -> asyncio.Future[list[Placed]]:
+        """Queue verified orders like `submit`, from an event loop; return an asyncio future
+        of their results. The writer wakes each loop once per group, not once per request."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the market's writer has stopped")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Placed]] = loop.create_future()
+        self._queue.put(_Request(orders, now, _LoopAnswer(future, loop, self._outbox)))
+        return future
 
     def call(self, function: Callable[[], T]) -> T:
         """Run `function` in the writer thread between groups (other writes: cancel, expire)."""
@@ -201,11 +269,22 @@ class Writer:
                     break
                 group.append(job)
                 size += len(job.orders)
-            self._apply(group)
+            try:
+                self._apply(group)
+            finally:
+                self._send_outbox()
             if after is not None:
                 _run_call(after)
             if stop:
                 return
+
+    def _send_outbox(self) -> None:
+        """Hand the group's outcomes to their loops: one thread-safe call per loop."""
+        outbox = self._outbox
+        for loop, outcomes in list(outbox.items()):
+            del outbox[loop]
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these
+                loop.call_soon_threadsafe(_deliver, outcomes)
 
     def _apply(self, group: list[_Request]) -> None:
         try:

@@ -4,6 +4,7 @@ route of the same path answers: the same statuses, bodies and headers, for good 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from market.api.app import create_app
-from market.api.fast import FastOrders
+from market.api.fast import FastOrders, encode_result
+from market.models import OrderCreate
+from market.presenters import place_results
 from market.service import MarketService
 
 from .conftest import START
@@ -87,3 +90,23 @@ def test_fast_route_when_any_order_is_posted_then_it_answers_as_the_framework_ro
         "too large": 413,
     }
     assert 400 <= statuses["expired"] < 500 and 400 <= statuses["deep"] < 500
+
+
+def test_fast_answer_when_orders_rest_and_fill_then_bytes_equal_the_models_json(
+    service: MarketService,
+) -> None:
+    provider, client = Trader(), Trader()
+    bodies = [
+        provider.ask(START, price=100, quantity=5),  # rests, with its quote
+        client.bid(START, price=100, quantity=2),  # fills against it
+        client.bid(START, price=90, quantity=1),  # rests
+    ]
+    answers = []
+    for body in bodies:
+        [placed] = asyncio.run(service.placed_async([OrderCreate.model_validate(body)]))
+        expected = place_results([placed])[0].model_dump_json().encode()
+        assert encode_result(placed) == expected
+        answers.append(json.loads(expected))
+    assert answers[0]["order"]["quote"]["provider"] == provider.address
+    assert [f["quantity"] for f in answers[1]["fills"]] == [2]
+    assert answers[2]["order"]["state"] == "open"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from market import storage
 from market.errors import DuplicateOrderError, ReplayError
 from market.models import OrderCreate, PlaceResult
 from market.service import MarketService
+from market.writer import Placed
 
 from .conftest import START, Clock
 from .signing import Trader
@@ -170,3 +172,33 @@ def test_fill_seq_when_a_group_with_fills_rolls_back_then_the_next_fill_follows_
     assert [f.quantity for f in placed.fills] == [3]
     service.place([OrderCreate.model_validate(alice.bid(START, price=100, quantity=4))])
     assert _fill_seqs(service) == [1, 2, 3]
+
+
+def test_loop_requests_when_one_caller_stops_waiting_then_the_group_still_answers_the_others(
+    service: MarketService,
+) -> None:
+    alice, bob = Trader(), Trader()
+    now = service.now()
+    checked = [
+        service.verifier.order(OrderCreate.model_validate(body), now, float(now))
+        for body in (bob.ask(START, price=100, quantity=3), alice.bid(START, price=100, quantity=1))
+    ]
+    started, gate = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        started.set()
+        gate.wait(10)
+
+    async def run() -> list[Placed]:
+        held = asyncio.get_running_loop().run_in_executor(None, service.writer.call, hold)
+        assert started.wait(10)
+        gone = service.writer.submit_async([checked[0]], now)
+        kept = service.writer.submit_async([checked[1]], now)
+        gone.cancel()  # its caller went away before the commit
+        gate.set()
+        await held
+        return await asyncio.wait_for(kept, 10)
+
+    [matched] = asyncio.run(run())
+    assert [f.quantity for f in matched.fills] == [1]  # the ask was placed all the same
+    assert service.order(checked[0].order.order_id).state == "partially_filled"
