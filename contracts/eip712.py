@@ -237,28 +237,57 @@ def parse_json(kind: str, value: Any) -> Any:
     uints come as integers or decimal text, bytes32 as 0x-hex, arrays as lists, structs as
     objects; the value must then encode (`encoder`), so nothing malformed gets through.
     """
+    return json_parser(kind)(value)
+
+
+@functools.cache
+def json_parser(kind: str) -> Callable[[Any], Any]:
+    """Return the function `parse_json` applies to a field of type `kind`."""
+    encode = encoder(kind)
     if kind.endswith("[]"):
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"{kind} field needs a list")
-        return tuple(parse_json(kind[:-2], v) for v in value)
+        element = json_parser(kind[:-2])
+
+        def array(value: Any) -> Any:
+            if not isinstance(value, list | tuple):
+                raise ValueError(f"{kind} field needs a list")
+            return tuple([element(v) for v in value])
+
+        return array
     if kind in struct_types():
-        if not isinstance(value, dict):
-            raise ValueError(f"{kind} field needs an object")
-        return message_class(kind).from_json(value)
+
+        def struct(value: Any) -> Any:
+            if not isinstance(value, dict):
+                raise ValueError(f"{kind} field needs an object")
+            return message_class(kind).from_json(value)
+
+        return struct
     if kind == "bytes32":
-        if not isinstance(value, str):
-            raise ValueError("bytes32 field needs 0x-hex text")
-        raw = bytes.fromhex(value.removeprefix("0x"))
-        encode_word(kind, raw)
-        return raw
+
+        def bytes32(value: Any) -> Any:
+            if not isinstance(value, str):
+                raise ValueError("bytes32 field needs 0x-hex text")
+            raw = bytes.fromhex(value.removeprefix("0x"))
+            encode(raw)
+            return raw
+
+        return bytes32
     if kind == "address":
-        if not isinstance(value, str):
-            raise ValueError("address field needs a 0x-hex string")
-        return checksum_of(value)
-    if kind.startswith("uint") and isinstance(value, str) and _DECIMAL.fullmatch(value):
-        value = int(value)
-    encode_word(kind, value)
-    return value
+
+        def address(value: Any) -> Any:
+            if not isinstance(value, str):
+                raise ValueError("address field needs a 0x-hex string")
+            return checksum_of(value)
+
+        return address
+    number = kind.startswith("uint")
+
+    def atomic(value: Any) -> Any:
+        if number and isinstance(value, str) and _DECIMAL.fullmatch(value):
+            value = int(value)
+        encode(value)
+        return value
+
+    return atomic
 
 
 # ---- messages --------------------------------------------------------------------------------
@@ -302,6 +331,7 @@ class Layout(NamedTuple):
     attributes: tuple[str, ...]  # Python attribute of each field, in signing order
     kinds: tuple[str, ...]  # EIP-712 type of each field, in signing order
     static: bool  # every field is one word of its own value (no string, array or struct)
+    parsers: tuple[tuple[str, Callable[[Any], Any]], ...]  # (attribute, JSON parser), in order
 
 
 _LAYOUTS: dict[type[Message], Layout] = {}
@@ -329,6 +359,10 @@ def check(cls: type[Message]) -> Layout:
             kinds=tuple(kind for _, kind in cls.TYPES),
             static=all(kind in _STATIC or kind.startswith("uint") for _, kind in cls.TYPES)
             and not any(kind.endswith("[]") for _, kind in cls.TYPES),
+            parsers=tuple(
+                (name, json_parser(kind))
+                for name, (_, kind) in zip(attributes, cls.TYPES, strict=True)
+            ),
         )
     return layout
 
@@ -434,12 +468,11 @@ class Message:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
         """Build the message from `to_json` output; raise ValueError on bad fields."""
-        layout = check(cls)
         kwargs: dict[str, Any] = {}
-        for name, kind in zip(layout.attributes, layout.kinds, strict=True):
+        for name, parse in (_LAYOUTS.get(cls) or check(cls)).parsers:
             if name not in data:
                 raise ValueError(f"{cls.TYPE_NAME} lacks field {name}")
-            kwargs[name] = parse_json(kind, data[name])
+            kwargs[name] = parse(data[name])
         return cls(**kwargs)
 
 
