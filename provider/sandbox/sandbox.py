@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -391,7 +392,17 @@ def _warm(envelope: ProgramEnvelope) -> WarmCall:
 def _metadata_digest(envelope: ProgramEnvelope) -> bytes:
     """Hash what an envelope states about its program besides its bytes."""
     producer = envelope.producer
-    metadata = [producer.jax, producer.jaxlib, producer.calling_convention, envelope.platforms]
+    return _metadata_hash(
+        producer.jax, producer.jaxlib, producer.calling_convention, tuple(envelope.platforms)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _metadata_hash(
+    jax: str, jaxlib: str, calling_convention: int, platforms: tuple[str, ...]
+) -> bytes:
+    # Every task of a warm program states the same few values: hashed once, not twice a task.
+    metadata = [jax, jaxlib, calling_convention, list(platforms)]
     return hashlib.sha256(json.dumps(metadata).encode()).digest()
 
 
