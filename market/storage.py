@@ -9,14 +9,16 @@ The database itself (engine, schema) is `market.database`; the chain index, `mar
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from operator import attrgetter
+from typing import Any, cast
 
 from sqlalchemy import Table, and_, func, or_
 from sqlalchemy.engine import Connection
 from sqlmodel import Session, SQLModel, col, select
 
-from market.engine import SNAPSHOT_VERSION, SnapshotData
-from market.engine.snapshot import OrderData
+from market.engine import ORDER_FIELDS, SNAPSHOT_VERSION, SnapshotData
+from market.engine import Order as EngineOrder
+from market.engine.snapshot import RECORD_FIELDS, OrderData
 from market.models import Deal, Fill, NonceUse, Order, Provider
 
 LIVE_STATES = ("open", "partially_filled")
@@ -52,24 +54,7 @@ def load_snapshot(*, session: Session, device_class: str, now: int) -> SnapshotD
     last_seq = session.exec(
         select(func.max(Order.seq)).where(Order.device_class == device_class)
     ).one()
-    orders: list[OrderData] = [
-        {
-            "side": r.side,
-            "order_id": r.order_id,
-            "owner": r.owner,
-            "device_class": r.device_class,
-            "quantity": r.quantity,
-            "price": r.price,
-            "plan": r.plan,
-            "slo_ms": r.slo_ms,
-            "memory": r.memory,
-            "expiry": r.expiry,
-            "seq": r.seq,
-            "state": r.state,
-            "remaining": r.remaining,
-        }
-        for r in rows
-    ]
+    orders = [cast(OrderData, {name: getattr(r, name) for name in RECORD_FIELDS}) for r in rows]
     last_fill = session.exec(
         select(func.max(Fill.fill_id)).where(Fill.device_class == device_class)
     ).one()
@@ -97,17 +82,7 @@ def _table(model: type[SQLModel]) -> Table:
 
 
 # Column orders of the rows the placement path writes as plain tuples (checked at import).
-ORDER_COLUMNS = (
-    "order_id",
-    "side",
-    "owner",
-    "device_class",
-    "quantity",
-    "price",
-    "plan",
-    "slo_ms",
-    "memory",
-    "expiry",
+ORDER_STORED_FIELDS = (
     "nonce",
     "seq",
     "state",
@@ -118,6 +93,19 @@ ORDER_COLUMNS = (
     "quote_signature",
     "quote_hash",
 )
+"""What a stored order holds beside the engine's fields: its nonce, progress and signatures."""
+ORDER_COLUMNS = (*ORDER_FIELDS, *ORDER_STORED_FIELDS)
+"""The columns of an `orders` row as `order_row` builds it."""
+_ENGINE_VALUES = attrgetter(*ORDER_FIELDS[1:])
+assert ORDER_FIELDS[0] == "side"  # stored as its text
+
+
+def order_row(order: EngineOrder, *stored: object) -> tuple[object, ...]:
+    """Return an `orders` row (`ORDER_COLUMNS`): the engine order's fields, then `stored` (the
+    values of `ORDER_STORED_FIELDS`, in that order)."""
+    return (order.side.value, *_ENGINE_VALUES(order), *stored)
+
+
 FILL_COLUMNS = (
     "id",
     "device_class",

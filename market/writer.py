@@ -45,6 +45,7 @@ from market.books import Books, ClassBook
 from market.engine import Fill as EngineFill
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
+from market.storage import order_row
 from market.verify import CheckedOrder
 
 T = TypeVar("T")
@@ -533,17 +534,8 @@ def _match(
         new_ids.add(o.order_id)
         record = book.engine.record(o.order_id)
         order_rows.append(
-            (
-                o.order_id,
-                o.side.value,
-                o.owner,
-                o.device_class,
-                o.quantity,
-                o.price,
-                o.plan,
-                o.slo_ms,
-                o.memory,
-                o.expiry,
+            order_row(
+                o,
                 c.nonce,
                 record.seq,
                 record.state.value,

@@ -12,11 +12,12 @@ from market.engine.lifecycle import (
     can_transition,
     check_transition,
 )
-from market.engine.orders import Order, OrderRecord, Side
+from market.engine.orders import ORDER_FIELDS, Order, OrderRecord, Side
 from market.engine.snapshot import SNAPSHOT_VERSION, OrderData, SnapshotData
 
 __all__ = [
     "LIVE_STATES",
+    "ORDER_FIELDS",
     "SNAPSHOT_VERSION",
     "TERMINAL_STATES",
     "TRANSITIONS",

@@ -12,11 +12,11 @@ The storage layer need not store snapshots: it can build one from its order and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypedDict
+from collections.abc import Callable, Mapping
+from typing import TypedDict, cast, get_type_hints
 
 from market.engine.lifecycle import OrderState
-from market.engine.orders import Order, OrderRecord, Side
+from market.engine.orders import ORDER_FIELDS, Order, OrderRecord, Side
 from market.errors import MarketError, SnapshotError
 
 SNAPSHOT_VERSION = 1
@@ -24,7 +24,8 @@ SNAPSHOT_VERSION = 1
 
 
 class OrderData(TypedDict):
-    """One order record as plain data."""
+    """One order record as plain data: the order's fields (`ORDER_FIELDS`, spelled out for the
+    type checker and checked against it below), then its progress (`PROGRESS_FIELDS`)."""
 
     side: str
     order_id: str
@@ -41,6 +42,15 @@ class OrderData(TypedDict):
     remaining: int
 
 
+PROGRESS_FIELDS = ("seq", "state", "remaining")
+"""What the engine adds to an order's fields in a record."""
+RECORD_FIELDS = (*ORDER_FIELDS, *PROGRESS_FIELDS)
+"""The keys of `OrderData`, in order."""
+_HINTS = get_type_hints(OrderData)
+if tuple(_HINTS) != RECORD_FIELDS:
+    raise TypeError(f"OrderData's keys {tuple(_HINTS)} are not {RECORD_FIELDS}")
+
+
 class SnapshotData(TypedDict):
     """The engine's whole state as plain data."""
 
@@ -53,21 +63,12 @@ class SnapshotData(TypedDict):
 def record_to_data(record: OrderRecord) -> OrderData:
     """Return `record` as plain data."""
     o = record.order
-    return {
-        "side": o.side.value,
-        "order_id": o.order_id,
-        "owner": o.owner,
-        "device_class": o.device_class,
-        "quantity": o.quantity,
-        "price": o.price,
-        "plan": o.plan,
-        "slo_ms": o.slo_ms,
-        "memory": o.memory,
-        "expiry": o.expiry,
-        "seq": record.seq,
-        "state": record.state.value,
-        "remaining": record.remaining,
-    }
+    data: dict[str, object] = {name: getattr(o, name) for name in ORDER_FIELDS}
+    data["side"] = o.side.value
+    data["seq"] = record.seq
+    data["state"] = record.state.value
+    data["remaining"] = record.remaining
+    return cast(OrderData, data)
 
 
 def get_int(data: Mapping[str, object], key: str) -> int:
@@ -85,6 +86,12 @@ def _get_str(data: Mapping[str, object], key: str) -> str:
     return value
 
 
+_READ: dict[str, Callable[[Mapping[str, object], str], object]] = {
+    name: _get_str if _HINTS[name] is str else get_int for name in ORDER_FIELDS
+}
+"""How each order field is read: by its type in `OrderData` (`side` is then made a `Side`)."""
+
+
 def record_from_data(data: object) -> OrderRecord:
     """Parse and check one order record; raise `SnapshotError` if it is malformed."""
     if not isinstance(data, Mapping):
@@ -95,18 +102,7 @@ def record_from_data(data: object) -> OrderRecord:
     except ValueError as exc:
         raise SnapshotError(str(exc)) from exc
     try:
-        order = Order(
-            side=side,
-            order_id=_get_str(data, "order_id"),
-            owner=_get_str(data, "owner"),
-            device_class=_get_str(data, "device_class"),
-            quantity=get_int(data, "quantity"),
-            price=get_int(data, "price"),
-            plan=_get_str(data, "plan"),
-            slo_ms=get_int(data, "slo_ms"),
-            memory=get_int(data, "memory"),
-            expiry=get_int(data, "expiry"),
-        )
+        order = Order(side, *[_READ[name](data, name) for name in ORDER_FIELDS[1:]])
     except SnapshotError:
         raise
     except MarketError as exc:

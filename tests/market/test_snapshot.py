@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from market.engine import MatchingEngine, Side
+from market import storage
+from market.engine import ORDER_FIELDS, MatchingEngine, Order, OrderRecord, OrderState, Side
+from market.engine import orders as orders_module
+from market.engine.snapshot import PROGRESS_FIELDS, RECORD_FIELDS, OrderData, record_to_data
 from market.errors import SnapshotError
+from market.models import Order as OrderRow
+from market.models import OrderCreate, OrderPublic
 from tests.market.builders import NOW, ask, bid
 
 
@@ -154,3 +161,34 @@ def test_restore_when_snapshot_is_inconsistent_then_raises_snapshot_error(change
 def test_restore_when_data_is_not_a_mapping_then_raises_snapshot_error() -> None:
     with pytest.raises(SnapshotError):
         MatchingEngine.restore([])  # type: ignore[arg-type]
+
+
+def test_order_fields_when_declared_once_then_records_rows_and_models_follow_them() -> None:
+    order = Order(Side.ASK, "0xab", "0xcd", "tpu", 3, 7, "metered", 50, 9, 99)
+    record = OrderRecord(order, 4, OrderState.OPEN, 3)
+    assert tuple(OrderData.__annotations__) == RECORD_FIELDS == (*ORDER_FIELDS, *PROGRESS_FIELDS)
+    assert tuple(record_to_data(record)) == RECORD_FIELDS
+    assert repr(order).startswith("Order(side=<Side.ASK: 'ask'>, order_id='0xab', owner='0xcd'")
+    row = storage.order_row(order, *range(len(storage.ORDER_STORED_FIELDS)))
+    by_column = dict(zip(storage.ORDER_COLUMNS, row, strict=True))
+    assert by_column["side"] == "ask" and by_column["price"] == 7 and by_column["nonce"] == 0
+    assert set(storage.ORDER_COLUMNS) == set(OrderRow.model_fields)
+    for model in (OrderCreate, OrderPublic):  # every field an owner signs, but the derived id
+        assert set(ORDER_FIELDS) - {"order_id"} <= set(model.model_fields)
+
+
+def test_order_class_when_compiled_then_its_literal_slots_and_parameters_are_order_fields() -> None:
+    source = (Path(orders_module.__file__ or "").parent / "orders.py").read_text()
+    [cls] = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ClassDef) and node.name == "Order"
+    ]
+    [slots] = [
+        node.value
+        for node in cls.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__slots__"
+    ]
+    [init] = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    assert sorted(ast.literal_eval(slots)) == sorted(ORDER_FIELDS)
+    assert tuple(a.arg for a in init.args.args[1:]) == ORDER_FIELDS
