@@ -6,8 +6,8 @@ read, the provider checks it (``provider.access``).
 
 from __future__ import annotations
 
+from contracts.eip712 import Domain
 from contracts.hashing import keccak256
-from contracts.messages import Domain
 
 ACCESS_TAG = b"tpumarket.result-access.v1"
 ACCESS_TOKEN_HEADER = "X-Tpumarket-Access"

@@ -21,8 +21,9 @@ from web3.types import RPCEndpoint
 
 from contracts.abi import abi_type, entries, topic
 from contracts.compiler import Artifact, load_contracts
+from contracts.eip712 import Domain
 from contracts.errors import ChainError
-from contracts.messages import Ack, Claim, Domain, Plan, Quote, Receipt, TaskRequest, Voucher
+from contracts.messages import Ack, Claim, Plan, Quote, Receipt, TaskRequest, Voucher
 from contracts.states import (
     BATCH_DISPUTED,
     BATCH_NONE,

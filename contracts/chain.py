@@ -17,7 +17,7 @@ from typing import Any
 from eth_account import Account
 
 from contracts.errors import ChainError
-from contracts.messages import address_of
+from contracts.signing import address_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ANVIL_BINARY = REPO_ROOT / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"

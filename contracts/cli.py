@@ -21,7 +21,7 @@ from typing import Any
 from contracts.binding import DEFAULT_MIN_CHALLENGE_WINDOW, Chain
 from contracts.chain import Anvil
 from contracts.errors import EscrowError
-from contracts.messages import address_of
+from contracts.signing import address_of
 
 DEV_TOKENS = 10**6 * 10**6  # one million tokens of 6 decimals per dev account
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
