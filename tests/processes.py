@@ -59,6 +59,7 @@ _SETPRIV = shutil.which("setpriv")
 _lock = threading.Lock()
 _children: dict[int, subprocess.Popen[Any]] = {}
 _watchdog: subprocess.Popen[bytes] | None = None
+_owner: int | None = None  # the process that installed: a forked copy of it must not sweep
 
 
 def run_id() -> str | None:
@@ -112,7 +113,7 @@ def stop(process: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> int:
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(grace_s)
     # Stragglers of the group, the leader too if it ignored SIGTERM. A group id is not reused
-    # while a member lives, so this reaches no stranger.
+    # while a member lives, and pids are handed out in a cycle: this reaches no stranger.
     _signal_group(process, signal.SIGKILL)
     code = process.wait()
     with _lock:
@@ -249,7 +250,15 @@ def reap(grace_s: float = STOP_GRACE_S) -> list[Found]:
 def _terminate(signum: int, frame: FrameType | None) -> None:
     """Turn the first SIGTERM into KeyboardInterrupt (pytest then runs every teardown)."""
     signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+    if os.getpid() != _owner:  # a forked copy of pytest: die of it, as without this handler
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _reap_at_exit() -> None:
+    if os.getpid() == _owner:
+        reap()
 
 
 def install() -> str:
@@ -258,7 +267,7 @@ def install() -> str:
     Call once, from the main thread, before any child starts. A nested run (a pytest started
     by a test) adds an id of its own to the outer run's: both runs' sweeps reach its processes.
     """
-    global _watchdog
+    global _watchdog, _owner
     if _watchdog is not None:  # installed already (a second configure in this process)
         return os.environ[RUN_ENV].rsplit(":", 1)[-1]
     marker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -272,7 +281,8 @@ def install() -> str:
         start_new_session=True,  # a signal to pytest's group (Ctrl-C) leaves it running
     )
     os.environ[RUN_ENV] = marker if outer is None else f"{outer}:{marker}"
-    atexit.register(reap)
+    _owner = os.getpid()
+    atexit.register(_reap_at_exit)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not if the caller ignores it
         signal.signal(signal.SIGTERM, _terminate)
     return marker
