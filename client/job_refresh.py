@@ -58,7 +58,7 @@ def refresh_task(session: DealSession, ledger: DealLedger, index: int) -> TaskRe
         index, state=TaskState.VERIFIED, reason=None, **view_fields(ledger, index, view)
     )
     if record.payable and index not in session.book.paid:
-        session.add_payable(receipt)
+        session.payments.add_payable(receipt)
     outcome = session.outcomes.get(index)
     if outcome is not None and not outcome.verified:
         outcome.view, outcome.verified, outcome.rejected = view, True, None

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from client.deal_refunds import settle_breach
 from client.errors import (
     ClientError,
     DeliveryRejected,
@@ -80,13 +81,14 @@ class JobRunner:
         cls, session: DealSession, ledger: DealLedger, *, say: Say | None = None
     ) -> JobRunner:
         """Continue the deal where the ledger left it: same voucher total, fresh indices."""
-        session.book.restore(
-            ledger.paid, ledger.settled_elsewhere, ledger.last_signed, ledger.last_tasks
+        session.payments.restore(
+            ledger.paid,
+            ledger.settled_elsewhere,
+            ledger.last_signed,
+            ledger.last_tasks,
+            vouched={i for i, t in ledger.tasks.items() if t.chain == ChainState.VOUCHED},
         )
         session.next_index = ledger.next_index
-        session.confirmed_vouched = {
-            i for i, t in ledger.tasks.items() if t.chain == ChainState.VOUCHED
-        }
         runner = cls(session, ledger, say=say)
         session.on_update = runner._record
         return runner
@@ -344,9 +346,9 @@ class JobRunner:
         session, ledger = self.session, self.ledger
         self.voucher_error = None
         for attempt in (0, 1):
-            self._apply_chain(session.reconcile())
+            self._apply_chain(session.payments.reconcile())
             floor = session.account.escrow.get_deal(session.deal_id).vouched
-            signed = session.sign_voucher(floor, resend=not ledger.voucher_delivered)
+            signed = session.payments.sign_voucher(floor, resend=not ledger.voucher_delivered)
             if signed is None:
                 return None
             voucher, signature = signed
@@ -391,7 +393,8 @@ class JobRunner:
             if index in in_flight or record.ack is None:
                 continue
             outcome = self.session.outcomes.get(index)
-            result = self.session.settle_breach(
+            result = settle_breach(
+                self.session,
                 record.request,
                 record.ack,
                 record.ack_signature,
@@ -412,14 +415,14 @@ class JobRunner:
                     if outcome is not None:
                         outcome.view, outcome.rejected = result.view, result.detail
                 self.ledger.update(index, chain=ChainState.REFUNDED, refund=result.refund)
-                self.session.mark_claimed(index)
+                self.session.payments.mark_claimed(index)
                 if outcome is not None:
                     outcome.refunded = result.refund
                 done.append((index, refund, penalty))
             elif result.kind == "settled" and result.chain is not None:
                 self.ledger.update(index, chain=result.chain)
                 if result.chain != ChainState.VOUCHED:
-                    self.session.mark_claimed(index)
+                    self.session.payments.mark_claimed(index)
                 if outcome is not None:
                     outcome.claimed = True
             elif result.kind == "failed":
@@ -448,7 +451,7 @@ class JobRunner:
         report = watcher.scan()
         for index, record in self.ledger.tasks.items():
             if record.chain == ChainState.CLAIMED:
-                self.session.mark_claimed(index)
+                self.session.payments.mark_claimed(index)
                 outcome = self.session.outcomes.get(index)
                 if outcome is not None and not outcome.verified:
                     outcome.claimed = True
@@ -461,7 +464,7 @@ class JobRunner:
         (each is verified and recorded; payable ones join the voucher book).
         """
         indices = sorted(self.ledger.tasks)
-        states = self.session.chain_states(indices) if indices else {}
+        states = self.session.payments.chain_states(indices) if indices else {}
         if not self.ledger.read_only:
             self._apply_chain({i: s for i, s in states.items() if s is not None})
             if fetch:

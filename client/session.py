@@ -1,4 +1,4 @@
-"""One open deal from the client's side: submit tasks, verify deliveries, pay, refund breaches.
+"""One open deal from the client's side: submit tasks, verify deliveries, pay for them.
 
 Every request carries the deadline the client signs (``now + ceil(sloMs / 1000) + 2`` s: the
 deal's SLO plus two seconds for transit and clock skew); the provider's ack commits to it by
@@ -6,11 +6,8 @@ hashing the request, and is checked (it answers this request, at most its ``maxP
 signed by the deal's provider) before anything else happens. Every delivery is verified
 (`client.verify`) before it enters the voucher book; optionally a fraction of inference tasks
 is re-executed locally and compared. Only verified deliveries are paid, by a cumulative voucher
-handed to the provider; before signing one the book is reconciled with the chain's per-task
-state, so a voucher never covers a task the provider claimed. A task acked but not verified
-is refunded on chain with the penalty once its settlement instant has passed
-(``settleBy = min(deadline, expiry) + challengeWindow``), after asking the provider once more
-for its result.
+(`client.deal_payments`); a task acked but not verified is refunded on chain with the penalty
+once its settlement instant has passed (`client.deal_refunds`).
 """
 
 from __future__ import annotations
@@ -25,21 +22,13 @@ from dataclasses import dataclass, field
 from web3.exceptions import Web3Exception
 
 from client.accounts import ClientAccount
+from client.deal_payments import DealPayments
 from client.errors import ClientError, DeliveryRejected, ProviderRejected, ProviderUnavailable
-from client.ledger_records import ChainState
 from client.provider_http import ProviderHttp, TaskView
-from client.tasks import (
-    DEADLINE_SLACK_S,
-    BreachResult,
-    TaskOutcome,
-    TaskSpec,
-    chain_states,
-    request_deadline,
-    settle_by,
-)
+from client.tasks import DEADLINE_SLACK_S, TaskOutcome, TaskSpec, request_deadline
 from client.verify import Delivery, spot_check, verify_delivery
 from client.vouchers import VoucherBook
-from contracts.errors import ChainError, ContractRevert, SignatureError
+from contracts.errors import SignatureError
 from contracts.messages import (
     KIND_INFERENCE,
     Ack,
@@ -48,13 +37,9 @@ from contracts.messages import (
     Receipt,
     TaskRequest,
     Voucher,
-    task_bitmap,
     verify,
 )
-from contracts.program import (
-    encode_envelope,
-)
-from contracts.reverts import EscrowDeadlineNotPassed, EscrowTaskAlreadySettled
+from contracts.program import encode_envelope
 
 Progress = Callable[["TaskOutcome"], None]
 
@@ -72,7 +57,9 @@ class DealSession:
 
     ``slo_ms`` and ``expiry`` default to the provider's advertised SLO and the deal's expiry
     on chain (read once). ``on_update`` is called whenever a task's state changes (signed,
-    acked, delivered), so a ledger can record it before the session goes on.
+    acked, delivered), so a ledger can record it before the session goes on. ``payments``
+    holds the voucher book and signs the vouchers; the session's lock guards its outcomes
+    and the book alike.
     """
 
     provider: ProviderHttp
@@ -91,11 +78,16 @@ class DealSession:
     expiry: int | None = None
     grace_s: float = LATE_GRACE_S
     on_update: Progress | None = None
-    confirmed_vouched: set[int] = field(default_factory=set)
+    payments: DealPayments = field(init=False, repr=False)
     _lead: float = 0.0
     _lead_read_at: float = -CHAIN_CLOCK_READ_S
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def __post_init__(self) -> None:
+        self.payments = DealPayments(
+            self.account, self.domain, self.deal_id, self.provider, self.book, lock=self._lock
+        )
 
     # ---- time and terms ---------------------------------------------------------------------
 
@@ -240,7 +232,7 @@ class DealSession:
     def collect(self, outcome: TaskOutcome, *, wait_s: float = 30.0) -> TaskOutcome:
         """Fetch the task's delivery once (long-poll) and verify it; payable ones enter the book."""
         view = self.provider.fetch(self.deal_id, outcome.index, wait_s=wait_s)
-        self._take_view(outcome, view)
+        self.accept_delivery(outcome, view)
         return outcome
 
     def await_delivery(
@@ -287,7 +279,9 @@ class DealSession:
             if self.now() > give_up_at:
                 return outcome
 
-    def _take_view(self, outcome: TaskOutcome, view: TaskView) -> None:
+    def accept_delivery(self, outcome: TaskOutcome, view: TaskView) -> None:
+        """Record the provider's answer for ``outcome``'s task; verify a delivery in it and
+        add it to the voucher book (a rejected one says why)."""
         outcome.view = view
         if view.receipt is None or outcome.ack is None or outcome.verified:
             return
@@ -299,8 +293,7 @@ class DealSession:
             outcome.rejected = exc.reason
             self._updated(outcome)
             return
-        with self._lock:
-            self.book.add(receipt)
+        self.payments.add(receipt)
         outcome.verified = True
         outcome.rejected = None
         self._updated(outcome)
@@ -348,175 +341,10 @@ class DealSession:
 
     # ---- paying -----------------------------------------------------------------------------
 
-    def chain_states(self, indices: Sequence[int]) -> dict[int, ChainState | None]:
-        """Return the escrow's settlement state of each task of the deal."""
-        return chain_states(self.account.escrow, self.deal_id, indices)
-
-    def reconcile(self) -> dict[int, ChainState]:
-        """Align the voucher book with the chain: tasks claimed or refunded leave it.
-
-        Reads the state of every task the book pays that is not yet known to be vouched on
-        chain; return the states found (vouched ones are remembered and not read again).
-        """
-        with self._lock:
-            unknown = sorted(set(self.book.paid) - self.confirmed_vouched)
-        if not unknown:
-            return {}
-        found: dict[int, ChainState] = {}
-        for index, state in self.chain_states(unknown).items():
-            if state is None:
-                continue
-            found[index] = state
-            if state == ChainState.VOUCHED:
-                with self._lock:
-                    self.confirmed_vouched.add(index)
-            else:
-                self.mark_claimed(index)
-        return found
-
-    def mark_claimed(self, index: int) -> None:
-        """Take a task settled on chain without a voucher (claimed or refunded) out of the
-        voucher book: no voucher covers it again."""
-        with self._lock:
-            self.book.mark_claimed(index)
-
-    def add_payable(self, receipt: Receipt) -> None:
-        """Add a verified receipt to the voucher book, unless its task was claimed or
-        refunded on chain."""
-        with self._lock:
-            if receipt.task_index not in self.book.claimed:
-                self.book.add(receipt)
-
-    def sign_voucher(self, floor: int, *, resend: bool = False) -> tuple[Voucher, bytes] | None:
-        """Sign the next voucher above ``floor`` (what the chain counts as vouched); None if
-        nothing new is owed.
-
-        With ``resend``, when nothing new is owed, sign the last voucher again if it is above
-        ``floor`` (it was signed, but may not have reached the provider).
-        """
-        with self._lock:
-            if self.book.has_news(floor):
-                return self.book.sign_next(self.domain, self.account.key, floor)
-            if not resend or self.book.last_signed <= floor:
-                return None
-            voucher = Voucher(
-                self.deal_id, self.book.last_signed, task_bitmap(self.book.last_tasks)
-            )
-            return voucher, voucher.sign(self.domain, self.account.key)
-
-    def prepare_voucher(self) -> tuple[Voucher, bytes] | None:
-        """Reconcile with the chain and sign the next voucher; None if nothing new is owed."""
-        self.reconcile()
-        floor = self.account.escrow.get_deal(self.deal_id).vouched
-        return self.sign_voucher(floor)
-
     def pay(self) -> Voucher | None:
-        """Sign the cumulative voucher for every verified delivery and hand it over.
-
-        A provider that refuses the voucher (say it covers a task the provider claimed in the
-        meantime) gets one more, signed after reconciling with the chain again.
-        """
-        signed = self.prepare_voucher()
-        if signed is None:
-            return None
-        try:
-            self.provider.send_voucher(*signed)
-        except ProviderRejected as exc:
-            if exc.status >= 500:
-                raise
-            signed = self.prepare_voucher()
-            if signed is None:
-                return None
-            self.provider.send_voucher(*signed)
-        return signed[0]
-
-    # ---- breaches ---------------------------------------------------------------------------
-
-    def settle_breach(
-        self,
-        request: TaskRequest,
-        ack: Ack,
-        ack_signature: bytes,
-        chain_now: int,
-        *,
-        spec: TaskSpec | None = None,
-        ask_provider: bool = True,
-    ) -> BreachResult:
-        """Refund an acked, unverified task once its settlement instant has passed on chain.
-
-        First the provider is asked once more for the result: a delivery that verifies (by
-        its deadline) is returned for payment instead. A task already settled on chain comes
-        back as ``settled`` with its state.
-        """
-        _, expiry = self.terms()
-        index = request.task_index
-        if chain_now <= settle_by(request.deadline, expiry, self.challenge_window):
-            return BreachResult("not_due")
-        detail = ""
-        late: TaskView | None = None
-        if ask_provider:
-            try:
-                view = self.provider.fetch(self.deal_id, index, wait_s=0)
-            except ClientError as exc:
-                detail = f"provider: {exc}"
-            else:
-                if view.receipt is not None:
-                    try:
-                        receipt = self.verify_view(request, ack, view, spec)
-                    except DeliveryRejected as exc:
-                        detail, late = exc.reason, view
-                    else:
-                        return BreachResult("delivered", view=view, receipt=receipt)
-        try:
-            refunded = self.account.refund_breach(request, ack, ack_signature)
-        except EscrowTaskAlreadySettled:
-            state = self.chain_states([index]).get(index)
-            return BreachResult("settled", chain=state, view=late, detail=detail)
-        except EscrowDeadlineNotPassed:
-            return BreachResult("not_due")
-        except (ContractRevert, ChainError) as exc:
-            return BreachResult("failed", detail=str(exc))
-        return BreachResult("refunded", refund=refunded, view=late, detail=detail)
-
-    def breached(self, chain_now: int) -> list[TaskOutcome]:
-        """Return acked tasks not verified (undelivered, late or wrong) past their instant."""
-        _, expiry = self.terms()
-        return [
-            o
-            for o in self.outcomes.values()
-            if o.ack is not None
-            and not o.verified
-            and o.refunded is None
-            and not o.claimed
-            and chain_now > settle_by(o.request.deadline, expiry, self.challenge_window)
-        ]
-
-    def refund_breaches(self, chain_now: int) -> list[TaskOutcome]:
-        """Refund every breached task on chain with the penalty; return those refunded.
-
-        A task the provider delivered after all (asked once more) enters the voucher book
-        instead (call `pay` again); one it already claimed on chain is left for the dispute
-        watcher (`client.watch`).
-        """
-        refunded = []
-        for outcome in self.breached(chain_now):
-            assert outcome.ack is not None
-            result = self.settle_breach(
-                outcome.request, outcome.ack, outcome.ack_signature, chain_now, spec=outcome.spec
-            )
-            if result.kind == "delivered" and result.view is not None:
-                self._take_view(outcome, result.view)
-            elif result.kind == "refunded":
-                outcome.refunded = result.refund
-                if result.view is not None:
-                    outcome.view, outcome.rejected = result.view, result.detail
-                self.mark_claimed(outcome.index)
-                refunded.append(outcome)
-            elif result.kind == "settled":
-                outcome.claimed = True
-                outcome.rejected = outcome.rejected or f"{result.chain} on chain by the provider"
-                self.mark_claimed(outcome.index)
-        return refunded
+        """Sign the cumulative voucher for every verified delivery and hand it over (see
+        `DealPayments.pay`); breaches are refunded by `client.deal_refunds`."""
+        return self.payments.pay()
 
 
 def _transient(exc: ProviderRejected) -> bool:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from client.accounts import ClientAccount
+from client.deal_refunds import refund_breaches
 from client.demo.deals import Deal
 from client.demo.errors import DemoError
 from client.demo.terms import CHALLENGE_WINDOW, CLOSE_TIMEOUT_S, REDEEM_TIMEOUT_S
@@ -78,7 +79,7 @@ def refund_late(escrow: Escrow, deals: list[Deal], say: Say) -> None:
         )
     now = chain_now(escrow)
     for deal in deals:
-        for outcome in deal.session.refund_breaches(now):
+        for outcome in refund_breaches(deal.session, now):
             refund, penalty = outcome.refunded or (0, 0)
             say(
                 f"refunded  {deal.profile.name} #{outcome.index}: {tokens(refund)} back + "

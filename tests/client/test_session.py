@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from client.accounts import ClientAccount
+from client.deal_refunds import refund_breaches
 from client.errors import DeliveryRejected
 from client.provider_http import ProviderHttp, TaskView
 from client.session import DealSession
@@ -121,9 +122,9 @@ def test_session_pays_verified_work_and_refunds_what_was_late_or_wrong(
 
     deal = st.escrow.get_deal(deal_id)
     due = settle_by(late.request.deadline, deal.expiry, deal.challenge_window)
-    assert session.refund_breaches(st.anvil.latest_timestamp()) == []  # not before settleBy
+    assert refund_breaches(session, st.anvil.latest_timestamp()) == []  # not before settleBy
     st.anvil.increase_time(due + 1 - st.anvil.latest_timestamp())
-    refunded = session.refund_breaches(st.anvil.latest_timestamp())
+    refunded = refund_breaches(session, st.anvil.latest_timestamp())
     assert [o.index for o in refunded] == [2, 5]  # asked once more: still wrong, still late
     after = st.escrow.get_deal(deal_id)
     assert after.stake == UNIT - 2 * 50_000
