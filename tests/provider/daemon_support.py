@@ -97,7 +97,8 @@ class ChainWorld:
             duration=duration,
             challenge_window=window,
             slo_ms=10_000,
-            valid_until=self.now() + 600,
+            # The chain's clock now: its latest block is old when the session chain sat idle.
+            valid_until=self.chain_time() + 600,
             nonce=next(_nonces),
             plan=plan,
         )
@@ -110,14 +111,18 @@ class ChainWorld:
 def start_world() -> ChainWorld:
     """Start anvil, deploy, mint and approve for every actor."""
     anvil = Anvil.start(accounts=8)
-    chain = Chain(anvil.url)
-    keys = anvil.keys
-    deployment = chain.deploy(keys[0])
-    escrow = chain.escrow(deployment.escrow)
-    token = chain.token(deployment.token)
-    for key in keys[1:7]:
-        token.mint(keys[0], address_of(key), FUNDS)
-        token.approve(key, escrow.address, 2**256 - 1)
+    try:  # a set-up that fails halfway stops its chain
+        chain = Chain(anvil.url)
+        keys = anvil.keys
+        deployment = chain.deploy(keys[0])
+        escrow = chain.escrow(deployment.escrow)
+        token = chain.token(deployment.token)
+        for key in keys[1:7]:
+            token.mint(keys[0], address_of(key), FUNDS)
+            token.approve(key, escrow.address, 2**256 - 1)
+    except BaseException:
+        anvil.stop()
+        raise
     return ChainWorld(
         anvil=anvil,
         chain=chain,
