@@ -16,6 +16,7 @@ from web3.contract import Contract
 from contracts import compiler
 from contracts.binding import Escrow, Token, TxResult
 from contracts.messages import address_of
+from tests.workers import write_atomically
 
 SOURCE = Path(__file__).resolve().parent / "sol" / "TestWallet.sol"
 
@@ -43,8 +44,7 @@ def compile_wallet() -> tuple[list[dict[str, Any]], str]:
             base_path=str(compiler.REPO_ROOT),
             allow_paths=[str(compiler.REPO_ROOT)],
         )
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps(output))
+        write_atomically(cached, json.dumps(output))  # parallel workers read this cache
     contract = output["contracts"]["TestWallet.sol"]["TestWallet"]
     return contract["abi"], "0x" + contract["evm"]["bytecode"]["object"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -10,12 +12,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from market.api.app import create_app
 from market.database import database_url
 from market.service import MarketService
 from market.settings import Settings
-from tests import processes
+from tests import processes, workers
 
 from .signing import CHAIN_ID, ESCROW, Trader
 
@@ -46,14 +49,15 @@ def postgres_url() -> tuple[str | None, str]:
         reason = ""
         if not url:
             try:
-                done = subprocess.run(
-                    [str(ROOT / "scripts" / "postgres-up")],
-                    capture_output=True,
-                    text=True,
-                    timeout=300,
-                    check=False,
-                    env=processes.unmarked_env(),  # the cluster outlives the run, by design
-                )
+                with workers.host_lock("postgres-up"):  # one initdb, one start, by one worker
+                    done = subprocess.run(
+                        [str(ROOT / "scripts" / "postgres-up")],
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                        check=False,
+                        env=processes.unmarked_env(),  # the cluster outlives the run, by design
+                    )
                 lines = done.stdout.strip().splitlines()
                 if done.returncode == 0 and lines:
                     url = lines[-1]
@@ -61,17 +65,28 @@ def postgres_url() -> tuple[str | None, str]:
                     reason = f"scripts/postgres-up failed ({done.returncode}): {done.stderr[-500:]}"
             except (OSError, subprocess.TimeoutExpired) as exc:
                 reason = f"scripts/postgres-up could not run: {exc}"
+        if url:  # this process's own schema: parallel workers share the database
+            url = workers.postgres_url_for_schema(url)
+            atexit.register(_drop_schema, url)
         _pg["url"] = url
         _pg["reason"] = reason
     return _pg["url"], _pg["reason"] or ""
 
 
 def reset_postgres(url: str) -> None:
-    """Drop everything in the PostgreSQL database at `url`."""
+    """Drop everything in this process's schema of the PostgreSQL database at `url`."""
     engine = create_engine(database_url(data_dir=Path("."), url=url))
     with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {workers.POSTGRES_SCHEMA} CASCADE"))
+        conn.execute(text(f"CREATE SCHEMA {workers.POSTGRES_SCHEMA}"))
+    engine.dispose()
+
+
+def _drop_schema(url: str) -> None:
+    """Drop this process's schema at exit (a cluster that is gone by then has nothing to drop)."""
+    engine = create_engine(database_url(data_dir=Path("."), url=url))
+    with contextlib.suppress(SQLAlchemyError), engine.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {workers.POSTGRES_SCHEMA} CASCADE"))
     engine.dispose()
 
 
