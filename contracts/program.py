@@ -72,12 +72,15 @@ def inputs_hash(data: bytes, weights: bytes | None = None) -> bytes:
     Without weights this is ``sha256(inputs)``; with weights it is
     ``sha256(domain || sha256(weights) || sha256(inputs))`` so neither part can be swapped.
     """
-    if weights is None:
+    return _inputs_hash(data, None if weights is None else hashlib.sha256(weights).digest())
+
+
+def _inputs_hash(data: bytes, weights_sha256: bytes | None) -> bytes:
+    """`inputs_hash` from the weights' sha256 (hashed once per envelope: weights are large)."""
+    if weights_sha256 is None:
         return hashlib.sha256(data).digest()
     return hashlib.sha256(
-        _HASH_DOMAIN_INPUTS_WITH_WEIGHTS
-        + hashlib.sha256(weights).digest()
-        + hashlib.sha256(data).digest()
+        _HASH_DOMAIN_INPUTS_WITH_WEIGHTS + weights_sha256 + hashlib.sha256(data).digest()
     ).digest()
 
 
@@ -152,6 +155,9 @@ class ProgramEnvelope:
     platforms: tuple[str, ...]
     array_format: ArrayFormat = ArrayFormat.SAFETENSORS
     weights: bytes | None = field(default=None)
+    weights_sha256: bytes | None = field(default=None, compare=False, repr=False)
+    """The sha256 of ``weights``, set by :meth:`check` (which every constructor here runs), so
+    the daemon and its sandbox hash a task's weights once."""
 
     @classmethod
     def create(
@@ -193,8 +199,10 @@ class ProgramEnvelope:
                 )
         if self.program_sha256 != program_hash(self.program):
             raise ProgramFormatError("program_sha256 does not match the program bytes")
-        if self.inputs_sha256 != inputs_hash(self.inputs, self.weights):
+        weights_sha256 = None if self.weights is None else hashlib.sha256(self.weights).digest()
+        if self.inputs_sha256 != _inputs_hash(self.inputs, weights_sha256):
             raise ProgramFormatError("inputs_sha256 does not match the inputs and weights")
+        object.__setattr__(self, "weights_sha256", weights_sha256)  # a cache of a checked value
         if not self.platforms or any(p not in KNOWN_PLATFORMS for p in self.platforms):
             raise ProgramFormatError(f"unknown or empty platforms {self.platforms!r}")
         if self.producer.calling_convention < 0:

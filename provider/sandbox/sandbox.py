@@ -373,7 +373,9 @@ def _warm(envelope: ProgramEnvelope) -> WarmCall:
     """The short request for a worker that ran this program with these weights and this
     metadata: an envelope stating other producer versions or platforms is checked in full
     (a version refused by a cold worker is refused by a warm one too)."""
-    weights = None if envelope.weights is None else hashlib.sha256(envelope.weights).digest()
+    weights = envelope.weights_sha256  # set when the envelope was checked
+    if weights is None and envelope.weights is not None:
+        weights = hashlib.sha256(envelope.weights).digest()
     return WarmCall(
         key=envelope.program_sha256
         + _metadata_digest(envelope)

@@ -69,6 +69,15 @@ def test_envelope_round_trips_with_weights(fmt: ArrayFormat) -> None:
     np.testing.assert_array_equal(args["1"], np.ones((3,), np.int32))
 
 
+def test_checked_envelope_carries_its_weights_digest_so_weights_are_hashed_once() -> None:
+    weights = encode_arrays({"1": np.ones((3,), np.int32)})
+    decoded = decode_envelope(encode_envelope(make(weights, ArrayFormat.SAFETENSORS)))
+    assert decoded.weights_sha256 == hashlib.sha256(weights).digest()
+    assert (
+        decode_envelope(encode_envelope(make(None, ArrayFormat.SAFETENSORS))).weights_sha256 is None
+    )
+
+
 def test_envelope_when_program_tampered_then_hash_mismatch() -> None:
     wire = bytearray(encode_envelope(make()))
     wire[-len(make().inputs) - 1] ^= 0xFF  # last byte of the program section
