@@ -307,7 +307,13 @@ def _check_lapack(call: _Call, letter: str, kernel: str) -> None:
         call.expect("result", len(values) + 2, b, i32)
     elif kernel == "gees":
         call.option("mode", "NV")
-        call.option("sort", "NS")
+        if call.option("sort", "NS") == "S":  # the CPU kernel has no eigenvalue ordering
+            raise RejectedProgram(
+                Category.UNSUPPORTED_OP,
+                f"custom call {call.target}: a Schur decomposition with sorted eigenvalues "
+                "(sort_eig_vals=True) is not implemented on CPU",
+                op=call.target,
+            )
         b, n, _ = call.matrix()
         call.arity(1, 6 if real else 5)
         call.expect("operand", 0, (*b, n, n), t)

@@ -18,7 +18,7 @@ import pytest
 from provider.diagnosis import Category, Stage
 from provider.sandbox import Sandbox
 from tests.provider.helpers import compiled, failed, outputs, ran
-from tests.provider.programs import envelope_for, export_fn, getrf_blob, spec
+from tests.provider.programs import envelope_for, export_fn, getrf_blob, spec, with_module_text
 
 
 def test_honest_getrf_module_runs(sandbox: Sandbox, rng: np.random.Generator) -> None:
@@ -106,3 +106,23 @@ def test_every_cpu_lapack_kernel_passes_its_check(sandbox: Sandbox, name: str, d
     assert "lapack_" in exported.mlir_module()
     zeros = np.zeros((2, 5, 4), np.dtype(dtype))
     compiled(sandbox.compile(envelope_for(exported, [zeros])))
+
+
+def test_schur_with_sorted_eigenvalues_is_refused_as_unsupported_before_it_runs(
+    sandbox: Sandbox,
+) -> None:
+    # JAX will not lower it, but a crafted module can ask the kernel for sorted eigenvalues,
+    # which it answers UNIMPLEMENTED only once the task runs: refused up front instead, as an
+    # unsupported operation (the program is well formed; this backend lacks the option).
+    exported = export_fn(lambda a: tuple(jax.scipy.linalg.schur(a)), spec(4, 4))
+    text = exported.mlir_module()
+    assert "sort = 78 : ui8" in text  # 'N'
+    blob = with_module_text(exported, text.replace("sort = 78 : ui8", "sort = 83 : ui8"))
+    replacements = sandbox.replacements
+    failure = failed(
+        sandbox.run(envelope_for(exported, [np.eye(4, dtype=np.float32)], program=blob)),
+        Category.UNSUPPORTED_OP,
+    )
+    assert "sorted eigenvalues" in failure.diagnosis.message
+    assert failure.diagnosis.stage is Stage.VALIDATE
+    assert sandbox.replacements == replacements
