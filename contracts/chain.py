@@ -17,6 +17,7 @@ from typing import Any
 from eth_account import Account
 
 from contracts.errors import ChainError
+from contracts.lifetime import dies_with_parent
 from contracts.signing import address_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,10 @@ class Anvil:
         if block_time is not None:
             args += ["--block-time", str(block_time)]
         process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+            dies_with_parent(args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         chain = cls(port=chosen, chain_id=chain_id, process=process, keys=dev_keys(accounts))
         chain._wait_ready()

@@ -16,6 +16,7 @@ import httpx
 from client.demo.errors import DemoError
 from client.demo.terms import SETTLEMENT_INTERVAL_S, TX_ALLOWANCE_S, ProviderProfile
 from contracts.chain import free_port
+from contracts.lifetime import dies_with_parent
 
 
 class Processes:
@@ -31,7 +32,7 @@ class Processes:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, *args],
+                dies_with_parent([sys.executable, *args]),  # even if the demo is SIGKILLed
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 
+from contracts.lifetime import dies_with_parent
+
 
 class IsolationMode(StrEnum):
     """What walls a worker in, strongest first."""
@@ -197,11 +199,15 @@ def worker_command(
         bwrap = shutil.which("bwrap")
         assert bwrap is not None
         return [*_bwrap_prefix(bwrap, extra, writable, env), *python], env, mode
+    # Without bwrap's --die-with-parent, the launcher gets a parent-death signal: a daemon
+    # killed with SIGKILL must not leave a worker running a task (the pool starts every
+    # worker from one long-lived thread, which the signal follows).
     if mode is IsolationMode.UNSHARE:
         unshare = shutil.which("unshare")
         assert unshare is not None
-        return [*_unshare_prefix(unshare), *python], env, mode
-    return python, env, mode
+        command = [*_unshare_prefix(unshare), *python]
+        return dies_with_parent(command, long_lived_thread=True), env, mode
+    return dies_with_parent(python, long_lived_thread=True), env, mode
 
 
 def host_pid(launcher_pid: int, namespace_pid: int) -> int:
