@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from market.engine import MatchingEngine, Side
-from market.writer import Placed
+from market.placement import Placed
 
 
 class Metrics:

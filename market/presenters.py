@@ -36,7 +36,7 @@ from market.models import (
     ProviderClient,
     ProviderPublic,
 )
-from market.writer import Placed
+from market.placement import Placed
 
 TOKEN_DECIMALS = 6
 """Decimals of the settlement token (the CLI's `--price` is in tokens of 6 decimals)."""

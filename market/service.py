@@ -56,11 +56,12 @@ from market.models import (
     QuoteAttach,
     QuoteIn,
 )
+from market.placement import Placed
 from market.presenters import order_public, place_results, place_summaries, provider_public
 from market.reads import MarketReads
 from market.settings import Settings
 from market.verify import CheckedOrder, Verifier, check_deal_quote, checksum, recover
-from market.writer import Placed, Writer
+from market.writer import Writer
 
 INLINE_VERIFY_ORDERS = 32
 """Requests with more orders are verified in a worker thread, off the event loop (32 orders

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import queue
 import threading
 import time
@@ -38,31 +37,23 @@ from contextlib import ExitStack
 from typing import NamedTuple, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from market import storage
 from market.books import Books, ClassBook
-from market.engine import Fill as EngineFill
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
-from market.storage import order_row
+from market.nonces import UsedNonces, nonce_stored
+from market.placement import Placed, match_orders
 from market.verify import CheckedOrder
 
 T = TypeVar("T")
 
+IDLE_PING_S = 1.0
+"""A connection idle this long is pinged before it serves a group."""
+
 MAX_GROUP_ORDERS = 1_000
 """Orders one group commit may carry (a request is never split)."""
-
-
-class Placed(NamedTuple):
-    """What placing one order did: its sequence number, state and remaining units right after
-    its own matching, and its fills."""
-
-    checked: CheckedOrder
-    seq: int
-    state: str
-    remaining: int
-    fills: list[EngineFill]
 
 
 class _Answer(Protocol):
@@ -149,8 +140,9 @@ class Writer:
         self._db = db
         self._on_commit = on_commit
         with db.connect() as connection:
-            self._nonces = _Nonces.load(connection, int(time.time()))
+            self._nonces = UsedNonces.load(connection, int(time.time()))
         self._connection: Connection | None = None  # the writer thread's, kept between groups
+        self._used_at = 0.0  # when `_connection` last served a group (monotonic)
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
         self._outbox: _Outbox = {}  # loops' outcomes of the group being written (writer only)
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
@@ -198,7 +190,7 @@ class Writer:
         if self._nonces.remembers(owner, nonce):
             return True
         with self._db.connect() as connection:
-            return _stored(connection, [(owner, nonce)])
+            return nonce_stored(connection, [(owner, nonce)])
 
     def claim_nonces(self, pairs: list[tuple[str, int]]) -> None:
         """Remember committed cancels' (signer, nonce) pairs as used, for good (writer thread
@@ -231,10 +223,21 @@ class Writer:
 
     def _connect(self) -> Connection:
         """Return the writer's connection, opening it if needed: one pool checkout for many
-        groups, not one per group."""
+        groups, not one per group. One idle for `IDLE_PING_S` is pinged first (before any engine
+        changes), so a database restarted meanwhile costs a reconnect, not a failed group."""
         connection = self._connection
+        now = time.monotonic()
+        if connection is not None and now - self._used_at > IDLE_PING_S:
+            try:
+                connection.exec_driver_sql("SELECT 1")
+            except DBAPIError:
+                with contextlib.suppress(DBAPIError):
+                    self._disconnect()
+                connection = self._connection = None
+                self._fill_seq = None
         if connection is None:
             connection = self._connection = self._db.connect()
+        self._used_at = now
         return connection
 
     def _disconnect(self) -> None:
@@ -329,7 +332,7 @@ class Writer:
             connection = self._connect()
             try:
                 gate = None if self._gate is None else self._gate(live[0].now)
-                results, rows = _match(live, books, gate)
+                results, rows = match_orders([(r.orders, r.now) for r in live], books, gate)
                 fill_seq = storage.record_placement(
                     connection=connection,
                     orders=rows.orders,
@@ -347,7 +350,7 @@ class Writer:
                     self._books.rebuild(names)
                     if not alone:
                         return False  # a nonce forgotten since: retried one request at a time
-                    used = sorted(p for p in pairs if _stored(connection, [p]))
+                    used = sorted(p for p in pairs if nonce_stored(connection, [p]))
                     connection.rollback()  # end the read transaction of the lookups
                 except BaseException:
                     self._disconnect()
@@ -376,72 +379,6 @@ class Writer:
         return True
 
 
-class _Nonces:
-    """Used (signer, nonce) pairs: an order's until its expiry, a cancel's for good."""
-
-    def __init__(self) -> None:
-        self._expiry: dict[tuple[str, int], int | None] = {}  # None: kept for good
-        self._due: dict[int, list[tuple[str, int]]] = {}  # expiry -> pairs
-        self._heap: list[int] = []
-
-    @classmethod
-    def load(cls, connection: Connection, now: int) -> _Nonces:
-        """Return the pairs of stored orders still live at `now` and of every stored cancel."""
-        nonces = cls()
-        rows = connection.exec_driver_sql(
-            f"SELECT owner, nonce, expiry FROM orders WHERE expiry > {int(now)} "
-            "UNION ALL SELECT owner, nonce, NULL FROM nonces"
-        )
-        for owner, nonce, expiry in rows:
-            nonces.claim(owner, nonce, expiry)
-        return nonces
-
-    def __len__(self) -> int:
-        return len(self._expiry)
-
-    def remembers(self, owner: str, nonce: int) -> bool:
-        """Return whether the pair is remembered as used."""
-        return (owner, nonce) in self._expiry
-
-    def claim(self, owner: str, nonce: int, expiry: int | None) -> None:
-        """Remember a pair until `expiry` (None: for good)."""
-        pair = (owner, nonce)
-        held = self._expiry.get(pair, 0)
-        if held is None or (expiry is not None and expiry <= held):
-            return
-        self._expiry[pair] = expiry
-        if expiry is not None:
-            due = self._due.get(expiry)
-            if due is None:
-                self._due[expiry] = [pair]
-                heapq.heappush(self._heap, expiry)
-            else:
-                due.append(pair)
-
-    def forget(self, now: int) -> None:
-        """Forget orders' pairs whose expiry is `now` or earlier."""
-        heap, due, expiry_of = self._heap, self._due, self._expiry
-        while heap and heap[0] <= now:
-            expiry = heapq.heappop(heap)
-            for pair in due.pop(expiry):
-                if expiry_of.get(pair, 0) == expiry:
-                    del expiry_of[pair]
-
-
-def _stored(connection: Connection, pairs: list[tuple[str, int]]) -> bool:
-    """Return whether an order or a cancel stored in SQL used one of `pairs`."""
-    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    for owner, nonce in pairs:
-        row = connection.exec_driver_sql(
-            f"SELECT 1 FROM orders WHERE owner = {mark} AND nonce = {mark} "
-            f"UNION ALL SELECT 1 FROM nonces WHERE owner = {mark} AND nonce = {mark}",
-            (owner, nonce, owner, nonce),
-        ).first()
-        if row is not None:
-            return True
-    return False
-
-
 def _fresh(request: _Request, books: dict[str, ClassBook]) -> bool:
     """Fail `request` with `DuplicateOrderError` if one of its orders was placed before."""
     for c in request.orders:
@@ -462,94 +399,3 @@ def _fail(group: list[_Request], exc: BaseException) -> None:
     for request in group:
         if not request.future.done():
             request.future.set_exception(exc)
-
-
-class _Rows(NamedTuple):
-    orders: list[tuple[object, ...]]
-    updates: list[tuple[str, str, int]]
-    fills: list[tuple[object, ...]]
-    deals: list[tuple[object, ...]]
-
-
-def _match(
-    group: list[_Request], books: dict[str, ClassBook], gate: Gate | None
-) -> tuple[list[list[Placed]], _Rows]:
-    """Place every order of `group` in its engine (through `gate`, if any); return the results
-    and the rows to write."""
-    results: list[list[Placed]] = []
-    fill_rows: list[tuple[object, ...]] = []
-    deal_rows: list[tuple[object, ...]] = []
-    new: list[tuple[CheckedOrder, ClassBook]] = []
-    makers: dict[str, ClassBook] = {}
-    for request in group:
-        now = request.now
-        placed: list[Placed] = []
-        for c in request.orders:
-            order = c.order
-            order_id = order.order_id
-            book = books[order.device_class]
-            engine = book.engine
-            fills = engine.place(order, now=now, gate=gate)
-            if c.quote_hash:
-                book.quote_hashes[order_id] = c.quote_hash
-            record = engine.record(order_id)
-            placed.append(Placed(c, record.seq, record.state.value, record.remaining, fills))
-            new.append((c, book))
-            for f in fills:
-                fill_id = f"{f.device_class}:{f.fill_id}"
-                fill_rows.append(
-                    (
-                        fill_id,
-                        f.device_class,
-                        f.fill_id,
-                        f.bid_id,
-                        f.ask_id,
-                        f.price,
-                        f.quantity,
-                        f.aggressor.value,
-                        f.time,
-                    )
-                )
-                deal_rows.append(
-                    (
-                        fill_id,
-                        f.device_class,
-                        f.bid_id,
-                        f.ask_id,
-                        engine.record(f.bid_id).order.owner,
-                        engine.record(f.ask_id).order.owner,
-                        f.price,
-                        f.quantity,
-                        str(f.price * f.quantity),
-                        c.created_at,
-                        book.quote_hashes.get(f.ask_id, ""),
-                    )
-                )
-                makers[f.maker_id] = book
-        results.append(placed)
-    order_rows: list[tuple[object, ...]] = []
-    new_ids: set[str] = set()
-    for c, book in new:  # the rows hold each order's state after the whole group
-        o = c.order
-        new_ids.add(o.order_id)
-        record = book.engine.record(o.order_id)
-        order_rows.append(
-            order_row(
-                o,
-                c.nonce,
-                record.seq,
-                record.state.value,
-                record.remaining,
-                c.created_at,
-                c.signature,
-                c.quote_json,
-                c.quote_signature,
-                c.quote_hash,
-            )
-        )
-    updates: list[tuple[str, str, int]] = []
-    for maker_id, book in makers.items():
-        if maker_id not in new_ids:
-            record = book.engine.record(maker_id)
-            updates.append((maker_id, record.state.value, record.remaining))
-    return results, _Rows(order_rows, updates, fill_rows, deal_rows)

@@ -233,7 +233,7 @@ def nonce_memory(orders: int = 1_000_000, rate: int = 1_000, ttl_s: int = 30) ->
     orders, `rate` a second, each valid `ttl_s`."""
     import tracemalloc
 
-    from market.writer import _Nonces
+    from market.nonces import UsedNonces
 
     rng = random.Random(1)
     owners = [f"0x{rng.getrandbits(160):040X}" for _ in range(1_000)]
@@ -244,7 +244,7 @@ def nonce_memory(orders: int = 1_000_000, rate: int = 1_000, ttl_s: int = 30) ->
     kept_bytes = tracemalloc.get_traced_memory()[0]
     del kept
     base = tracemalloc.get_traced_memory()[0]
-    nonces = _Nonces()
+    nonces = UsedNonces()
     for n in range(orders):
         now = 1_700_000_000 + n // rate
         if n % rate == 0:

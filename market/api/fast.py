@@ -35,8 +35,8 @@ from market.api.body import check_shape, order_limits, parse
 from market.api.limits import SECURITY_HEADERS, secured
 from market.errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from market.models import OrderCreate
+from market.placement import Placed
 from market.service import MarketService
-from market.writer import Placed
 
 PATH = "/v1/orders"
 _JSON = (b"content-type", b"application/json")

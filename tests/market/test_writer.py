@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
+from sqlalchemy import create_engine, text
 
 from market import storage
+from market import writer as writer_module
 from market.errors import DuplicateOrderError, ReplayError
 from market.models import OrderCreate, PlaceResult
+from market.placement import Placed
 from market.service import MarketService
-from market.writer import Placed
+from market.settings import Settings
 
 from .conftest import START, Clock
 from .signing import Trader
@@ -202,3 +206,37 @@ def test_loop_requests_when_one_caller_stops_waiting_then_the_group_still_answer
     [matched] = asyncio.run(run())
     assert [f.quantity for f in matched.fills] == [1]  # the ask was placed all the same
     assert service.order(checked[0].order.order_id).state == "partially_filled"
+
+
+def test_writer_connection_when_the_database_dropped_it_while_idle_then_the_next_order_lands(
+    backend: str | None, settings: Settings, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A PostgreSQL restart (or an idle timeout) ends the writer's kept connection: the next
+    # group pings it first and reconnects, so no client's order fails for it.
+    if backend is None:
+        return  # SQLite: a file, no server to lose
+    name = f"writer-{uuid.uuid4().hex[:12]}"
+    settings = settings.model_copy(update={"database_url": f"{backend}&application_name={name}"})
+    service = MarketService(settings, clock=clock)
+    try:
+        alice, bob = Trader(), Trader()
+        service.place([OrderCreate.model_validate(bob.ask(START, price=100, quantity=5))])
+        engine = create_engine(backend)
+        with engine.connect() as other:
+            ended = other.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = :name"
+                ),
+                {"name": name},
+            ).all()
+        engine.dispose()
+        assert ended and all(ok for (ok,) in ended)
+        monkeypatch.setattr(writer_module, "IDLE_PING_S", 0.0)
+        [placed] = service.place(
+            [OrderCreate.model_validate(alice.bid(START, price=100, quantity=2))]
+        )
+        assert [f.quantity for f in placed.fills] == [2]
+        assert _fill_seqs(service) == [1]
+    finally:
+        service.close()
