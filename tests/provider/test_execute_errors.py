@@ -26,6 +26,7 @@ from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays
 from provider.daemon import Daemon
 from provider.diagnosis import HINTS, Category, Stage
 from provider.sandbox import Sandbox, SandboxLimits
+from tests.polling import wait_until
 from tests.provider.daemon_support import ChainWorld, sign_task
 from tests.provider.helpers import failed, outputs, ran
 from tests.provider.programs import envelope_for, export_fn, spec, with_module_text
@@ -98,6 +99,9 @@ def test_daemon_reports_execute_error_with_its_receipt_and_runs_the_next_task(
         body["receipt"] = receipt
         return body
 
+    # The daemon's worker and its spare both started (a loaded host starts the spare late,
+    # which must not read as a worker retired and replaced).
+    wait_until(lambda: len(daemon.sandbox.workers()) == 2, 300, "the worker and its spare")
     workers = sorted(w.pid for w in daemon.sandbox.workers())
     bad = submit(0, mistyped)
     assert bad["state"] == "failed", bad
