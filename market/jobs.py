@@ -70,6 +70,13 @@ def start_scheduler(service: MarketService, indexer: Indexer | None) -> Backgrou
         id="offline",
         **common,
     )
+    scheduler.add_job(  # does nothing while the market matches without a gate
+        _guard("rematch", service.rematch),
+        "interval",
+        seconds=settings.rematch_every_s,
+        id="rematch",
+        **common,
+    )
     if indexer is not None:
         scheduler.add_job(
             _guard("index", indexer.run_once),

@@ -44,6 +44,11 @@ class Metrics:
             "market_indexer_errors_total", "Indexer runs that failed", registry=registry
         )
         self.expired = Counter("market_orders_expired_total", "Orders expired", registry=registry)
+        self.rematched = Counter(
+            "market_rematch_fills_total",
+            "Fills of resting orders matched again once the match gate let them trade",
+            registry=registry,
+        )
 
     def count_committed(self, results: list[list[Placed]]) -> None:
         """Count a committed group's orders and fills."""

@@ -42,7 +42,7 @@ def match_orders(
     through `gate` if any (the caller holds the books' locks); return each request's results and
     the rows to write."""
     results: list[list[Placed]] = []
-    fill_rows: list[tuple[object, ...]] = []
+    fills_out: list[tuple[object, ...]] = []
     deal_rows: list[tuple[object, ...]] = []
     new: list[tuple[CheckedOrder, ClassBook]] = []
     makers: dict[str, ClassBook] = {}
@@ -60,35 +60,9 @@ def match_orders(
             placed.append(Placed(c, record.seq, record.state.value, record.remaining, fills))
             new.append((c, book))
             for f in fills:
-                fill_id = f"{f.device_class}:{f.fill_id}"
-                fill_rows.append(
-                    (
-                        fill_id,
-                        f.device_class,
-                        f.fill_id,
-                        f.bid_id,
-                        f.ask_id,
-                        f.price,
-                        f.quantity,
-                        f.aggressor.value,
-                        f.time,
-                    )
-                )
-                deal_rows.append(
-                    (
-                        fill_id,
-                        f.device_class,
-                        f.bid_id,
-                        f.ask_id,
-                        engine.record(f.bid_id).order.owner,
-                        engine.record(f.ask_id).order.owner,
-                        f.price,
-                        f.quantity,
-                        str(f.price * f.quantity),
-                        c.created_at,
-                        book.quote_hashes.get(f.ask_id, ""),
-                    )
-                )
+                fill_row, deal_row = fill_rows(f, book, c.created_at)
+                fills_out.append(fill_row)
+                deal_rows.append(deal_row)
                 makers[f.maker_id] = book
         results.append(placed)
     order_rows: list[tuple[object, ...]] = []
@@ -116,4 +90,56 @@ def match_orders(
         if maker_id not in new_ids:
             record = book.engine.record(maker_id)
             updates.append((maker_id, record.state.value, record.remaining))
-    return results, Rows(order_rows, updates, fill_rows, deal_rows)
+    return results, Rows(order_rows, updates, fills_out, deal_rows)
+
+
+def fill_rows(
+    f: EngineFill, book: ClassBook, created_at: float
+) -> tuple[tuple[object, ...], tuple[object, ...]]:
+    """Return the fills row and the deals row of one fill of `book`'s engine."""
+    fill_id = f"{f.device_class}:{f.fill_id}"
+    engine = book.engine
+    fill = (
+        fill_id,
+        f.device_class,
+        f.fill_id,
+        f.bid_id,
+        f.ask_id,
+        f.price,
+        f.quantity,
+        f.aggressor.value,
+        f.time,
+    )
+    deal = (
+        fill_id,
+        f.device_class,
+        f.bid_id,
+        f.ask_id,
+        engine.record(f.bid_id).order.owner,
+        engine.record(f.ask_id).order.owner,
+        f.price,
+        f.quantity,
+        str(f.price * f.quantity),
+        created_at,
+        book.quote_hashes.get(f.ask_id, ""),
+    )
+    return fill, deal
+
+
+def rematch_rows(fills: list[EngineFill], book: ClassBook, created_at: float) -> Rows:
+    """Return the rows of fills made by matching `book`'s resting orders again
+    (`MatchingEngine.rematch`): the fills, their deals, and both sides' progress."""
+    fill_list: list[tuple[object, ...]] = []
+    deals: list[tuple[object, ...]] = []
+    touched: dict[str, None] = {}
+    for f in fills:
+        fill_row, deal_row = fill_rows(f, book, created_at)
+        fill_list.append(fill_row)
+        deals.append(deal_row)
+        touched[f.bid_id] = touched[f.ask_id] = None
+    engine = book.engine
+    updates = [
+        (order_id, record.state.value, record.remaining)
+        for order_id, record in ((i, engine.record(i)) for i in touched)
+    ]
+    return Rows([], updates, fill_list, deals)

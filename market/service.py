@@ -430,6 +430,7 @@ class MarketService(MarketReads):
                 raise ReplayError(
                     f"heartbeat timestamp {hb.timestamp} is not after {row.heartbeat_ts}"
                 )
+            back = row is None or row.last_seen < now - self.funds.provider_ttl_s
             values: dict[str, Any] = {
                 "device_class": advert.device_class,
                 "device_kind": advert.device_kind,
@@ -452,7 +453,20 @@ class MarketService(MarketReads):
             session.commit()
             sums = chain_index.provider_clients(session=session, providers=[provider])
         self.changed()
+        if back:  # its asks the gate held back trade now, against the bids resting
+            self.rematch()
         return provider_public(row, sums.get(provider, []), self.settings.reputation_prior)
+
+    def rematch(self) -> int:
+        """Match again the resting orders the match gate held back (a provider back, a client
+        that deposited) and commit their fills; return how many (`Writer.rematch`)."""
+        if not self.guards_funds():
+            return 0
+        fills = self.writer.rematch(self.now(), self.clock())
+        if fills:
+            self.metrics.rematched.inc(fills)
+            self.changed()
+        return fills
 
     def mark_offline(self) -> int:
         """Mark providers silent for longer than the setting offline; return how many."""

@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     run_jobs: bool = True
     expire_every_s: float = Field(1.0, gt=0)
     offline_every_s: float = Field(5.0, gt=0)
+    # How often resting orders the match gate held back are matched again (a funded client)
+    rematch_every_s: float = Field(2.0, gt=0)
     index_every_s: float = Field(2.0, gt=0)
     index_chunk_blocks: int = Field(2_000, gt=0)
     # The escrow's deployment block (nothing before it to index); None: the indexer finds it.

@@ -44,7 +44,7 @@ from market.books import Books, ClassBook
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
 from market.nonces import UsedNonces, nonce_stored
-from market.placement import Placed, match_orders
+from market.placement import Placed, match_orders, rematch_rows
 from market.verify import CheckedOrder
 
 T = TypeVar("T")
@@ -183,6 +183,45 @@ class Writer:
         job = _Call(function, Future())
         self._queue.put(job)
         return job.future.result()  # type: ignore[return-value]  # the future holds a T
+
+    def rematch(self, now: int, created_at: float) -> int:
+        """Match again, class by class, the resting orders the gate held back and commit their
+        fills (`MatchingEngine.rematch`); return how many fills. Without a gate nothing is
+        ever held back, so nothing is done."""
+        if self._gate is None:
+            return 0
+        return self.call(lambda: self._rematch(now, created_at))
+
+    def _rematch(self, now: int, created_at: float) -> int:
+        assert self._gate is not None
+        total = 0
+        for name, book in self._books.items():
+            with book.lock:
+                fills = book.engine.rematch(now, self._gate(now))
+                if not fills:
+                    continue
+                rows = rematch_rows(fills, book, created_at)
+                connection = self._connect()
+                try:
+                    fill_seq = storage.record_placement(
+                        connection=connection,
+                        orders=rows.orders,
+                        updates=rows.updates,
+                        fills=rows.fills,
+                        deals=rows.deals,
+                        last_fill_seq=self._fill_seq,
+                    )
+                    connection.commit()
+                except BaseException:
+                    try:
+                        connection.rollback()
+                    finally:
+                        self._disconnect()
+                        self._books.rebuild([name])
+                    raise
+                self._fill_seq = fill_seq
+                total += len(fills)
+        return total
 
     def nonce_used(self, owner: str, nonce: int) -> bool:
         """Return whether an order or a cancel of `owner` used `nonce` (writer thread only):

@@ -338,6 +338,61 @@ class Book:
         taker.live = True
         return fills
 
+    # -- matching again -----------------------------------------------------------------------
+
+    def crossing(self, now: int) -> list[BookEntry]:
+        """Return the live, unexpired entries priced through the other side's best price, by
+        sequence: the orders a gate held back (or incompatible ones) that may trade now."""
+        bid_prices, ask_prices = self._bid_prices, self._ask_prices
+        if not bid_prices or not ask_prices or bid_prices[-1] < ask_prices[0]:
+            return []
+        best_bid, best_ask = bid_prices[-1], ask_prices[0]
+        found: list[BookEntry] = []
+        for price in ask_prices:
+            if price > best_bid:
+                break
+            found.extend(e for e in self._ask_levels[price].queue if e.live and e.expiry > now)
+        for price in reversed(bid_prices):
+            if price < best_ask:
+                break
+            found.extend(e for e in self._bid_levels[price].queue if e.live and e.expiry > now)
+        found.sort(key=_seq_of)
+        return found
+
+    def rematch(
+        self, entry: BookEntry, now: int, fill_id: int, gate: Gate | None = None
+    ) -> list[Fill]:
+        """Match resting `entry` against the other side as if it arrived at `now` (what held it
+        back, a gate's word on its owner or on its counterparts, may have changed); return the
+        fills numbered from `fill_id`, each at the other order's price. What is left rests
+        where it was in its level's time priority."""
+        if entry.is_bid:
+            levels, prices = self._bid_levels, self._bid_prices
+        else:
+            levels, prices = self._ask_levels, self._ask_prices
+        price = entry.price
+        level = levels[price]
+        level.queue.remove(entry)  # out of the queue for good: it is placed again below
+        level.quantity -= entry.remaining
+        level.count -= 1
+        if level.count == 0:
+            del levels[price]
+            del prices[bisect_left(prices, price)]
+        entry.live = False
+        if entry.is_bid:
+            fills = self.place_bid(entry, now, fill_id, gate)
+        else:
+            fills = self.place_ask(entry, now, fill_id, gate)
+        if entry.live:  # it rests at the back of its level: back to its place by sequence
+            queue = levels[price].queue
+            if len(queue) > 1 and queue[-2].seq > entry.seq:
+                queue.pop()
+                for index, other in enumerate(queue):
+                    if other.seq > entry.seq:
+                        queue.insert(index, entry)
+                        break
+        return fills
+
     # -- resting and removal ------------------------------------------------------------------
 
     def rest(self, entry: BookEntry) -> None:
@@ -408,3 +463,7 @@ class Book:
         return sum(lv.count for lv in self._bid_levels.values()) + sum(
             lv.count for lv in self._ask_levels.values()
         )
+
+
+def _seq_of(entry: BookEntry) -> int:
+    return entry.seq

@@ -16,7 +16,9 @@ Rules:
 
 Because of the constraints the book may hold a bid priced at or above an ask when the two are
 incompatible; the book is *crossed* only if a compatible live pair has `bid.price >= ask.price`,
-which the engine never leaves behind.
+which the engine never leaves behind without a gate. A gate (`market.engine.gate`) may hold a
+compatible pair back (a silent provider, a bid its owner cannot pay for); `rematch` trades such
+pairs once the gate lets them, oldest order first, as if it arrived then.
 """
 
 from __future__ import annotations
@@ -113,6 +115,25 @@ class MatchingEngine:
             heappush(self._expiry_heap, expiry)
         else:
             bucket.append(entry)
+        return fills
+
+    def rematch(self, now: int, gate: Gate | None = None) -> list[Fill]:
+        """Match again the resting orders that cross the other side of their book, oldest
+        first, through `gate`: orders a gate held back (a silent provider's ask, a bid its
+        owner could not pay for) trade once it lets them, with no new order needed. Each
+        trades as if it arrived at `now` (at the other order's price); what is left keeps its
+        place in time priority. Without a gate the engine leaves nothing crossed, so this finds
+        nothing. Return the fills in the order they happened."""
+        fills: list[Fill] = []
+        for book in self._books.values():
+            for entry in book.crossing(now):
+                if not entry.live:  # filled by an earlier one of this pass
+                    continue
+                fill_id = self._next_fill_id
+                more = book.rematch(entry, now, fill_id, gate)
+                if more:
+                    self._next_fill_id = fill_id + len(more)
+                    fills.extend(more)
         return fills
 
     def cancel(self, order_id: str) -> OrderRecord:

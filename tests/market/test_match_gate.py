@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from contracts.chain import Anvil
+from tests.polling import wait_until
 
 from .chain import MIN_WINDOW, ChainWorld, deploy_world
 from .server import market_server
@@ -25,6 +26,7 @@ from .signing import Trader
 
 STAKE = 1_000_000  # the market's default minimum provider stake
 TTL_S = 3  # the market's provider TTL here (`--provider-ttl`)
+REMATCH_S = 2.0  # the market's default `rematch_every_s`
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +137,47 @@ def test_two_bids_when_together_they_outgrow_the_wallet_then_they_fill_only_up_t
     assert (ask["order"]["state"], ask["order"]["remaining"]) == ("partially_filled", 13)
     assert _order(url, first["order_id"])["remaining"] == 3
     assert _order(url, second["order_id"])["remaining"] == 10
-    # Its unopened deal's 700 stays counted: a deposit of 500 pays for 5 more units, not 12.
+    # Its unopened deal's 700 stays counted: a deposit of 500 pays for 5 more units, not 12,
+    # matched again against the resting ask without a new order.
     world.escrow.deposit(client.key, 500)
+
+    def matched() -> bool:
+        _beat(url, provider, name)  # its daemon heartbeats all along
+        return _remaining(url, first, second) == 8
+
+    wait_until(matched, 30, "the funded bids matched again")
     again = _ask(url, provider, name, quantity=20)
-    assert sum(f["quantity"] for f in again["fills"]) == 5
+    assert again["fills"] == []
+    time.sleep(2 * REMATCH_S)
+    assert _remaining(url, first, second) == 8  # and never more than the wallet pays for
+
+
+def _remaining(url: str, *orders: dict[str, Any]) -> int:
+    return sum(int(_order(url, o["order_id"])["remaining"]) for o in orders)
+
+
+def test_bid_when_its_owner_deposits_after_it_rested_then_it_fills_without_a_new_order(
+    world: ChainWorld, url: str
+) -> None:
+    name = "gate-refund"
+    provider = _provider(world, url, name)
+    client = _fresh(world)
+    world.escrow.deposit(client.key, 600)
+    bid = _bid(url, client, name, quantity=6)["order"]
+    world.escrow.withdraw(client.key, 600)
+    ask = _ask(url, provider, name, quantity=6)["order"]
+    time.sleep(2 * REMATCH_S)
+    assert _order(url, bid["order_id"])["remaining"] == 6  # crossed, but it cannot pay
+    world.escrow.deposit(client.key, 600)
+
+    def matched() -> bool:
+        _beat(url, provider, name)  # its daemon heartbeats all along
+        return bool(_order(url, bid["order_id"])["state"] == "filled")
+
+    wait_until(matched, 30, "the bid matched again")
+    assert _order(url, ask["order_id"])["state"] == "filled"
+    book = httpx.get(f"{url}/v1/book/{name}", timeout=10).json()
+    assert book["bids"] == [] and book["asks"] == []  # nothing left crossed
 
 
 def test_ask_when_its_provider_stops_heartbeating_then_it_stops_matching_until_it_beats(
@@ -155,6 +194,8 @@ def test_ask_when_its_provider_stops_heartbeating_then_it_stops_matching_until_i
     silent = _bid(url, client, name, quantity=1)
     assert silent["fills"] == [] and silent["order"]["state"] == "open"
     assert _order(url, ask["order_id"])["remaining"] == 9
-    _beat(url, provider, name)  # the daemon is back
+    _beat(url, provider, name)  # the daemon is back: the bid resting against its ask trades
+    assert _order(url, silent["order"]["order_id"])["state"] == "filled"
+    assert _order(url, ask["order_id"])["remaining"] == 8
     placed = _bid(url, client, name, quantity=1)
     assert [f["ask_id"] for f in placed["fills"]] == [ask["order_id"]]
