@@ -38,7 +38,7 @@ def test_cli_serve_when_flags_given_then_settings_follow(tmp_path: Path) -> None
     assert (pinned.index_from_block, pinned.min_challenge_window) == (42, 90)
 
 
-def test_app_when_jobs_enabled_then_expire_offline_and_index_are_scheduled(
+def test_app_when_jobs_enabled_then_expire_offline_rematch_and_index_are_scheduled(
     tmp_path: Path,
 ) -> None:
     settings = Settings(
@@ -52,7 +52,7 @@ def test_app_when_jobs_enabled_then_expire_offline_and_index_are_scheduled(
     app = create_app(service=service)
     with TestClient(app) as client:
         jobs = {job.id for job in app.state.scheduler.get_jobs()}
-        assert jobs == {"expire", "offline", "index"}
+        assert jobs == {"expire", "offline", "rematch", "index"}
         assert isinstance(app.state.indexer, Indexer)
         page = client.get("/")
         assert page.status_code == 200 and "/static/app.js" in page.text
