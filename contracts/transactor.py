@@ -11,6 +11,7 @@ act on types, not on the text of a message.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +125,17 @@ def classify(exc: Exception) -> ChainError:
     return ChainError(str(exc))
 
 
+STALE_BLOCK_RETRIES = 3
+"""Times a read is asked again when the node answers for a block it has just moved past."""
+
+
+def stale_block(exc: Exception) -> bool:
+    """Return whether the node refused a read because the block it resolved ("latest",
+    "pending") was replaced while it answered: a race of the development node under load
+    (``BlockOutOfRangeError: block height is N but requested was M``), worth asking again."""
+    return "block height is" in str(exc).lower()
+
+
 class Transactor:
     """Sign and send transactions for local keys, tracking nonces per sender."""
 
@@ -222,9 +234,14 @@ class Transactor:
         return typed if typed is not None else classify(exc)
 
     def _call(self, method: Any, *args: Any) -> Any:
-        try:
-            return method(*args)
-        except (ContractCustomError, ContractLogicError, Web3RPCError) as exc:
-            raise self.revert_of(exc) from exc
-        except (requests.RequestException, TimeExhausted, OSError) as exc:
-            raise classify(exc) from exc
+        for attempt in range(STALE_BLOCK_RETRIES + 1):
+            try:
+                return method(*args)
+            except (ContractCustomError, ContractLogicError, Web3RPCError) as exc:
+                if attempt < STALE_BLOCK_RETRIES and stale_block(exc):
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise self.revert_of(exc) from exc
+            except (requests.RequestException, TimeExhausted, OSError) as exc:
+                raise classify(exc) from exc
+        raise AssertionError("unreachable")
