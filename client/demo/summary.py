@@ -73,7 +73,8 @@ def summarize(escrow: Escrow, deals: list[Deal]) -> tuple[Summary, list[list[str
                 state, money, detail = "unsettled", "0", late_or_reason(outcome)
             label = task.label if task is not None else "?"
             rows.append([deal.profile.name, str(outcome.index), label, state, money, detail])
-    total_spent = sum(escrow.get_deal(d.chain_id).vouched for d in deals)
+    ids = [d.chain_id for d in deals]
+    total_spent = sum(escrow.get_deal(i).vouched for i in ids) + finalized_claims(escrow, ids)
     gas = settlement_gas(escrow, [d.chain_id for d in deals])
     summary = Summary(
         tasks_run=run,
@@ -84,6 +85,23 @@ def summarize(escrow: Escrow, deals: list[Deal]) -> tuple[Summary, list[list[str
         gas_per_paid_task=gas // paid if paid else 0,
     )
     return summary, rows
+
+
+def finalized_claims(escrow: Escrow, deal_ids: list[int]) -> int:
+    """Return what the providers' finalized claims took: tasks paid without a voucher (the
+    client's voucher came after the provider's job claimed them)."""
+    w3 = escrow.tx.w3
+    logs = w3.eth.get_logs(
+        {
+            "address": escrow.address,
+            "fromBlock": 0,
+            "toBlock": "latest",
+            "topics": [escrow.event_topic("ClaimFinalized")],
+        }
+    )
+    return sum(
+        int(e.args["amount"]) for e in escrow.decode_events(logs) if e.args["dealId"] in deal_ids
+    )
 
 
 def settlement_gas(escrow: Escrow, deal_ids: list[int]) -> int:

@@ -75,7 +75,48 @@ def build_workload(say: Callable[[str], None]) -> Workload:
     ]
     alpha += [vad_task("alpha", 4, seed, ALPHA.plan) for seed in range(1, 5)]
     beta = [vad_task("beta", clips, 10 + clips, BETA.plan) for clips in (1, 2, 3)]
+    beta.append(
+        Task(
+            "beta",
+            f"a {LATE_STEPS // 1_000_000}M-step loop (seconds of CPU; SLO 1 s)",
+            TaskSpec(KIND_INFERENCE, late_envelope(), BETA.plan.inference_price),
+        )
+    )
     return Workload(tasks={"alpha": alpha, "beta": beta})
+
+
+LATE_STEPS = 500_000_000
+"""Steps of the loop beta cannot finish within its SLO: ~9 s on the 2-core host's CPU, more
+than beta's 1 s SLO plus the client's 2 s of slack on any CPU we know of."""
+
+
+def late_envelope() -> ProgramEnvelope:
+    """Return a CPU program that loops `LATE_STEPS` times (a task no provider delivers in 1 s)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import export
+
+    from client.models.jax_export import producer_versions
+    from contracts.program import encode_arrays
+
+    def loop(n: jax.Array, x: jax.Array) -> jax.Array:
+        def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            i, y = carry
+            return i + 1, jnp.sin(y) + 1.0
+
+        return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
+
+    steps = jax.ShapeDtypeStruct((1,), jnp.int32)  # type: ignore[no-untyped-call]
+    values = jax.ShapeDtypeStruct((4,), jnp.float32)  # type: ignore[no-untyped-call]
+    exported = export.export(jax.jit(loop), platforms=("cpu",))(steps, values)
+    inputs = {"0": np.array([LATE_STEPS], np.int32), "1": np.ones(4, np.float32)}
+    return ProgramEnvelope.create(
+        program=bytes(exported.serialize()),
+        inputs=encode_arrays(inputs),
+        producer=producer_versions(exported.calling_convention_version),
+        platforms=tuple(exported.platforms),
+    )
 
 
 def over_hbm_envelope() -> ProgramEnvelope:
