@@ -60,7 +60,7 @@ system-deps:
 # stay whole): most of their time is spent waiting on anvil, servers and sandboxed workers, not
 # on the CPU. With `make test PYTEST_WORKERS=3` the suite took 10.5 min on a shared 2-core host
 # at a load of ~5 (22.5 min at ~11), against ~21 min serially on a quiet one; 0: one process.
-PYTEST_WORKERS ?= 0
+PYTEST_WORKERS ?= 3
 
 unit: setup system-deps
 	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
