@@ -44,7 +44,7 @@ from market.books import Books, ClassBook
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
 from market.nonces import UsedNonces, nonce_stored
-from market.placement import Placed, match_orders, rematch_rows
+from market.placement import Placed, Rows, match_orders, rematch_rows
 from market.verify import CheckedOrder
 
 T = TypeVar("T")
@@ -203,14 +203,7 @@ class Writer:
                 rows = rematch_rows(fills, book, created_at)
                 connection = self._connect()
                 try:
-                    fill_seq = storage.record_placement(
-                        connection=connection,
-                        orders=rows.orders,
-                        updates=rows.updates,
-                        fills=rows.fills,
-                        deals=rows.deals,
-                        last_fill_seq=self._fill_seq,
-                    )
+                    fill_seq = self._write(connection, rows)
                     connection.commit()
                 except BaseException:
                     try:
@@ -278,6 +271,17 @@ class Writer:
             connection = self._connection = self._db.connect()
         self._used_at = now
         return connection
+
+    def _write(self, connection: Connection, rows: Rows) -> int | None:
+        """Write one group's rows (uncommitted); return the last fill `seq` they use."""
+        return storage.record_placement(
+            connection=connection,
+            orders=rows.orders,
+            updates=rows.updates,
+            fills=rows.fills,
+            deals=rows.deals,
+            last_fill_seq=self._fill_seq,
+        )
 
     def _disconnect(self) -> None:
         """Drop the writer's connection (after a failure, or at the end): the next group opens
@@ -372,14 +376,7 @@ class Writer:
             try:
                 gate = None if self._gate is None else self._gate(live[0].now)
                 results, rows = match_orders([(r.orders, r.now) for r in live], books, gate)
-                fill_seq = storage.record_placement(
-                    connection=connection,
-                    orders=rows.orders,
-                    updates=rows.updates,
-                    fills=rows.fills,
-                    deals=rows.deals,
-                    last_fill_seq=self._fill_seq,
-                )
+                fill_seq = self._write(connection, rows)
                 connection.commit()
                 self._fill_seq = fill_seq
             except IntegrityError:
