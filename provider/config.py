@@ -63,15 +63,19 @@ topology it compiles for (``v5e:1x1`` -> ``compile-v5e``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import tomllib
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from contracts.messages import Plan, address_of
 from contracts.pricing import plan_is_valid
@@ -255,24 +259,24 @@ class ProviderConfig:
         return -(-self.slo_ms // 1000)
 
 
-def _coerce(kind: Any, value: Any, name: str) -> Any:
-    text = str(kind)
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+@functools.cache
+def _hints(config: type) -> dict[str, Any]:
+    """Return the field types of a config dataclass, resolved (this module defers them)."""
+    return typing.get_type_hints(config)
+
+
+def _coerce(config: type, name: str, value: Any) -> Any:
+    """Validate one field of ``config`` (TOML value or environment text) against its type."""
     try:
-        if text in ("int", "<class 'int'>"):
-            return int(value)
-        if text == "int | None":
-            return None if value is None else int(value)
-        if text in ("float", "<class 'float'>"):
-            return float(value)
-        if text in ("bool", "<class 'bool'>"):
-            if isinstance(value, bool):
-                return value
-            return str(value).strip().lower() in ("1", "true", "yes", "on")
-        if "Path" in text:
-            return Path(str(value))
-        return None if value is None else str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}: {exc}") from exc
+        return _adapter(_hints(config)[name]).validate_python(value)
+    except ValidationError as exc:
+        shown = "" if "key" in name else f" (got {str(value)[:60]!r})"
+        raise ConfigError(f"{name}: {exc.errors()[0]['msg']}{shown}") from exc
 
 
 def _plan_from(data: Mapping[str, Any]) -> Plan:
@@ -336,7 +340,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     for required in ("private_key", "rpc_url", "escrow", "data_dir"):
         if required not in raw:
             raise ConfigError(f"config lacks {required} (or {ENV_PREFIX}{required.upper()})")
-    kwargs = {n: _coerce(fields[n].type, v, n) for n, v in raw.items()}
+    kwargs = {n: _coerce(ProviderConfig, n, v) for n, v in raw.items()}
     for retired in sorted(set(settlement_raw) & set(RETIRED_SETTLEMENT_KEYS)):
         settlement_raw.pop(retired)
         log.warning(
@@ -348,7 +352,7 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
     if s_unknown:
         raise ConfigError(f"unknown settlement keys {s_unknown}")
     settlement = SettlementConfig(
-        **{n: _coerce(s_fields[n].type, v, n) for n, v in settlement_raw.items()}
+        **{n: _coerce(SettlementConfig, n, v) for n, v in settlement_raw.items()}
     )
     ask = None
     if ask_raw:
@@ -361,5 +365,5 @@ def load_config(path: Path | None = None, env: Mapping[str, str] | None = None) 
         )
         if a_missing:
             raise ConfigError(f"ask lacks {a_missing}")
-        ask = AskConfig(**{n: _coerce(a_fields[n].type, v, n) for n, v in ask_raw.items()})
+        ask = AskConfig(**{n: _coerce(AskConfig, n, v) for n, v in ask_raw.items()})
     return ProviderConfig(**kwargs, plan=_plan_from(plan_raw), settlement=settlement, ask=ask)

@@ -71,6 +71,40 @@ def test_plan_env_when_valid_then_read() -> None:
     assert config.plan.compile_price == 9
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("TPUMARKET_PROVIDER_POOL_SIZE", "two", "pool_size: Input should be a valid integer"),
+        ("TPUMARKET_PROVIDER_BENCHMARK_ON_START", "maybe", "benchmark_on_start: Input should be"),
+        ("TPUMARKET_PROVIDER_HEARTBEAT_INTERVAL_S", "1e", "heartbeat_interval_s: Input should"),
+        ("TPUMARKET_PROVIDER_SETTLEMENT_CLAIM_BATCH_MAX", "1.5", "claim_batch_max: Input should"),
+        ("TPUMARKET_PROVIDER_PORT", "eighty", "port: Input should be a valid integer"),
+    ],
+)
+def test_env_value_of_the_wrong_type_is_a_one_line_config_error_naming_the_field(
+    variable: str, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, base_env(**{variable: value}))
+    assert message in str(raised.value) and repr(value) in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_env_values_are_validated_by_their_field_types() -> None:
+    config = load_config(
+        None,
+        base_env(
+            TPUMARKET_PROVIDER_POOL_SIZE="3",
+            TPUMARKET_PROVIDER_BENCHMARK_ON_START="false",
+            TPUMARKET_PROVIDER_OUTPUT_MEMORY_BYTES="1000",
+            TPUMARKET_PROVIDER_SETTLEMENT_INTERVAL_S="0.5",
+        ),
+    )
+    assert (config.pool_size, config.benchmark_on_start) == (3, False)
+    assert (config.output_memory_bytes, config.settlement.interval_s) == (1000, 0.5)
+    assert isinstance(config.data_dir, Path)
+
+
 def test_daemon_start_when_logging_everything_then_no_line_holds_the_key(
     chain_world: ChainWorld,
     sandbox: Sandbox,
