@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,8 @@ def compile_contracts(*, use_cache: bool = True) -> dict[str, Artifact]:
     else:
         output = _run_solc(source)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
+        # A name of its own per process: two compiling at once never write one temporary file.
+        tmp = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(output))
         tmp.replace(cached)
     return _artifacts(output)
