@@ -71,6 +71,13 @@ def start_scheduler(service: MarketService, indexer: Indexer | None) -> Backgrou
         **common,
     )
     scheduler.add_job(  # does nothing while the market matches without a gate
+        _guard("bidders", service.refresh_bidders),
+        "interval",
+        seconds=settings.rematch_every_s,
+        id="bidders",
+        **common,
+    )
+    scheduler.add_job(  # does nothing while the market matches without a gate
         _guard("rematch", service.rematch),
         "interval",
         seconds=settings.rematch_every_s,

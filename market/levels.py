@@ -146,3 +146,18 @@ def ask_groups(
 
 def _units(high: Any, low: Any) -> int:
     return int(high) * _HALF + int(low)
+
+
+def bid_owners(
+    *, session: Session, now: int, device_class: str | None = None
+) -> list[tuple[str, int]]:
+    """Return the owners of live bids (in one class, or all) with the lowest price each bids."""
+    where = f"side = 'bid' AND {_LIVE}"
+    params: dict[str, Any] = {"now": now}
+    if device_class is not None:
+        where += " AND device_class = :c"
+        params["c"] = device_class
+    rows = session.connection().execute(
+        text(f"SELECT owner, MIN(price) FROM orders WHERE {where} GROUP BY owner"), params
+    )
+    return [(owner, int(price)) for owner, price in rows]

@@ -104,7 +104,10 @@ class MarketReads:
                     memory=memory,
                     owners=side_owners,
                 )
-                for side, side_owners in (("bid", None), ("ask", owners))
+                for side, side_owners in (
+                    ("bid", self._paying_bidders(session, device_class, now)),
+                    ("ask", owners),
+                )
             )
             terms = levels_sql.book_terms(
                 session=session, device_class=device_class, now=now, limit=presenters.MAX_CHOICES
@@ -112,6 +115,11 @@ class MarketReads:
         return presenters.book_view(
             bids, asks, terms, device_class=device_class, plan=plan, slo_ms=slo_ms, memory=memory
         )
+
+    def _paying_bidders(self, session: Session, device_class: str, now: int) -> set[str] | None:
+        """Return the owners whose bids in `device_class` the book shows, or None (all): a
+        market with a match gate leaves out the bids their owners can no longer pay for."""
+        return None
 
     def _trading_providers(self) -> set[str] | None:
         """Return the providers whose asks can trade now (a recent heartbeat) when the market

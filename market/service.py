@@ -19,16 +19,19 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
 
 from contracts.messages import Domain, Plan, Quote
 from contracts.orders import CancelOrder, Heartbeat, advert_hash, market_domain
 from contracts.orders import digest as fast_digest
 from market import chain_index, database, storage
+from market import levels as levels_sql
 from market.auth import RateLimiter
 from market.books import Books
 from market.checkpoint import Checkpointer
 from market.errors import (
     AuthError,
+    ChainUnavailableError,
     DuplicateOrderError,
     ForbiddenError,
     MarketError,
@@ -68,6 +71,10 @@ INLINE_VERIFY_ORDERS = 32
 verify in ~5 ms; a 500-order batch would hold the loop ~75 ms)."""
 
 
+BIDDERS_PER_PASS = 200
+"""Bid owners whose balance `MarketService.refresh_bidders` reads per pass (chain reads)."""
+
+
 class MarketService(MarketReads):
     """Everything the API does, without HTTP: verify, match, persist, query."""
 
@@ -93,6 +100,7 @@ class MarketService(MarketReads):
             min_challenge_window=self.escrow.min_challenge_window,
         )
         self._attach_lock = threading.Lock()
+        self._bidder_cursor = 0  # where `refresh_bidders` goes on from
         self.funds = FundsGuard(
             read_escrow=self.escrow.read,
             session=self.session,
@@ -456,6 +464,44 @@ class MarketService(MarketReads):
         if back:  # its asks the gate held back trade now, against the bids resting
             self.rematch()
         return provider_public(row, sums.get(provider, []), self.settings.reputation_prior)
+
+    def _paying_bidders(self, session: Session, device_class: str, now: int) -> set[str] | None:
+        """Return the owners of live bids in `device_class` whose last free balance read
+        covers one unit of their lowest bid (unread: shown); None without a gate. Display
+        only: matching reads balances afresh (`market.funds.MatchGate`)."""
+        if not self.guards_funds():
+            return None
+        cached = self.funds.balances.cached
+        return {
+            owner
+            for owner, price in levels_sql.bid_owners(
+                session=session, now=now, device_class=device_class
+            )
+            if (balance := cached(owner)) is None or balance >= price
+        }
+
+    def refresh_bidders(self, limit: int = BIDDERS_PER_PASS) -> int:
+        """Read afresh the free balances of up to `limit` owners of live bids, in turn (what
+        the book's bid levels are filtered by); return how many were read."""
+        if not self.guards_funds():
+            return 0
+        with self.session() as session:
+            owners = sorted(o for o, _ in levels_sql.bid_owners(session=session, now=self.now()))
+        if not owners:
+            return 0
+        start = self._bidder_cursor % len(owners)
+        turn = (owners[start:] + owners[:start])[:limit]
+        self._bidder_cursor = start + len(turn)
+        changed = False
+        for owner in turn:
+            before = self.funds.balances.cached(owner)
+            try:
+                changed |= self.funds.balances.read(owner) != before
+            except ChainUnavailableError:
+                break
+        if changed:
+            self.changed()
+        return len(turn)
 
     def rematch(self) -> int:
         """Match again the resting orders the match gate held back (a provider back, a client

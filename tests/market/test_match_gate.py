@@ -152,6 +152,11 @@ def test_two_bids_when_together_they_outgrow_the_wallet_then_they_fill_only_up_t
     assert _remaining(url, first, second) == 8  # and never more than the wallet pays for
 
 
+def _book(url: str, name: str) -> dict[str, Any]:
+    reply: dict[str, Any] = httpx.get(f"{url}/v1/book/{name}", timeout=10).json()
+    return reply
+
+
 def _remaining(url: str, *orders: dict[str, Any]) -> int:
     return sum(int(_order(url, o["order_id"])["remaining"]) for o in orders)
 
@@ -168,6 +173,9 @@ def test_bid_when_its_owner_deposits_after_it_rested_then_it_fills_without_a_new
     ask = _ask(url, provider, name, quantity=6)["order"]
     time.sleep(2 * REMATCH_S)
     assert _order(url, bid["order_id"])["remaining"] == 6  # crossed, but it cannot pay
+    # The book shows only bids their owners can pay for: this one leaves it once its owner's
+    # balance is read again (every rematch_every_s), and comes back with the deposit.
+    wait_until(lambda: _book(url, name)["bids"] == [], 30, "the unpaid bid out of the book")
     world.escrow.deposit(client.key, 600)
 
     def matched() -> bool:
@@ -176,7 +184,7 @@ def test_bid_when_its_owner_deposits_after_it_rested_then_it_fills_without_a_new
 
     wait_until(matched, 30, "the bid matched again")
     assert _order(url, ask["order_id"])["state"] == "filled"
-    book = httpx.get(f"{url}/v1/book/{name}", timeout=10).json()
+    book = _book(url, name)
     assert book["bids"] == [] and book["asks"] == []  # nothing left crossed
 
 

@@ -52,7 +52,7 @@ def test_app_when_jobs_enabled_then_expire_offline_rematch_and_index_are_schedul
     app = create_app(service=service)
     with TestClient(app) as client:
         jobs = {job.id for job in app.state.scheduler.get_jobs()}
-        assert jobs == {"expire", "offline", "rematch", "index"}
+        assert jobs == {"expire", "offline", "bidders", "rematch", "index"}
         assert isinstance(app.state.indexer, Indexer)
         page = client.get("/")
         assert page.status_code == 200 and "/static/app.js" in page.text
