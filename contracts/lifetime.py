@@ -26,4 +26,4 @@ def dies_with_parent(args: Sequence[str], *, long_lived_thread: bool = False) ->
     on_main = threading.current_thread() is threading.main_thread()
     if setpriv is None or not (on_main or long_lived_thread):
         return list(args)
-    return [setpriv, "--pdeathsig", "KILL", *args]
+    return [setpriv, "--pdeathsig", "KILL", "--", *args]

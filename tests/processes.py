@@ -31,7 +31,6 @@ import atexit
 import contextlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from contracts.lifetime import dies_with_parent
+
 RUN_ENV = "TESTS_RUN_ID"
 """The environment variable that names the test runs a process belongs to: ``outer:inner``
 when a test starts a pytest of its own, so that the outer run's sweep reaches the inner's."""
@@ -52,10 +53,6 @@ STOP_GRACE_S = 10.0
 """Default seconds between SIGTERM and SIGKILL."""
 SWEEP_GRACE_S = 10.0
 
-# util-linux's setpriv arms the parent-death signal, then execs the command. (A preexec_fn calling
-# prctl would run Python code in the forked child: it forces fork() instead of vfork(), which in
-# a process with threads, JAX's, risks a deadlock in the child, and JAX warns of it.)
-_SETPRIV = shutil.which("setpriv")
 _lock = threading.Lock()
 _children: dict[int, subprocess.Popen[Any]] = {}
 _watchdog: subprocess.Popen[bytes] | None = None
@@ -87,8 +84,7 @@ def spawn(args: Sequence[str | os.PathLike[str]], **options: Any) -> subprocess.
     if runs is not None and options.get("env") is not None:
         options["env"] = {RUN_ENV: runs, **options["env"]}
     command = list(args)
-    if _SETPRIV is not None and threading.current_thread() is threading.main_thread():
-        command = [_SETPRIV, "--pdeathsig", "KILL", "--", *command]  # exec'd: same pid
+    command = dies_with_parent(command)  # exec'd: same pid
     process: subprocess.Popen[Any] = subprocess.Popen(command, start_new_session=True, **options)
     with _lock:
         for pid in [pid for pid, child in _children.items() if child.poll() is not None]:
