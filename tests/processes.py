@@ -83,8 +83,7 @@ def spawn(args: Sequence[str | os.PathLike[str]], **options: Any) -> subprocess.
     runs = os.environ.get(RUN_ENV)
     if runs is not None and options.get("env") is not None:
         options["env"] = {RUN_ENV: runs, **options["env"]}
-    command = list(args)
-    command = dies_with_parent(command)  # exec'd: same pid
+    command = dies_with_parent([os.fspath(arg) for arg in args])  # exec'd: same pid
     process: subprocess.Popen[Any] = subprocess.Popen(command, start_new_session=True, **options)
     with _lock:
         for pid in [pid for pid, child in _children.items() if child.poll() is not None]:

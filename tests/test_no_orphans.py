@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.lifetime import dies_with_parent
 from tests import processes
-from tests.polling import wait_until
+from tests.polling import poll_until, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = "NO_ORPHANS_PROBE"
@@ -96,6 +97,19 @@ def _start_time(pid: int) -> int | None:
         return None
     fields = text[text.rindex(")") + 2 :].split()
     return None if fields[0] in "ZX" else int(fields[19])
+
+
+def _described(pid: int) -> str:
+    """Return what /proc says of ``pid`` (its state, parent, signals and command)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError as gone:
+        return f"pid {pid}: {gone}"
+    wanted = ("State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigCgt")
+    return f"pid {pid} ({command}): " + "; ".join(
+        line for line in status if line.split(":")[0] in wanted
+    )
 
 
 def _survivors(probe: str, recorded: list[list[int | str]]) -> list[str]:
@@ -212,11 +226,46 @@ def test_spawned_child_when_its_parent_is_killed_then_dies_too(tmp_path: Path) -
     try:
         wait_until(lambda: pid_file.exists() and bool(pid_file.read_text()), 60, "the child")
         child = int(pid_file.read_text())
-        assert _start_time(child) is not None
+        start = _start_time(child)
+        assert start is not None
         processes.kill(parent)  # SIGKILL: the parent runs no cleanup of any kind
-        wait_until(lambda: _start_time(child) is None, 30, "the child's death")
+        if not poll_until(lambda: _start_time(child) != start, 30):
+            raise AssertionError(f"the child outlived its parent by 30 s: {_described(child)}")
     finally:
         processes.stop(parent)
+
+
+def test_spawned_child_when_its_parent_dies_at_once_then_dies_too(tmp_path: Path) -> None:
+    """The parent exits the moment its child is started, before the child can have armed its
+    parent-death signal: the child finds itself adopted and kills itself."""
+    pids = []
+    for attempt in range(10):
+        pid_file = tmp_path / f"child-{attempt}"
+        parent = processes.spawn(
+            [
+                sys.executable,
+                "-c",
+                "import os, pathlib; from tests import processes; "
+                "child = processes.spawn(['sleep', '1000']); "
+                f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); "
+                "os._exit(0)",
+            ],
+            cwd=ROOT,
+        )
+        assert parent.wait(60) == 0
+        pids.append(int(pid_file.read_text()))
+    wait_until(lambda: all(_start_time(pid) is None for pid in pids), 30, "every child's death")
+
+
+def test_dies_with_parent_when_the_parent_is_not_the_expected_one_then_the_command_never_runs(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "ran"
+    command = dies_with_parent(["touch", str(marker)], parent=1)
+    assert subprocess.run(command, timeout=30).returncode == -signal.SIGKILL
+    assert not marker.exists()
+    assert subprocess.run(dies_with_parent(["touch", str(marker)]), timeout=30).returncode == 0
+    assert marker.exists()
 
 
 def test_find_when_a_run_is_nested_then_both_runs_reach_its_processes(tmp_path: Path) -> None:
