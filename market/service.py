@@ -18,29 +18,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from contracts.messages import Domain, Plan, Quote
 from contracts.orders import CancelOrder, Heartbeat, advert_hash, market_domain
 from contracts.orders import digest as fast_digest
-from market import chain_index, database, storage
-from market import levels as levels_sql
+from market import book_writes, chain_index, database, storage
 from market.auth import RateLimiter
+from market.bidders import BIDDERS_PER_PASS, PayingBidders
 from market.books import Books
 from market.checkpoint import Checkpointer
 from market.errors import (
     AuthError,
-    ChainUnavailableError,
     DuplicateOrderError,
     ForbiddenError,
     MarketError,
     NotFoundError,
-    OrderStateError,
     PayloadTooLargeError,
     ReplayError,
     SignatureExpiredError,
-    UnknownOrderError,
 )
 from market.escrow_reader import EscrowReader
 from market.funds import FundsGuard, Reservation
@@ -49,7 +45,6 @@ from market.models import (
     CancelCreate,
     DealPublic,
     HeartbeatCreate,
-    Order,
     OrderCreate,
     OrderPublic,
     PlaceResult,
@@ -69,10 +64,6 @@ from market.writer import Writer
 INLINE_VERIFY_ORDERS = 32
 """Requests with more orders are verified in a worker thread, off the event loop (32 orders
 verify in ~5 ms; a 500-order batch would hold the loop ~75 ms)."""
-
-
-BIDDERS_PER_PASS = 200
-"""Bid owners whose balance `MarketService.refresh_bidders` reads per pass (chain reads)."""
 
 
 class MarketService(MarketReads):
@@ -100,7 +91,6 @@ class MarketService(MarketReads):
             min_challenge_window=self.escrow.min_challenge_window,
         )
         self._attach_lock = threading.Lock()
-        self._bidder_cursor = 0  # where `refresh_bidders` goes on from
         self.funds = FundsGuard(
             read_escrow=self.escrow.read,
             session=self.session,
@@ -111,6 +101,9 @@ class MarketService(MarketReads):
             unopened_deal_hold_s=settings.unopened_deal_hold_s,
             cache_s=settings.funds_cache_s,
             provider_ttl_s=settings.provider_offline_after_s,
+        )
+        self.bidders = PayingBidders(
+            self.funds, session=self.session, now=self.now, changed=self.changed
         )
         self.db = database.make_engine(
             url=database.database_url(data_dir=settings.data_dir, url=settings.database_url)
@@ -333,82 +326,22 @@ class MarketService(MarketReads):
             raise AuthError(f"cancel signed by {signer}, not by {owner}")
         self.address_limiter.take(owner)
         order_id = cancel_in.order_id.lower()
-        row = self.writer.call(lambda: self._cancel(order_id, owner, cancel_in.nonce))
+        row = self.writer.call(
+            lambda: book_writes.cancel(
+                self.books, self.writer, self.session, order_id, owner, cancel_in.nonce
+            )
+        )
         self.changed()
         return order_public(row)
 
-    def _cancel(self, order_id: str, owner: str, nonce: int) -> Order:
-        """Cancel in the writer thread: claim the nonce, change the engine, commit."""
-        book = next((b for _, b in self.books.items() if order_id in b.engine), None)
-        if book is None:
-            with self.session() as session:
-                stored = storage.get_order(session=session, order_id=order_id)
-            if stored is None:
-                raise UnknownOrderError(order_id)
-            # Past its expiry, so no longer in the engine: filled, cancelled or expired.
-            raise OrderStateError(order_id, stored.state, "cancelled")
-        with book.lock, self.session() as session:
-            record = book.engine.record(order_id)
-            if record.order.owner != owner:
-                raise ForbiddenError(f"order {order_id} belongs to {record.order.owner}")
-            connection = session.connection()
-            replay = ReplayError(f"nonce {nonce} of {owner} was used before")
-            if self.writer.nonce_used(owner, nonce):  # this runs in the writer thread
-                raise replay
-            try:
-                storage.use_nonces(connection=connection, pairs=[(owner, nonce)])
-            except IntegrityError:
-                session.rollback()
-                raise replay from None
-            final = book.engine.cancel(order_id)  # may raise OrderStateError: nothing written
-            try:
-                storage.record_progress(
-                    connection=connection,
-                    updates=[(order_id, final.state.value, final.remaining)],
-                )
-                session.commit()
-            except BaseException:
-                session.rollback()
-                self.books.rebuild([record.order.device_class])
-                raise
-            self.writer.claim_nonces([(owner, nonce)])
-            row = storage.get_order(session=session, order_id=order_id)
-        assert row is not None
-        return row
-
     def expire_orders(self) -> int:
         """Expire every live order past its expiry, in every class; return how many."""
-        total = self.writer.call(self._expire)
+        total = self.writer.call(
+            lambda: book_writes.expire(self.books, self.session, self.now(), self.metrics)
+        )
         if total:
             self.metrics.expired.inc(total)
             self.changed()
-        return total
-
-    def _expire(self) -> int:
-        now = self.now()
-        total = 0
-        for name, book in self.books.items():
-            with book.lock:
-                remembered = len(book.engine)
-                expired = book.engine.expire(now)
-                if len(book.engine) < remembered:  # it forgot orders: so do the quote hashes
-                    engine = book.engine
-                    book.quote_hashes = {i: h for i, h in book.quote_hashes.items() if i in engine}
-                self.metrics.set_live(name, book.engine)  # here, not on the placement path
-                if not expired:
-                    continue
-                with self.session() as session:
-                    try:
-                        storage.record_progress(
-                            connection=session.connection(),
-                            updates=[(r.order_id, r.state.value, r.remaining) for r in expired],
-                        )
-                        session.commit()
-                    except BaseException:
-                        session.rollback()
-                        self.books.rebuild([name])
-                        raise
-            total += len(expired)
         return total
 
     # -- providers ------------------------------------------------------------------------------
@@ -466,42 +399,12 @@ class MarketService(MarketReads):
         return provider_public(row, sums.get(provider, []), self.settings.reputation_prior)
 
     def _paying_bidders(self, session: Session, device_class: str, now: int) -> set[str] | None:
-        """Return the owners of live bids in `device_class` whose last free balance read
-        covers one unit of their lowest bid (unread: shown); None without a gate. Display
-        only: matching reads balances afresh (`market.funds.MatchGate`)."""
-        if not self.guards_funds():
-            return None
-        cached = self.funds.balances.cached
-        return {
-            owner
-            for owner, price in levels_sql.bid_owners(
-                session=session, now=now, device_class=device_class
-            )
-            if (balance := cached(owner)) is None or balance >= price
-        }
+        """Return the owners whose bids the book shows (`market.bidders`); None without a gate."""
+        return self.bidders.owners(session, device_class, now) if self.guards_funds() else None
 
     def refresh_bidders(self, limit: int = BIDDERS_PER_PASS) -> int:
-        """Read afresh the free balances of up to `limit` owners of live bids, in turn (what
-        the book's bid levels are filtered by); return how many were read."""
-        if not self.guards_funds():
-            return 0
-        with self.session() as session:
-            owners = sorted(o for o, _ in levels_sql.bid_owners(session=session, now=self.now()))
-        if not owners:
-            return 0
-        start = self._bidder_cursor % len(owners)
-        turn = (owners[start:] + owners[:start])[:limit]
-        self._bidder_cursor = start + len(turn)
-        changed = False
-        for owner in turn:
-            before = self.funds.balances.cached(owner)
-            try:
-                changed |= self.funds.balances.read(owner) != before
-            except ChainUnavailableError:
-                break
-        if changed:
-            self.changed()
-        return len(turn)
+        """Read afresh the balances of up to `limit` owners of live bids (`market.bidders`)."""
+        return self.bidders.refresh(limit) if self.guards_funds() else 0
 
     def rematch(self) -> int:
         """Match again the resting orders the match gate held back (a provider back, a client
