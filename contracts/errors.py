@@ -31,6 +31,16 @@ class TransactionRevertedError(ChainError):
     """A mined transaction reverted (estimation passed, execution did not)."""
 
 
+class CallRevertedError(ChainError):
+    """A call or gas estimate reverted with no custom error the contracts declare (a bare
+    revert, a reason string, a panic); nothing was sent."""
+
+
+class StaleBlockError(ChainError):
+    """The node kept answering for a block it does not have (pruned, or past a lagging head),
+    though asked again."""
+
+
 class SignatureError(EscrowError, ValueError):
     """A signature is malformed or was not made by the expected signer."""
 

@@ -3,9 +3,12 @@
 Every transaction is estimated first (so a revert surfaces as the typed exception named after
 the contract's custom error), signed locally with EIP-1559 fees (a real priority fee: the
 chain's suggestion, and a cap of twice the base fee above it) and sent raw with nonces tracked
-per sender. What the node answers is classified once, here: a fee below the base fee, a nonce
-already used, a revert, a timeout — each its own `ChainError` subclass, so callers and retries
-act on types, not on the text of a message.
+per sender. Every request the transactor makes to the node (chain id, fee and nonce reads, gas
+estimates, calls, sends, receipt polls) goes through one gate, `Transactor._request`: an answer
+for a block the node does not have is asked again a few times with a short backoff, then
+raised as `StaleBlockError`; any other failure is classified once, here: a fee below the base
+fee, a nonce already used, a revert, a timeout — each its own `EscrowError` subclass, so
+callers and retries act on types, not on the text of a message.
 """
 
 from __future__ import annotations
@@ -21,15 +24,29 @@ from eth_account import Account
 from eth_utils.abi import function_abi_to_4byte_selector
 from eth_utils.address import to_checksum_address
 from web3 import Web3
-from web3.exceptions import ContractCustomError, ContractLogicError, TimeExhausted, Web3RPCError
+from web3.exceptions import (
+    BadFunctionCallOutput,
+    BadResponseFormat,
+    ContractLogicError,
+    ProviderConnectionError,
+    RequestTimedOut,
+    TimeExhausted,
+    TooManyRequests,
+    TransactionIndexingInProgress,
+    TransactionNotFound,
+    Web3RPCError,
+)
+from web3.types import BlockIdentifier
 
 from contracts.errors import (
+    CallRevertedError,
     ChainError,
     ChainTimeoutError,
     ContractRevert,
     EscrowError,
     FeeTooLowError,
     NonceTooLowError,
+    StaleBlockError,
     TransactionRevertedError,
 )
 from contracts.reverts import REVERTS
@@ -37,6 +54,12 @@ from contracts.reverts import REVERTS
 GAS_MARGIN = 1.2
 RECEIPT_TIMEOUT_S = 60.0
 """How long a sent transaction may take to be mined before `ChainTimeoutError`."""
+RECEIPT_POLL_S = 0.01
+"""Pause between two receipt polls (the local node mines on arrival)."""
+STALE_BLOCK_RETRIES = 3
+"""Times a request is asked again when the node answers for a block it does not have."""
+STALE_BLOCK_BACKOFF_S = 0.05
+"""The pause before the first such retry; the n-th waits n times as long."""
 
 
 @dataclass(frozen=True)
@@ -106,47 +129,83 @@ def plain(kind: str, value: Any) -> Any:
     return value
 
 
+def rpc_error(exc: Exception) -> tuple[int | None, str]:
+    """Return the JSON-RPC error code and message the node answered with, read from the reply
+    web3 keeps; (None, the exception's text) when there is no such reply."""
+    reply = getattr(exc, "rpc_response", None)
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(error, dict):
+        code = error.get("code")
+        return (code if isinstance(code, int) else None), str(error.get("message", ""))
+    return None, str(exc)
+
+
+TX_REJECTED_CODES = frozenset({-32000, -32003})
+"""JSON-RPC codes a node gives a transaction it refuses: -32003 (EIP-1474 "transaction
+rejected", anvil) and -32000 (geth's generic server error)."""
+
+
 def classify(exc: Exception) -> ChainError:
     """Return the typed chain error for what a node or the transport raised."""
     if isinstance(exc, ChainError):
         return exc
-    if isinstance(exc, TimeExhausted | requests.Timeout | TimeoutError):
+    if isinstance(exc, TimeExhausted | RequestTimedOut | requests.Timeout | TimeoutError):
         return ChainTimeoutError(f"the chain did not answer in time: {exc}")
-    message = str(exc).lower()
-    if isinstance(exc, Web3RPCError):
-        # JSON-RPC gives one generic code (-32000/-32003) to every rejection: the node's
-        # message is the only discriminant it offers, so it is read in this one place.
-        if "base fee" in message or "fee cap" in message or "underpriced" in message:
-            return FeeTooLowError(f"fee below what the chain accepts: {exc}")
-        if "nonce too low" in message or "nonce has already been used" in message:
-            return NonceTooLowError(f"nonce already used: {exc}")
+    if isinstance(exc, ContractLogicError):  # web3's type for a revert answer (code 3, data)
+        return CallRevertedError(f"reverted with no custom error the contracts declare: {exc}")
+    code, message = rpc_error(exc)
+    if stale_block(exc):
+        return StaleBlockError(f"the node has no state for the block asked for: {message}")
+    if isinstance(exc, Web3RPCError) and (code is None or code in TX_REJECTED_CODES):
+        # Every refusal of a transaction shares these codes: the node's message (the reply's
+        # own field, not the exception's text) is the only discriminant it offers, read here.
+        lowered = message.lower()
+        if "base fee" in lowered or "fee cap" in lowered or "underpriced" in lowered:
+            return FeeTooLowError(f"fee below what the chain accepts: {message}")
+        if "nonce too low" in lowered or "nonce has already been used" in lowered:
+            return NonceTooLowError(f"nonce already used: {message}")
     if isinstance(exc, requests.ConnectionError | ConnectionError):
         return ChainError(f"the chain cannot be reached: {exc}")
     return ChainError(str(exc))
 
 
-STALE_BLOCK_RETRIES = 3
-"""Times a read is asked again when the node answers for a block it has just moved past."""
-
-
 def stale_block(exc: Exception) -> bool:
-    """Return whether the node refused a read because the block it resolved ("latest",
-    "pending") was replaced while it answered: a race of the development node under load
-    (``BlockOutOfRangeError: block height is N but requested was M``), worth asking again."""
-    return "block height is" in str(exc).lower()
+    """Return whether the node refused a request for a block it does not have: pruned from its
+    history, or past its head when it lags, or replaced while it answered ("latest" under
+    load). anvil names it: ``BlockOutOfRangeError: block height is N but requested was M``."""
+    message = rpc_error(exc)[1]
+    return "BlockOutOfRangeError" in message or "block height is" in message.lower()
+
+
+_FAILURES = (
+    Web3RPCError,
+    ContractLogicError,
+    TimeExhausted,
+    BadFunctionCallOutput,
+    BadResponseFormat,
+    ProviderConnectionError,
+    TooManyRequests,
+    requests.RequestException,
+    OSError,
+)
+"""What a request to the node raises when the node or the transport fails (not a misuse of the
+library, which is left to propagate)."""
 
 
 class Transactor:
     """Sign and send transactions for local keys, tracking nonces per sender."""
 
-    def __init__(self, w3: Web3, decoder: ErrorDecoder) -> None:
+    def __init__(
+        self, w3: Web3, decoder: ErrorDecoder, *, receipt_timeout_s: float = RECEIPT_TIMEOUT_S
+    ) -> None:
         self.w3 = w3
         self._decoder = decoder
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
         self._addresses: dict[str, str] = {}
         self._fees: tuple[int, int] | None = None
-        self.chain_id = w3.eth.chain_id
+        self.receipt_timeout_s = receipt_timeout_s
+        self.chain_id = int(self._request("reading the chain id", lambda: w3.eth.chain_id))
 
     def send(self, key: str, to: str | None, data: bytes | str, gas: int | None = None) -> Any:
         """Send a transaction, wait for its receipt and return it; raise the typed error."""
@@ -156,16 +215,12 @@ class Transactor:
             tx["to"] = to
         with self._lock:
             if gas is None:
-                gas = int(self._call(self.w3.eth.estimate_gas, tx, "pending") * GAS_MARGIN)
+                estimate = self._request("estimating gas", self.w3.eth.estimate_gas, tx, "pending")
+                gas = int(estimate * GAS_MARGIN)
             del tx["from"]
             tx.update(gas=gas, chainId=self.chain_id)
             tx_hash = self._send_raw(key, sender, tx)
-        try:
-            receipt = self.w3.eth.wait_for_transaction_receipt(
-                tx_hash, timeout=RECEIPT_TIMEOUT_S, poll_latency=0.01
-            )
-        except Exception as exc:
-            raise classify(exc) from exc
+        receipt = self._wait_for_receipt(tx_hash)
         if receipt["status"] != 1:
             raise TransactionRevertedError(
                 f"transaction {tx_hash.to_0x_hex()} reverted (gas limit {gas})"
@@ -175,14 +230,15 @@ class Transactor:
     def fees(self, *, refresh: bool = False) -> tuple[int, int]:
         """Return (maxFeePerGas, maxPriorityFeePerGas), cached until a refresh is asked.
 
-        The tip is the node's suggestion; the cap leaves room for the base fee to double.
+        The tip is the node's suggestion (eth_maxPriorityFeePerGas, or its fee history where
+        the node lacks that method); the cap leaves room for the base fee to double.
         """
         if self._fees is None or refresh:
-            try:
-                base_fee = int(self.w3.eth.get_block("pending").get("baseFeePerGas", 0))
-                tip = int(self.w3.eth.max_priority_fee)
-            except Exception as exc:
-                raise classify(exc) from exc
+            block = self._request("reading the base fee", self.w3.eth.get_block, "pending")
+            base_fee = int(block.get("baseFeePerGas", 0))
+            tip = int(
+                self._request("reading the priority fee", lambda: self.w3.eth.max_priority_fee)
+            )
             self._fees = (base_fee * 2 + tip, tip)
         return self._fees
 
@@ -192,24 +248,52 @@ class Transactor:
         for attempt in (0, 1):
             nonce = self._nonces.get(sender)
             if nonce is None:
-                nonce = self.w3.eth.get_transaction_count(sender, "pending")  # type: ignore[arg-type]
+                nonce = int(
+                    self._request(
+                        "reading the nonce", self.w3.eth.get_transaction_count, sender, "pending"
+                    )
+                )
             max_fee, tip = self.fees(refresh=refresh_fees)
             tx.update(nonce=nonce, maxFeePerGas=max_fee, maxPriorityFeePerGas=tip)
             signed = Account.sign_transaction(tx, key)
             try:
-                tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-            except Exception as exc:
-                error = classify(exc)
+                tx_hash = self._request(
+                    "sending the transaction",
+                    self.w3.eth.send_raw_transaction,
+                    signed.raw_transaction,
+                )
+            except EscrowError as error:
                 self._nonces.pop(sender, None)
                 if attempt == 0 and isinstance(error, FeeTooLowError):
                     refresh_fees = True
                     continue
                 if attempt == 0 and isinstance(error, NonceTooLowError):
                     continue
-                raise error from exc
+                raise
             self._nonces[sender] = nonce + 1
             return tx_hash
         raise AssertionError("unreachable")
+
+    def _wait_for_receipt(self, tx_hash: Any) -> Any:
+        """Poll for the receipt of a sent transaction until `receipt_timeout_s` has passed."""
+        what = f"waiting for the receipt of {tx_hash.to_0x_hex()}"
+        deadline = time.monotonic() + self.receipt_timeout_s
+        while True:
+            receipt = self._request(what, self._receipt_or_none, tx_hash)
+            if receipt is not None:
+                return receipt
+            if time.monotonic() >= deadline:
+                raise ChainTimeoutError(
+                    f"transaction {tx_hash.to_0x_hex()} was not mined within "
+                    f"{self.receipt_timeout_s}s"
+                )
+            time.sleep(RECEIPT_POLL_S)  # the node pushes nothing over HTTP: poll it
+
+    def _receipt_or_none(self, tx_hash: Any) -> Any:
+        try:
+            return self.w3.eth.get_transaction_receipt(tx_hash)
+        except (TransactionNotFound, TransactionIndexingInProgress):
+            return None
 
     def address_of(self, key: str) -> str:
         """Return the address of a private key (cached)."""
@@ -223,9 +307,9 @@ class Transactor:
         with self._lock:
             self._nonces.clear()
 
-    def call(self, fn: Any) -> Any:
-        """Run a view call, raising the typed revert on failure."""
-        return self._call(fn.call)
+    def call(self, fn: Any, block: BlockIdentifier = "latest") -> Any:
+        """Run a view call at `block`, raising the typed revert on failure."""
+        return self._request("calling", fn.call, block_identifier=block)
 
     def revert_of(self, exc: Exception) -> EscrowError:
         """Return the typed revert carried by `exc`, or its classified chain error."""
@@ -233,15 +317,20 @@ class Transactor:
         typed = self._decoder.decode(data if isinstance(data, str | bytes) else None)
         return typed if typed is not None else classify(exc)
 
-    def _call(self, method: Any, *args: Any) -> Any:
+    def _request(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """Make one request to the node; ask again while it answers for a block it does not
+        have (at most `STALE_BLOCK_RETRIES` times, backing off), and raise what fails typed."""
         for attempt in range(STALE_BLOCK_RETRIES + 1):
             try:
-                return method(*args)
-            except (ContractCustomError, ContractLogicError, Web3RPCError) as exc:
-                if attempt < STALE_BLOCK_RETRIES and stale_block(exc):
-                    time.sleep(0.05 * (attempt + 1))
+                return method(*args, **kwargs)
+            except _FAILURES as exc:
+                if not stale_block(exc):
+                    raise self.revert_of(exc) from exc
+                if attempt < STALE_BLOCK_RETRIES:
+                    time.sleep(STALE_BLOCK_BACKOFF_S * (attempt + 1))
                     continue
-                raise self.revert_of(exc) from exc
-            except (requests.RequestException, TimeExhausted, OSError) as exc:
-                raise classify(exc) from exc
+                raise StaleBlockError(
+                    f"{what}: the node answered {attempt + 1} times for a block it does not "
+                    f"have: {rpc_error(exc)[1]}"
+                ) from exc
         raise AssertionError("unreachable")

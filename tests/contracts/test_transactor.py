@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import http.server
-import json
 import socket
-import threading
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from contracts.binding import TASK_NONE, Chain, connect
 from contracts.chain import rpc
-from contracts.errors import ChainError, ChainTimeoutError, FeeTooLowError, NonceTooLowError
-from contracts.reverts import EscrowDealNotFound, EscrowTaskIndexTooLarge
-from contracts.transactor import classify
+from contracts.errors import (
+    CallRevertedError,
+    ChainError,
+    ChainTimeoutError,
+    FeeTooLowError,
+    NonceTooLowError,
+    TransactionRevertedError,
+)
+from contracts.reverts import EscrowDealNotFound, EscrowInsufficientBalance, EscrowTaskIndexTooLarge
+from contracts.transactor import classify, rpc_error
 from tests.contracts.conftest import World
 
 
@@ -113,72 +116,34 @@ def test_node_rejections_are_classified_by_kind(world: World) -> None:
     too_cheap = dict(base, nonce=nonce, maxFeePerGas=1, maxPriorityFeePerGas=0)
     with pytest.raises(Exception) as caught:
         w3.eth.send_raw_transaction(Account.sign_transaction(too_cheap, key).raw_transaction)
-    assert isinstance(classify(caught.value), FeeTooLowError)
+    assert rpc_error(caught.value)[0] == -32003  # the code every refusal shares
+    fee_error = classify(caught.value)
+    assert isinstance(fee_error, FeeTooLowError)
+    assert str(fee_error) == "fee below what the chain accepts: " + rpc_error(caught.value)[1]
     max_fee, tip = world.chain.tx.fees(refresh=True)
     world.escrow.deposit(key, 1)
     stale = dict(base, nonce=nonce, maxFeePerGas=max_fee, maxPriorityFeePerGas=tip)
     with pytest.raises(Exception) as caught:
         w3.eth.send_raw_transaction(Account.sign_transaction(stale, key).raw_transaction)
-    assert isinstance(classify(caught.value), NonceTooLowError)
+    nonce_error = classify(caught.value)
+    assert isinstance(nonce_error, NonceTooLowError)
+    assert str(nonce_error) == "nonce already used: nonce too low"
 
 
-class _StaleBlockProxy:
-    """A JSON-RPC proxy in front of the real node that answers the first `stale` eth_calls with
-    the development node's stale-block race, and forwards everything else."""
-
-    def __init__(self, upstream: str, stale: int) -> None:
-        self.upstream, self.stale, self.calls = upstream, stale, 0
-        proxy = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = json.loads(body)
-                if isinstance(request, dict) and request.get("method") == "eth_call":
-                    proxy.calls += 1
-                    if proxy.calls <= proxy.stale:
-                        error = {"code": -32000, "message": "BlockOutOfRangeError: block height "
-                                 "is 16 but requested was 15"}  # fmt: skip
-                        answer = json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": error})
-                        return self._send(answer.encode())
-                forwarded = urllib.request.Request(
-                    proxy.upstream, body, {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(forwarded, timeout=10) as reply:
-                    self._send(reply.read())
-
-            def _send(self, data: bytes) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def test_a_read_the_node_refuses_for_a_block_it_just_moved_past_is_asked_again(
-    world: World,
-) -> None:
-    client = world.addr(world.clients[0])
-    expected = world.escrow.balance_of(client)
-    proxy = _StaleBlockProxy(world.anvil.url, stale=2)
-    try:
-        escrow = Chain(proxy.url).escrow(world.escrow.address)
-        assert escrow.balance_of(client) == expected
-        assert proxy.calls == 3  # two stale answers, then the real one
-        proxy.calls, proxy.stale = 0, 100  # a node that never gets past it: a typed error
-        with pytest.raises(ChainError, match="block height is"):
-            escrow.balance_of(client)
-        assert proxy.calls == 4  # asked again three times, not forever
-    finally:
-        proxy.close()
+def test_reverts_are_typed_when_estimated_and_when_mined(world: World) -> None:
+    w3, tx, escrow = world.chain.w3, world.chain.tx, world.escrow
+    key = world.clients[0]
+    sender = world.addr(key)
+    data = escrow.contract.encode_abi("withdraw", args=[10**30])
+    nonce = w3.eth.get_transaction_count(sender)  # type: ignore[arg-type]
+    with pytest.raises(EscrowInsufficientBalance):  # estimated: the contract's error, unsent
+        tx.send(key, escrow.address, data)
+    assert w3.eth.get_transaction_count(sender) == nonce  # type: ignore[arg-type]
+    with pytest.raises(CallRevertedError, match=r"^reverted with no custom error"):
+        tx.send(key, escrow.address, "0xdeadbeef")  # no such function: a bare revert
+    with pytest.raises(
+        TransactionRevertedError, match=r"^transaction 0x[0-9a-f]{64} reverted \(gas limit 90000\)$"
+    ):
+        tx.send(key, escrow.address, data, gas=90_000)  # not estimated: mined, and reverted
+    assert w3.eth.get_transaction_count(sender) == nonce + 1  # type: ignore[arg-type]
+    assert escrow.deposit(key, 1).gas_used > 0  # the next nonce follows the reverted one
