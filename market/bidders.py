@@ -3,9 +3,15 @@
 A wallet can withdraw after its bid rests. Matching is safe against that (the match gate reads
 the balance afresh, `market.funds`), but a book that keeps showing such bids shows a price no
 one can trade at. So a market with a match gate shows a bid only if its owner's last free
-balance read covers one unit of the owner's lowest live bid (an owner never read is shown), and
-reads the balances of the owners of live bids again in turn, `BIDDERS_PER_PASS` per pass.
-Display only: matching never trusts these figures.
+balance read covers one unit of the owner's lowest live bid (an owner never read is shown).
+
+Those figures are refreshed by the indexed escrow events plus a backstop pass. After each run
+of the chain indexer (`market.indexer`), the balance of each owner of live bids that the run's
+events moved is read again (`FundsGuard.reread`, one read per owner whatever the events; owners
+of nothing live are not read): a withdrawal hides its owner's bids and a deposit shows them
+again, and matches them, one indexer run later. The backstop, for anything the events miss,
+reads the balances of the owners of live bids again in turn, `BIDDERS_PER_PASS` per pass
+(`PayingBidders.refresh`). Display only: matching never trusts these figures.
 """
 
 from __future__ import annotations

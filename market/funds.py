@@ -19,6 +19,13 @@ escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `Funds
 Balances and stakes are read from the escrow and cached for `funds_cache_s`; a refusal is
 decided on a figure read for it (a client that just deposited is never refused on a stale one;
 a flood of unfunded orders costs one read each, within the signer's and the IP's rate limits).
+The cached figures the book shows by (`market.bidders`) and a heartbeat may be admitted on are
+refreshed two ways: after each indexer run, `FundsGuard.reread` reads again the figures of the
+accounts whose balance or stake the run's escrow events moved, if they hold something on the
+market (live bids: the balance; live asks or a registration: the stake), at most one read per
+account and figure whatever the events (an account with nothing live costs no read, however
+many deposits it makes); and a backstop pass reads each live bidder's balance again in turn
+(`PayingBidders.refresh`) for anything the events miss.
 What a request reserves is held in memory until its orders are committed (then the database
 shows them), so two requests of one signer racing each other cannot both spend one balance.
 Refusals are `UnfundedError` or `QuotaError` (403), with the figures that decided them.
@@ -39,9 +46,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlmodel import Session, col, select
 
@@ -49,7 +56,7 @@ from contracts.binding import Escrow
 from market import chain_index, storage
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
-from market.models import Deal, Provider
+from market.models import Deal, Order, Provider
 from market.verify import CheckedOrder
 
 
@@ -90,6 +97,19 @@ class _Cache:
             if len(self._values) > 100_000:
                 self._values.clear()
         return value
+
+
+HOLDERS_PER_QUERY = 500
+"""Accounts looked up per SQL query by `FundsGuard.reread` (bound parameters per statement)."""
+
+
+class Reread(NamedTuple):
+    """What `FundsGuard.reread` did."""
+
+    reads: int  # chain reads made
+    changed: bool  # a figure differs from the one cached before
+    raised: bool  # a bidder's balance rose (or was never read): bids held back may trade now
+    done: bool  # every figure was read (False: the chain went down midway)
 
 
 class Reservation:
@@ -245,6 +265,56 @@ class FundsGuard:
                 f"provider {provider} has {stake} staked on the escrow (free and in open "
                 f"deals); the market registers providers from {self.min_provider_stake}"
             )
+
+    # -- figures moved on chain -----------------------------------------------------------------
+
+    def reread(self, accounts: Collection[str], now: int) -> Reread:
+        """Read again the figures of `accounts` (those indexed escrow events moved) that matter
+        to the market at `now`: the free balance of each owner of live bids, the free stake of
+        each owner of live asks and of each registered provider. Nothing else is read: at most
+        one read per such account and figure, however many events moved it."""
+        bidders, stakers = self._holders(accounts, now)
+        reads, changed, raised = 0, False, False
+        try:
+            for owner in sorted(bidders):
+                before = self.balances.cached(owner)
+                after = self.balances.read(owner)
+                reads += 1
+                changed |= after != before
+                raised |= before is None or after > before
+            for owner in sorted(stakers):
+                before = self.stakes.cached(owner)
+                after = self.stakes.read(owner)
+                reads += 1
+                changed |= after != before
+        except ChainUnavailableError:
+            return Reread(reads, changed, raised, done=False)
+        return Reread(reads, changed, raised, done=True)
+
+    def _holders(self, accounts: Collection[str], now: int) -> tuple[set[str], set[str]]:
+        """Return which of `accounts` own live bids, and which own live asks or are
+        registered providers."""
+        listed = sorted(accounts)
+        bidders: set[str] = set()
+        stakers: set[str] = set()
+        with self._session() as session:
+            for start in range(0, len(listed), HOLDERS_PER_QUERY):
+                chunk = listed[start : start + HOLDERS_PER_QUERY]
+                live = session.exec(
+                    select(Order.owner, Order.side)
+                    .where(
+                        col(Order.owner).in_(chunk),
+                        col(Order.state).in_(storage.LIVE_STATES),
+                        Order.expiry > now,
+                    )
+                    .distinct()
+                ).all()
+                for owner, side in live:
+                    (bidders if side == Side.BID.value else stakers).add(owner)
+                stakers.update(
+                    session.exec(select(Provider.address).where(col(Provider.address).in_(chunk)))
+                )
+        return bidders, stakers
 
     # -- matching -------------------------------------------------------------------------------
 

@@ -13,6 +13,14 @@ SQL transaction: a restart resumes where the last committed range ended and neve
 event twice. When the RPC endpoint is down the run records the failure and returns; the next run
 retries. Reorgs are not handled (anvil and L2 sequencers do not reorg in practice); add a
 confirmation depth before a chain that does.
+
+Each run also reports the accounts whose free balance or stake its events moved (`moved`):
+Deposited and Withdrawn (the account), Staked and Unstaked (the provider), DealOpened (client
+and provider) and the events that pay out, refund or release a deal's money (the indexed
+deal's client and provider). After the run the market reads those figures again at the chain
+head, for the accounts that hold something on it (`FundsGuard.reread`: no read for the others),
+and matches again if a bidder's balance rose. Accounts a run could not read (the chain went
+down) are read after the next run.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ class Indexer:
         self._chain_factory = chain_factory
         self._escrow: Escrow | None = None
         self.last_error: str | None = None
+        self.moved: frozenset[str] = frozenset()  # accounts the last run's events moved
+        self._unread: set[str] = set()  # moved accounts whose figures are not read again yet
 
     def _bind(self) -> Escrow:
         if self._escrow is None:
@@ -103,20 +113,42 @@ class Indexer:
             last = self._start(w3, head) - 1
         start = last + 1
         total = 0
+        moved: set[str] = set()
         while start <= head:
             end = min(head, start + self.chunk_blocks - 1)
             logs = w3.eth.get_logs({"address": escrow.address, "fromBlock": start, "toBlock": end})
+            chunk: set[str] = set()
             with self.service.session() as session:
                 for entry in logs:
-                    total += self._apply(session, escrow, entry)
+                    total += self._apply(session, escrow, entry, chunk)
                 chain_index.set_indexed_block(session=session, name=self.name, block=end)
                 session.commit()
+            moved |= chunk
+            self._unread |= chunk  # committed: read again even if a later range fails
             self.service.metrics.indexed_block.set(end)
             start = end + 1
         self.last_error = None
+        self.moved = frozenset(moved)
         if total:
             self.service.changed()
+        self._reread()
         return total
+
+    def _reread(self) -> None:
+        """Read again the figures of the moved accounts that hold something on the market
+        (`FundsGuard.reread`); match again if a bidder's balance rose."""
+        if not self._unread:
+            return
+        if not self.service.guards_funds():  # no figures kept: nothing to read
+            self._unread.clear()
+            return
+        reread = self.service.funds.reread(self._unread, self.service.now())
+        if reread.done:
+            self._unread.clear()
+        if reread.changed:
+            self.service.changed()
+        if reread.raised:
+            self.service.rematch()  # a deposit can let a bid the gate held back trade
 
     def _start(self, w3: Web3, head: int) -> int:
         """Find and store the first block to index; forget other escrows' events."""
@@ -136,7 +168,9 @@ class Indexer:
         with self.service.session() as session:
             return chain_index.indexed_block(session=session, name=self.name)
 
-    def _apply(self, session: Session, escrow: Escrow, entry: Any) -> int:
+    def _apply(self, session: Session, escrow: Escrow, entry: Any, moved: set[str]) -> int:
+        """Store one log's event and apply it; add the accounts whose figures it moved to
+        `moved`; return 1 if it was new."""
         events = escrow.decode_events([entry])
         if not events:
             return 0
@@ -153,15 +187,23 @@ class Indexer:
             chain_deal_id=_int64(deal_id) if deal_id is not None else None,
             args=args,
         )
-        if not fresh or deal_id is None or int(deal_id) > INT64:
-            return int(fresh)
+        if not fresh:
+            return 0
+        account = _MOVES_ACCOUNT.get(event.name)
+        if account is not None:
+            moved.add(to_checksum_address(event.args[account]))
+        if deal_id is None or int(deal_id) > INT64:
+            return 1
         deal_id = int(deal_id)
         if event.name == "DealOpened":
+            moved.update(to_checksum_address(event.args[a]) for a in ("client", "provider"))
             _open(session, event.args, deal_id, tx_hash, int(entry["blockNumber"]))
             return 1
         deal = chain_index.get_chain_deal(session=session, chain_deal_id=deal_id)
         if deal is None:  # opened before the configured first block: nothing to attach to
             return 1
+        if event.name in _MOVES_DEAL:
+            moved.update((deal.client, deal.provider))
         deal.last_tx = tx_hash
         apply = _APPLY.get(event.name)
         if apply is not None:
@@ -333,6 +375,28 @@ _APPLY: dict[str, Callable[[ChainDeal, Any, dict[str, Any]], None]] = {
 }
 """Events that change a deal's figures; the others (deposits, stakes, disputes opened, close
 agreements) are only stored as events."""
+
+
+_MOVES_ACCOUNT = {
+    "Deposited": "account",
+    "Withdrawn": "account",
+    "Staked": "provider",
+    "Unstaked": "provider",
+}
+"""Events that move one account's free balance or stake: the field naming it."""
+
+_MOVES_DEAL = frozenset(
+    {
+        "ReservationFeePaid",
+        "VoucherRedeemed",
+        "ClaimFinalized",
+        "DisputeResolved",
+        "BreachRefunded",
+        "DealClosed",
+    }
+)
+"""Events that pay out, refund or release a deal's money: its client's and provider's free
+balance or stake move (DealOpened, which locks them, names both itself)."""
 
 
 def _add(total: str, amount: int) -> str:

@@ -70,7 +70,7 @@ def start_scheduler(service: MarketService, indexer: Indexer | None) -> Backgrou
         id="offline",
         **common,
     )
-    scheduler.add_job(  # does nothing while the market matches without a gate
+    scheduler.add_job(  # the backstop of the indexer's rereads; nothing without a gate
         _guard("bidders", service.refresh_bidders),
         "interval",
         seconds=settings.rematch_every_s,

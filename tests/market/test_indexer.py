@@ -14,7 +14,7 @@ from sqlmodel import Session
 from contracts.binding import Chain
 from contracts.chain import ANVIL_BINARY, DEV_MNEMONIC, Anvil, dev_keys, free_port, rpc
 from contracts.errors import ChainError
-from contracts.messages import Plan, Voucher, task_bitmap
+from contracts.messages import Plan, Voucher, address_of, task_bitmap
 from market import chain_index, database
 from market.indexer import (
     DeploymentBlockUnknownError,
@@ -97,6 +97,33 @@ def test_indexer_follows_deal_from_open_to_close(world: ChainWorld, market: Mark
     record = restarted.deal(deal_id)
     assert (record.status, record.closed_tx, record.tasks_paid) == ("closed", closed.tx_hash, 3)
     restarted.close()
+
+
+def test_indexer_reports_the_accounts_whose_balance_or_stake_each_runs_events_moved(
+    world: ChainWorld, market: MarketService
+) -> None:
+    indexer = _indexer(world, market)
+    assert indexer.run_once() == 0 and indexer.moved == frozenset()
+    holder, staker = address_of(world.clients[1]), address_of(world.providers[1])
+    world.escrow.deposit(world.clients[1], 5)
+    world.escrow.stake(world.providers[1], 7)
+    assert indexer.run_once() == 2 and indexer.moved == {holder, staker}
+    world.escrow.withdraw(world.clients[1], 5)
+    world.escrow.unstake(world.providers[1], 7)
+    assert indexer.run_once() == 2 and indexer.moved == {holder, staker}
+    client, provider = address_of(world.clients[0]), address_of(world.providers[0])
+    _, chain_deal = _market_deal(world, market)
+    assert indexer.run_once() == 3 and indexer.moved == {client, provider}  # funds, then the deal
+    v = Voucher(deal_id=chain_deal, cumulative_amount=1_500, tasks=task_bitmap([0]))
+    world.escrow.redeem_voucher(
+        world.providers[0], v, v.sign(world.escrow.domain, world.clients[0])
+    )
+    assert indexer.run_once() == 1 and indexer.moved == {client, provider}
+    world.escrow.close_deal(world.clients[0], chain_deal)  # an agreement moves no money
+    assert indexer.run_once() == 1 and indexer.moved == frozenset()
+    world.escrow.close_deal(world.providers[0], chain_deal)
+    assert indexer.run_once() == 2 and indexer.moved == {client, provider}
+    assert indexer.run_once() == 0 and indexer.moved == frozenset()
 
 
 def test_indexer_stores_every_term_and_credit_the_v2_events_carry(

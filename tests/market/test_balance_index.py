@@ -1,0 +1,240 @@
+"""The book's figures follow the indexed escrow events: a real market on a real anvil with a v2
+escrow, its chain indexer run by hand (no jobs, so no backstop pass runs).
+
+After one indexer run the book shows a bid exactly when its owner's free balance pays one unit
+of it, whatever other accounts do; a deposit lets a bid the match gate held back trade; the
+accounts the events moved are read again only if they hold something on the market; and a
+provider's unstaking counts at its next heartbeat.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from contracts.binding import Escrow
+from contracts.messages import address_of
+from market.bidders import PayingBidders
+from market.errors import UnfundedError
+from market.funds import FundsGuard
+from market.indexer import Indexer
+from market.models import HeartbeatCreate, OrderCreate, PlaceResult
+from market.service import MarketService
+
+from . import chain as fixtures
+from .chain import MIN_WINDOW, ChainWorld
+from .conftest import Clock
+from .signing import Trader
+
+# The chain fixtures: one anvil and v2 deployment per session, reverted per test.
+chain_session = fixtures.chain_session
+world = fixtures.world
+market = fixtures.market
+
+CLASS = "tpu-v5e"  # the traders' default device class
+PRICE = 100  # the bids' price: one unit of a bid costs this much
+STRANGERS = 50
+
+
+def _indexer(world: ChainWorld, service: MarketService) -> Indexer:
+    return Indexer(service, rpc_url=world.anvil.url, escrow=world.escrow.address)
+
+
+def _place(service: MarketService, body: dict[str, Any]) -> PlaceResult:
+    [placed] = service.place([OrderCreate.model_validate(body)])
+    return placed
+
+
+def _register(world: ChainWorld, service: MarketService, provider: Trader) -> None:
+    """Stake the market's minimum for `provider` and heartbeat it: its class has a book."""
+    world.escrow.stake(provider.key, service.settings.min_provider_stake)
+    _beat(service, provider)
+
+
+def _beat(service: MarketService, provider: Trader) -> None:
+    beat = provider.heartbeat(service.now())
+    service.heartbeat(HeartbeatCreate.model_validate(beat), beat["advert"])
+
+
+def _set_balance(world: ChainWorld, key: str, balance: int) -> None:
+    """Deposit or withdraw so that `key`'s free escrow balance is `balance`."""
+    have = world.escrow.balance_of(address_of(key))
+    if balance > have:
+        world.escrow.deposit(key, balance - have)
+    elif balance < have:
+        world.escrow.withdraw(key, have - balance)
+
+
+def _bid_prices(service: MarketService) -> list[int]:
+    return [level.price for level in service.book(CLASS).bids]
+
+
+def _ask(service: MarketService, provider: Trader, *, quantity: int) -> PlaceResult:
+    now = service.now()
+    quote = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
+    return _place(service, provider.ask(now, price=PRICE, quantity=quantity, quote=quote))
+
+
+class CountedReads:
+    """The market's escrow reader, counting the figures read through it."""
+
+    def __init__(self, read: Callable[[Callable[[Escrow], Any]], Any]) -> None:
+        self._read = read
+        self.count = 0
+
+    def __call__(self, call: Callable[[Escrow], Any]) -> Any:
+        self.count += 1
+        return self._read(call)
+
+
+def _count_reads(service: MarketService) -> CountedReads:
+    """Give `service` a funds guard (and a book filter on it) reading through a counter."""
+    reads = CountedReads(service.escrow.read)
+    settings = service.settings
+    service.funds = FundsGuard(
+        read_escrow=reads,
+        session=service.session,
+        book_classes=service.books.names,
+        min_provider_stake=settings.min_provider_stake,
+        max_live_orders=settings.max_live_orders_per_owner,
+        max_classes_per_provider=settings.max_classes_per_provider,
+        unopened_deal_hold_s=settings.unopened_deal_hold_s,
+        cache_s=settings.funds_cache_s,
+        provider_ttl_s=settings.provider_offline_after_s,
+    )
+    service.bidders = PayingBidders(
+        service.funds, session=service.session, now=service.now, changed=service.changed
+    )
+    return reads
+
+
+def test_bid_shows_one_indexer_run_after_its_owners_balance_changes_iff_it_pays_one_unit(
+    world: ChainWorld, market: MarketService
+) -> None:
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    indexer = _indexer(world, market)
+    _register(world, market, provider)
+    world.escrow.deposit(client.key, 10 * PRICE)
+    _place(market, client.bid(market.now(), price=PRICE, quantity=10))
+    indexer.run_once()
+    assert _bid_prices(market) == [PRICE]
+    # Down to nothing, back across the one-unit line both ways, by one unit and by one token.
+    for balance in (0, PRICE - 1, PRICE, 10 * PRICE, PRICE - 1, 0, 3 * PRICE):
+        _set_balance(world, client.key, balance)
+        indexer.run_once()
+        assert client.address in indexer.moved
+        assert _bid_prices(market) == ([PRICE] if balance >= PRICE else []), balance
+
+
+def test_bid_the_gate_held_back_trades_one_indexer_run_after_its_owner_deposits(
+    world: ChainWorld, market: MarketService
+) -> None:
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    indexer = _indexer(world, market)
+    _register(world, market, provider)
+    world.escrow.deposit(client.key, 10 * PRICE)
+    bid = _place(market, client.bid(market.now(), price=PRICE, quantity=10)).order
+    world.escrow.withdraw(client.key, 10 * PRICE)
+    indexer.run_once()
+    assert _bid_prices(market) == []
+    ask = _ask(market, provider, quantity=10)  # crosses the bid; the empty wallet takes none
+    assert ask.fills == [] and ask.order.state == "open"
+    assert market.order(bid.order_id).remaining == 10
+    world.escrow.deposit(client.key, 10 * PRICE)
+    indexer.run_once()
+    assert market.order(bid.order_id).state == "filled"
+    assert market.order(ask.order.order_id).state == "filled"
+    book = market.book(CLASS)
+    assert book.bids == [] and book.asks == []
+
+
+def test_other_accounts_deposits_and_withdrawals_never_change_which_bids_of_a_client_show(
+    world: ChainWorld, market: MarketService
+) -> None:
+    provider = world.trader(world.providers[0])
+    client, other, stranger = (world.trader(k) for k in world.clients[:3])
+    indexer = _indexer(world, market)
+    _register(world, market, provider)
+    world.escrow.deposit(client.key, PRICE)
+    _place(market, client.bid(market.now(), price=PRICE, quantity=1))
+    other_price = PRICE - 10  # a live bidder too, at its own price level
+    world.escrow.deposit(other.key, other_price)
+    _place(market, other.bid(market.now(), price=other_price, quantity=1))
+    balances = {other.key: other_price, stranger.key: 0}
+    for client_pays in (True, False):
+        _set_balance(world, client.key, PRICE if client_pays else 0)
+        indexer.run_once()
+        steps = [(other, 0), (stranger, 500), (other, other_price), (stranger, 0), (other, 10**6)]
+        for who, balance in [*steps, (stranger, 7), (other, other_price - 1)]:
+            _set_balance(world, who.key, balance)
+            balances[who.key] = balance
+            indexer.run_once()
+            assert indexer.moved == {who.address}
+            prices = _bid_prices(market)
+            assert (PRICE in prices) is client_pays, (who.address, balance)
+            assert (other_price in prices) is (balances[other.key] >= other_price)
+
+
+def test_deposits_of_accounts_with_nothing_on_the_market_cost_no_read_however_many(
+    world: ChainWorld, market: MarketService
+) -> None:
+    """The bound: one indexer run reads at most one balance per owner of live bids and one
+    stake per owner of live asks or registered provider among the accounts its events moved,
+    however many events moved them; accounts with nothing on the market are never read."""
+    reads = _count_reads(market)
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    indexer = _indexer(world, market)
+    _register(world, market, provider)
+    world.escrow.deposit(client.key, PRICE)
+    _place(market, client.bid(market.now(), price=PRICE, quantity=1))
+    indexer.run_once()
+    strangers = ["0x" + os.urandom(32).hex() for _ in range(STRANGERS)]
+    for number, key in enumerate(strangers, 1):
+        world.fund(key)
+        world.escrow.deposit(key, number)
+    for _ in range(20):  # one stranger deposits a token at a time, again and again
+        world.escrow.deposit(strangers[0], 1)
+    for _ in range(5):  # the live bidder and the registered provider, several times each
+        world.escrow.deposit(client.key, 1)
+        world.escrow.deposit(provider.key, 1)
+    before = reads.count
+    indexer.run_once()
+    stranger_addresses = {address_of(k) for k in strangers}
+    assert indexer.moved == stranger_addresses | {client.address, provider.address}
+    assert reads.count - before == 2  # the client's balance and the provider's stake, once
+    assert market.funds.balances.cached(client.address) == PRICE + 5
+    assert all(market.funds.balances.cached(a) is None for a in stranger_addresses)
+    assert all(market.funds.stakes.cached(a) is None for a in stranger_addresses)
+    # The strangers' own runs: still no read, however many accounts and deposits.
+    for key in strangers[:10]:
+        world.escrow.withdraw(key, 1)
+    before = reads.count
+    indexer.run_once()
+    assert len(indexer.moved) == 10 and reads.count == before
+
+
+def test_provider_unstaking_below_the_minimum_is_refused_its_next_heartbeat_after_one_run(
+    world: ChainWorld, market: MarketService
+) -> None:
+    provider = world.trader(world.providers[0])
+    indexer = _indexer(world, market)
+    minimum = market.settings.min_provider_stake
+    _register(world, market, provider)
+    _ask(market, provider, quantity=10)
+    indexer.run_once()
+    assert market.funds.stakes.cached(provider.address) == minimum
+    world.escrow.unstake(provider.key, 1)
+    indexer.run_once()
+    assert market.funds.stakes.cached(provider.address) == minimum - 1
+    clock = market.clock
+    assert isinstance(clock, Clock)
+    clock.advance(1)  # a heartbeat must come after the last one
+    with pytest.raises(UnfundedError):
+        _beat(market, provider)
+    # The existing rule then applies: a provider silent past its TTL has its asks out of the book.
+    assert [level.price for level in market.book(CLASS).asks] == [PRICE]
+    clock.advance(market.settings.provider_offline_after_s + 1)
+    assert market.book(CLASS).asks == []
