@@ -264,15 +264,42 @@ class Transactor:
                 )
             except EscrowError as error:
                 self._nonces.pop(sender, None)
+                known = self._sent_before(signed.hash)
+                if known:  # an earlier try of these very bytes got through
+                    self._nonces[sender] = nonce + 1
+                    return signed.hash
                 if attempt == 0 and isinstance(error, FeeTooLowError):
                     refresh_fees = True
                     continue
-                if attempt == 0 and isinstance(error, NonceTooLowError):
-                    continue
+                if attempt == 0 and isinstance(error, NonceTooLowError) and known is False:
+                    continue  # another sender of this key took the nonce: a fresh one
                 raise
             self._nonces[sender] = nonce + 1
             return tx_hash
         raise AssertionError("unreachable")
+
+    def _sent_before(self, tx_hash: Any) -> bool | None:
+        """Return whether the node knows the signed transaction `tx_hash` (pending or mined);
+        None when it cannot be asked.
+
+        A send can reach the node and its answer still fail (a stale or lost reply; the same
+        bytes asked again then get "already imported", or "nonce too low" once mined). Before
+        a refused send is signed again with a fresh nonce, this says whether it was in fact
+        sent: the one intended transaction is never sent twice. If the node cannot say, the
+        send's own error stands (raised, never retried with a fresh nonce).
+        """
+
+        def lookup() -> bool:
+            try:
+                self.w3.eth.get_transaction(tx_hash)
+            except TransactionNotFound:
+                return False
+            return True
+
+        try:
+            return bool(self._request("looking up a sent transaction", lookup))
+        except ChainError:
+            return None
 
     def _wait_for_receipt(self, tx_hash: Any) -> Any:
         """Poll for the receipt of a sent transaction until `receipt_timeout_s` has passed."""

@@ -42,10 +42,13 @@ STALE = r"BlockOutOfRangeError: block height is (\d+) but requested was (\d+)"
 class LaggingNode:
     """A JSON-RPC proxy in front of the real node. The first `stale` requests of each method in
     `methods` get the real node's answer to a balance read at the block before its head (which
-    it has pruned); every other request is forwarded. `asked` counts requests per method."""
+    it has pruned), after the request itself was forwarded when `reached`; every other request
+    is forwarded. `asked` counts requests per method."""
 
-    def __init__(self, upstream: str, methods: set[str], stale: int) -> None:
-        self.upstream, self.methods, self.stale = upstream, methods, stale
+    def __init__(
+        self, upstream: str, methods: set[str], stale: int, *, reached: bool = False
+    ) -> None:
+        self.upstream, self.methods, self.stale, self.reached = upstream, methods, stale, reached
         self.asked: Counter[str] = Counter()
         self.answered_stale: Counter[str] = Counter()
         node = self
@@ -59,6 +62,8 @@ class LaggingNode:
                     node.asked[method] += 1
                 if method in node.methods and node.answered_stale[method] < node.stale:
                     node.answered_stale[method] += 1
+                    if node.reached:  # the request reached the node; only its answer is lost
+                        node.forward(body)
                     return self._send(node.stale_answer(request["id"]))
                 self._send(node.forward(body))
 
@@ -101,8 +106,8 @@ def lagging(world: World) -> Iterator[Callable[[set[str], int], tuple[LaggingNod
     through it by a transactor of its own (no fees or nonces cached)."""
     proxies: list[LaggingNode] = []
 
-    def start(methods: set[str], stale: int) -> tuple[LaggingNode, Escrow]:
-        proxy = LaggingNode(world.anvil.url, methods, stale)
+    def start(methods: set[str], stale: int, reached: bool = False) -> tuple[LaggingNode, Escrow]:
+        proxy = LaggingNode(world.anvil.url, methods, stale, reached=reached)
         proxies.append(proxy)
         return proxy, Chain(proxy.url, world.chain.artifacts).escrow(world.escrow.address)
 
@@ -170,6 +175,23 @@ def test_a_node_that_stays_stale_gets_a_bounded_retry_then_a_typed_error(
     proxy.stale = 0  # the node catches up: the same transactor sends again (nonce not lost)
     _deposit(world, escrow)
     assert world.escrow.balance_of(client) == before + (14 if mined else 7)
+
+
+@pytest.mark.parametrize("lost", [1, 2], ids=["one-lost-answer", "two-lost-answers"])
+def test_a_send_whose_answer_is_lost_is_never_sent_again_with_a_fresh_nonce(
+    world: World, lagging: Any, lost: int
+) -> None:
+    """The node mines the deposit but its answer to the send is lost: the same bytes asked
+    again get "nonce too low". The transactor finds its own transaction on the node and takes
+    it as sent; it never signs the deposit again with a fresh nonce (a second deposit)."""
+    client = world.addr(world.clients[0])
+    before = world.escrow.balance_of(client)
+    proxy, escrow = lagging({"eth_sendRawTransaction"}, lost, reached=True)
+    _deposit(world, escrow)
+    assert proxy.answered_stale["eth_sendRawTransaction"] == lost
+    assert world.escrow.balance_of(client) == before + 7  # one deposit, not two
+    _deposit(world, escrow)  # the next send takes the next nonce
+    assert world.escrow.balance_of(client) == before + 14
 
 
 def test_a_priority_fee_read_stale_on_both_sources_is_a_typed_error(
