@@ -37,8 +37,6 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _run(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from contracts.errors import EscrowError
     from provider.api import create_app
     from provider.api.server import serve
@@ -57,11 +55,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     # A relative data dir is the operator's working directory's, also for the sandbox's mounts.
-    config = dataclasses.replace(config, data_dir=config.data_dir.resolve())
+    config = config.replace(data_dir=config.data_dir.resolve())
     if args.host is not None:
-        config = dataclasses.replace(config, host=args.host)
+        config = config.replace(host=args.host)
     if args.port is not None:
-        config = dataclasses.replace(config, port=args.port)
+        config = config.replace(port=args.port)
     configure_logging(config.log_level, scheduler=config.log_scheduler)
     try:
         daemon = Daemon(config)

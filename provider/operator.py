@@ -161,8 +161,6 @@ def _unstake(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    import dataclasses
-
     op = connect(args)
     terms = op.config.ask
     if terms is None:
@@ -174,7 +172,7 @@ def _ask(args: argparse.Namespace) -> int:
         changes["quantity"] = args.quantity
     if args.expiry_s is not None:
         changes["expiry_s"] = args.expiry_s
-    terms = dataclasses.replace(terms, **changes)
+    terms = terms.replace(**changes)
     device_class = args.device_class or terms.device_class
     if device_class is None:
         raise UsageError(

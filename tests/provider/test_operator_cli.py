@@ -8,7 +8,6 @@ daemon's own TOML config, as an operator would.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -305,13 +304,11 @@ def test_daemon_with_an_ask_in_its_config_posts_it_at_start_and_a_fresh_one_befo
     world = chain_world
     path = write_config(tmp_path / "provider.toml", world, provider_key, market_url=market_url)
     assert run(capsys, "stake", "2", "--config", str(path))[0] == 0
-    config = dataclasses.replace(
-        load_config(path), jax_platforms="cpu", benchmark_on_start=False, ask=None
-    )
+    config = load_config(path).replace(jax_platforms="cpu", benchmark_on_start=False, ask=None)
     terms = load_config(path).ask
     assert terms is not None
     node = Daemon(
-        dataclasses.replace(config, ask=dataclasses.replace(terms, device_class=None)),
+        config.replace(ask=terms.replace(device_class=None)),
         chain=world.chain,
         sandbox=sandbox,
     )
