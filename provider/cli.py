@@ -47,6 +47,12 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
+        # A relative data dir is the operator's working directory's, also for the sandbox.
+        config = config.replace(data_dir=config.data_dir.resolve())
+        if args.host is not None:
+            config = config.replace(host=args.host)
+        if args.port is not None:  # validated like the config's own value
+            config = config.replace(port=args.port)
         connect(args)  # the config's escrow: an address with an escrow's code on its chain
     except ProviderError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -54,12 +60,6 @@ def _run(args: argparse.Namespace) -> int:
     except EscrowError as exc:  # the chain does not answer
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    # A relative data dir is the operator's working directory's, also for the sandbox's mounts.
-    config = config.replace(data_dir=config.data_dir.resolve())
-    if args.host is not None:
-        config = config.replace(host=args.host)
-    if args.port is not None:
-        config = config.replace(port=args.port)
     configure_logging(config.log_level, scheduler=config.log_scheduler)
     try:
         daemon = Daemon(config)

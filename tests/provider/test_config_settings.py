@@ -361,3 +361,13 @@ def test_daemon_cli_with_a_bad_variable_exits_2_with_one_line_naming_it(
     assert err.startswith("error: settlement.quote_valid_s: Input should be a valid number")
     assert err.strip().endswith(f"(from {PREFIX}SETTLEMENT_QUOTE_VALID_S)")
     assert len(err.strip().splitlines()) == 1 and _digits(KEY) not in err.lower()
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_daemon_cli_with_a_port_out_of_range_exits_2_with_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], port: str
+) -> None:
+    code = main(["run", "--config", str(write_toml(tmp_path)), "--port", port])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.startswith("error: port") and len(err.strip().splitlines()) == 1, err
