@@ -12,10 +12,12 @@ opens both deals on chain with the providers' quotes and runs a real workload:
 - batches of Silero VAD inference (a real trained model from the ``silero-vad`` wheel) on
   both providers.
 
-Every delivery is verified before it is paid; verified work is paid by cumulative vouchers that
-the providers' settlement jobs redeem; beta's late tasks are refunded on chain with the
-penalty; the client agrees to close both deals and each provider's job closes its own. The
-summary table ends the run (``--json``: one JSON line).
+Every delivery is verified before it is paid; each verified delivery is paid at once by the
+client's next cumulative voucher for its deal, which the provider's settlement job redeems (no
+provider needs to claim: the client never stops paying); beta's late tasks are refunded on
+chain with the penalty; the client agrees to close both deals and each provider's job closes
+its own. The tables (per task, per deal as the chain holds it) and the figures end the run
+(``--json``: one JSON line).
 
 The client side uses only the client SDK and ``contracts``; the market and the providers are
 started by module name (``python -m market.cli``, ``python -m provider.cli``).

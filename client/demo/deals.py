@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from client.accounts import ClientAccount, open_market_deal
 from client.demo.errors import DemoError
 from client.demo.terms import (
+    ALPHA,
     BETA,
     BID_PRICE,
     BID_SLO_MS,
@@ -28,7 +30,7 @@ from client.session import DealSession
 from client.tasks import TaskOutcome
 from client.vouchers import VoucherBook
 from contracts.binding import Escrow
-from contracts.messages import ZERO_ADDRESS, Quote, address_of
+from contracts.messages import ZERO_ADDRESS, Quote, Voucher, address_of
 from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
 
 
@@ -42,6 +44,7 @@ class Deal:
     session: DealSession
     outcomes: list[TaskOutcome] = field(default_factory=list)
     tasks: dict[int, Task] = field(default_factory=dict)  # by id() of the task's spec
+    voucher: Voucher | None = None  # the latest voucher the client handed to the provider
 
     def task_of(self, outcome: TaskOutcome) -> Task | None:
         """Return the workload item an outcome ran."""
@@ -155,7 +158,11 @@ def bid_and_open(
             provider_address=quote.provider,
             book=VoucherBook(deal_id=chain_deal, cap=max_spend, on_warning=say),
             challenge_window=quote.challenge_window,
-            spot_check_fraction=0.5,
+            # Half of alpha's inference deliveries are re-run on the client's CPU before they
+            # are paid. Beta's are not: its provider may claim a task 5 s after its deadline
+            # (settleBy - window / 2), and a local re-run (a compile, then seconds of CPU on a
+            # loaded host) could hold the task's voucher past that instant.
+            spot_check_fraction=0.5 if profile is ALPHA else 0.0,
         )
         deals.append(Deal(profile, str(record["deal_id"]), chain_deal, session))
     expected = {p.name for p in PROFILES}
@@ -164,13 +171,27 @@ def bid_and_open(
     return deals
 
 
-def run_workload(deals: list[Deal], workload: Workload, say: Say) -> None:
-    """Run each deal's tasks (all deals at once), verifying every delivery."""
+def run_workload(
+    deals: list[Deal],
+    workload: Workload,
+    say: Say,
+    on_verified: Callable[[Deal, TaskOutcome], object] | None = None,
+) -> None:
+    """Run each deal's tasks (all deals at once), verifying every delivery.
+
+    ``on_verified`` is called with the deal and the task's outcome as soon as one of its
+    deliveries is verified (the client pays per task), right after that task's progress line;
+    one lock keeps each task's lines together and the calls one at a time.
+    """
+    lock = threading.Lock()
 
     def progress(deal: Deal) -> Callable[[TaskOutcome], None]:
         def done(outcome: TaskOutcome) -> None:
             line = outcome_line(outcome, deal.task_of(outcome))
-            say(f"task      {deal.profile.name} #{outcome.index}: {line}")
+            with lock:
+                say(f"task      {deal.profile.name} #{outcome.index}: {line}")
+                if outcome.verified and on_verified is not None:
+                    on_verified(deal, outcome)
 
         return done
 

@@ -14,7 +14,12 @@ from pathlib import Path
 import httpx
 
 from client.demo.errors import DemoError
-from client.demo.terms import SETTLEMENT_INTERVAL_S, TX_ALLOWANCE_S, ProviderProfile
+from client.demo.terms import (
+    REDEEM_THRESHOLD,
+    SETTLEMENT_INTERVAL_S,
+    TX_ALLOWANCE_S,
+    ProviderProfile,
+)
 from contracts.chain import free_port
 from contracts.lifetime import dies_with_parent
 
@@ -108,9 +113,10 @@ def start_provider(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     plan = "\n".join(f"{k} = {_toml(v)}" for k, v in profile.plan.to_json().items())
-    # Settlement: redeem every voucher at once, run the jobs every second (a deal's window
+    # Settlement: redeem a deal's latest voucher when a task it pays is due or at the close
+    # (not for its amount: one redemption per deal), run the jobs every second (a deal's window
     # must cover half of it plus one transaction), close a deal within a pass or two of the
-    # client's agreement (the demo waits for both).
+    # client's agreement (the demo waits for it).
     text = f"""# provider {profile.name}: {profile.note}
 rpc_url = "{rpc_url}"
 escrow = "{escrow}"
@@ -130,7 +136,7 @@ log_level = "WARNING"
 {plan}
 
 [settlement]
-redeem_threshold = 1
+redeem_threshold = {REDEEM_THRESHOLD}
 interval_s = {SETTLEMENT_INTERVAL_S}
 tx_allowance_s = {TX_ALLOWANCE_S}
 """

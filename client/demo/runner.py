@@ -16,8 +16,8 @@ from pathlib import Path
 from client.accounts import ClientAccount
 from client.demo.deals import bid_and_open, post_ask, run_workload
 from client.demo.processes import Processes, start_market, start_provider
-from client.demo.settlement import close_deals, refund_late, wait_for_redemption
-from client.demo.summary import Summary, print_figures, print_table, summarize
+from client.demo.settlement import close_deals, refund_late, vouch
+from client.demo.summary import Summary, print_figures, print_settlements, print_table, summarize
 from client.demo.terms import (
     ALPHA,
     BETA,
@@ -163,19 +163,12 @@ def _run(
     providers = {address_of(k).lower(): (p, urls[p.name]) for p, k in operators}
     deals = bid_and_open(market, escrow, account, providers, say)
     try:
-        run_workload(deals, workload, say)
-        vouchers = {d.profile.name: d.session.pay() for d in deals}
-        for deal in deals:
-            voucher = vouchers[deal.profile.name]
-            if voucher is not None:
-                say(
-                    f"voucher   deal {deal.chain_id} ({deal.profile.name}): "
-                    f"{tokens(voucher.cumulative_amount)} for "
-                    f"{sum(voucher.covers(o.index) for o in deal.outcomes)} verified tasks, "
-                    "handed to the provider"
-                )
-        wait_for_redemption(escrow, deals, vouchers, processes.check, say)
+        # Pay per task: each verified delivery brings the deal's next cumulative voucher, while
+        # the other tasks (the late one included) are still awaited.
+        run_workload(deals, workload, say, on_verified=lambda d, o: vouch(d, say, o.index))
         refund_late(escrow, deals, say)
+        for deal in deals:  # a task found delivered in time when asked once more is paid too
+            vouch(deal, say)
         close_deals(escrow, account, deals, processes.check, say)
     finally:
         for deal in deals:
@@ -183,6 +176,7 @@ def _run(
     account.withdraw(escrow.balance_of(client))
     summary, rows = summarize(escrow, deals)
     print_table(rows, say)
+    print_settlements(summary, say)
     print_figures(summary, say)
     say(f"  client wallet        {tokens(token.balance_of(client))} after withdrawing")
     say(f"  wall time            {time.monotonic() - started:.0f} s")

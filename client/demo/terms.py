@@ -16,6 +16,10 @@ DEVICE_CLASS: Final = "cpu"  # what the daemons advertise (they compile for TPU 
 TPU_TARGET: Final = "v5e:1x1"
 SETTLEMENT_INTERVAL_S: Final = 1  # the daemons' settlement jobs run this often ...
 TX_ALLOWANCE_S: Final = 2  # ... and allow this long for one transaction to be mined
+# The client hands over a cumulative voucher per verified task; the daemons redeem a deal's
+# latest one when a task it pays is due (settleBy - window / 2) or at the close, never for its
+# amount alone (no demo deal's cap reaches this): one redemption pays every task vouched.
+REDEEM_THRESHOLD: Final = 10 * UNIT
 # The daemons put every task on chain by settleBy - window / 2, and that margin must cover one
 # job interval and one transaction: they serve windows from (1 + 2) / 0.5 = 6 s. The demo's
 # escrow is deployed with this window as its minimum (the production default is 60 s).
@@ -23,7 +27,6 @@ CHALLENGE_WINDOW: Final = 10
 DEAL_DURATION: Final = 3_600
 START_TIMEOUT_S: Final = 120.0
 QUOTE_WAIT_S: Final = 60.0  # for a provider's daemon to sign the quote of a fill
-REDEEM_TIMEOUT_S: Final = 60.0
 CLOSE_TIMEOUT_S: Final = 60.0
 BID_PRICE: Final = 10_000
 BID_SLO_MS: Final = 120_000
