@@ -188,7 +188,13 @@ def _serve(args: argparse.Namespace) -> int:
     else:
         print("chain     none (--rpc-url): orders are not checked against an escrow's funds")
     print("Ctrl-C stops it.", flush=True)
-    serve(create_app(settings), settings, host=args.host, port=args.port, log_level=args.log_level)
+    serve(
+        create_app(settings, settle_heap=True),
+        settings,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
     return 0
 
 

@@ -40,6 +40,11 @@ class Metrics:
         self.indexed_block = Gauge(
             "market_indexed_block", "Last escrow block indexed", registry=registry
         )
+        self.heap_frozen = Gauge(
+            "market_heap_frozen_objects",
+            "Objects built at start-up, kept out of the garbage collector's scans",
+            registry=registry,
+        )
         self.indexer_errors = Counter(
             "market_indexer_errors_total", "Indexer runs that failed", registry=registry
         )
