@@ -75,13 +75,15 @@ class MarketService(MarketReads):
         *,
         clock: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
+        escrow: EscrowReader | None = None,
     ) -> None:
-        """Connect to the database (creating tables), restore every book, start the writer."""
+        """Connect to the database (creating tables), restore every book, start the writer;
+        read the escrow through `escrow` (default: a reader of the settings' escrow)."""
         self.settings = settings
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         self.metrics = Metrics(self.registry)
-        self.escrow = EscrowReader(settings)
+        self.escrow = escrow or EscrowReader(settings)
         self.domain: Domain = market_domain(settings.chain_id, settings.escrow)
         self.escrow_domain = Domain(chain_id=settings.chain_id, verifying_contract=settings.escrow)
         self.verifier = Verifier(

@@ -10,19 +10,20 @@ provider's unstaking counts at its next heartbeat.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.binding import Escrow
 from contracts.messages import address_of
-from market.bidders import PayingBidders
 from market.errors import UnfundedError
-from market.funds import FundsGuard
+from market.escrow_reader import EscrowReader
 from market.indexer import Indexer
 from market.models import HeartbeatCreate, OrderCreate, PlaceResult
 from market.service import MarketService
+from market.settings import Settings
 
 from . import chain as fixtures
 from .chain import MIN_WINDOW, ChainWorld
@@ -78,37 +79,28 @@ def _ask(service: MarketService, provider: Trader, *, quantity: int) -> PlaceRes
     return _place(service, provider.ask(now, price=PRICE, quantity=quantity, quote=quote))
 
 
-class CountedReads:
+class CountedReader(EscrowReader):
     """The market's escrow reader, counting the figures read through it."""
 
-    def __init__(self, read: Callable[[Callable[[Escrow], Any]], Any]) -> None:
-        self._read = read
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
         self.count = 0
 
-    def __call__(self, call: Callable[[Escrow], Any]) -> Any:
+    def read(self, call: Callable[[Escrow], Any]) -> Any:
         self.count += 1
-        return self._read(call)
+        return super().read(call)
 
 
-def _count_reads(service: MarketService) -> CountedReads:
-    """Give `service` a funds guard (and a book filter on it) reading through a counter."""
-    reads = CountedReads(service.escrow.read)
-    settings = service.settings
-    service.funds = FundsGuard(
-        read_escrow=reads,
-        session=service.session,
-        book_classes=service.books.names,
-        min_provider_stake=settings.min_provider_stake,
-        max_live_orders=settings.max_live_orders_per_owner,
-        max_classes_per_provider=settings.max_classes_per_provider,
-        unopened_deal_hold_s=settings.unopened_deal_hold_s,
-        cache_s=settings.funds_cache_s,
-        provider_ttl_s=settings.provider_offline_after_s,
-    )
-    service.bidders = PayingBidders(
-        service.funds, session=service.session, now=service.now, changed=service.changed
-    )
-    return reads
+@pytest.fixture
+def counted(
+    world: ChainWorld, market: MarketService, tmp_path: Path
+) -> Iterator[tuple[MarketService, CountedReader]]:
+    """A market like `market` (its own data dir) whose escrow reads are counted."""
+    settings = market.settings.model_copy(update={"data_dir": tmp_path / "counted"})
+    reader = CountedReader(settings)
+    service = MarketService(settings, clock=Clock(world.now()), escrow=reader)
+    yield service, reader
+    service.close()
 
 
 def test_bid_shows_one_indexer_run_after_its_owners_balance_changes_iff_it_pays_one_unit(
@@ -179,12 +171,12 @@ def test_other_accounts_deposits_and_withdrawals_never_change_which_bids_of_a_cl
 
 
 def test_deposits_of_accounts_with_nothing_on_the_market_cost_no_read_however_many(
-    world: ChainWorld, market: MarketService
+    world: ChainWorld, counted: tuple[MarketService, CountedReader]
 ) -> None:
     """The bound: one indexer run reads at most one balance per owner of live bids and one
     stake per owner of live asks or registered provider among the accounts its events moved,
     however many events moved them; accounts with nothing on the market are never read."""
-    reads = _count_reads(market)
+    market, reads = counted
     provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
     indexer = _indexer(world, market)
     _register(world, market, provider)
