@@ -9,7 +9,10 @@ provider's unstaking counts at its next heartbeat.
 
 from __future__ import annotations
 
+import http.server
 import os
+import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -230,3 +233,73 @@ def test_provider_unstaking_below_the_minimum_is_refused_its_next_heartbeat_afte
     assert [level.price for level in market.book(CLASS).asks] == [PRICE]
     clock.advance(market.settings.provider_offline_after_s + 1)
     assert market.book(CLASS).asks == []
+
+
+class SwitchableNode:
+    """A JSON-RPC proxy in front of the real node; while `up` is False it answers 503, as a
+    node behind a load balancer that lost it."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.up = True
+        node = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if not node.up:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                request = urllib.request.Request(
+                    node.upstream, body, {"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(request, timeout=10) as reply:
+                    data = reply.read()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_account_whose_figure_could_not_be_read_is_read_after_the_next_run(
+    world: ChainWorld, market: MarketService, tmp_path: Path
+) -> None:
+    """The market's reads go through a node that fails while the indexer (on its own node)
+    sees a withdrawal: the last figure stands until a later run reads it, with no new event."""
+    node = SwitchableNode(world.anvil.url)
+    settings = market.settings.model_copy(
+        update={"data_dir": tmp_path / "flaky", "rpc_url": node.url}
+    )
+    service = MarketService(settings, clock=Clock(world.now()))
+    try:
+        provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+        indexer = _indexer(world, service)  # reads the real node directly
+        _register(world, service, provider)
+        world.escrow.deposit(client.key, 10 * PRICE)
+        _place(service, client.bid(service.now(), price=PRICE, quantity=10))
+        indexer.run_once()
+        assert _bid_prices(service) == [PRICE]
+        world.escrow.withdraw(client.key, 10 * PRICE)
+        node.up = False
+        assert indexer.run_once() > 0 and client.address in indexer.moved
+        assert _bid_prices(service) == [PRICE]  # not read: the last figure stands
+        node.up = True
+        assert indexer.run_once() == 0  # no new event; the account kept from the last run
+        assert _bid_prices(service) == []
+    finally:
+        service.close()
+        node.close()
