@@ -10,12 +10,9 @@ at that moment, to a state read at the block it has just pruned.
 
 from __future__ import annotations
 
-import http.server
 import json
 import re
-import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,13 +30,14 @@ from contracts.transactor import (
     Transactor,
 )
 from tests.contracts.conftest import World
+from tests.rpc_proxy import RpcProxy
 
 ANSWERED = STALE_BLOCK_RETRIES + 1
 """How many times a request that keeps getting a stale answer is made in all."""
 STALE = r"BlockOutOfRangeError: block height is (\d+) but requested was (\d+)"
 
 
-class LaggingNode:
+class LaggingNode(RpcProxy):
     """A JSON-RPC proxy in front of the real node. The first `stale` requests of each method in
     `methods` get the real node's answer to a balance read at the block before its head (which
     it has pruned), after the request itself was forwarded when `reached`; every other request
@@ -48,44 +46,22 @@ class LaggingNode:
     def __init__(
         self, upstream: str, methods: set[str], stale: int, *, reached: bool = False
     ) -> None:
-        self.upstream, self.methods, self.stale, self.reached = upstream, methods, stale, reached
+        super().__init__(upstream)
+        self.methods, self.stale, self.reached = methods, stale, reached
         self.asked: Counter[str] = Counter()
         self.answered_stale: Counter[str] = Counter()
-        node = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = json.loads(body)
-                method = request.get("method") if isinstance(request, dict) else None
-                if method is not None:
-                    node.asked[method] += 1
-                if method in node.methods and node.answered_stale[method] < node.stale:
-                    node.answered_stale[method] += 1
-                    if node.reached:  # the request reached the node; only its answer is lost
-                        node.forward(body)
-                    return self._send(node.stale_answer(request["id"]))
-                self._send(node.forward(body))
-
-            def _send(self, data: bytes) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def forward(self, body: bytes) -> bytes:
-        request = urllib.request.Request(self.upstream, body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            data: bytes = reply.read()
-            return data
+    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
+        request = json.loads(body)
+        method = request.get("method") if isinstance(request, dict) else None
+        if method is not None:
+            self.asked[method] += 1
+        if method not in self.methods or self.answered_stale[method] >= self.stale:
+            return None
+        self.answered_stale[method] += 1
+        if self.reached:  # the request reached the node; only its answer is lost
+            self.forward(body)
+        return 200, self.stale_answer(request["id"])
 
     def stale_answer(self, request_id: Any) -> bytes:
         head = int(rpc(self.upstream, "eth_blockNumber"), 16)
@@ -94,10 +70,6 @@ class LaggingNode:
         answer = self.forward(json.dumps(read).encode())
         assert "error" in json.loads(answer), answer  # the real node's own refusal
         return answer
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

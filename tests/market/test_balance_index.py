@@ -9,10 +9,7 @@ provider's unstaking counts at its next heartbeat.
 
 from __future__ import annotations
 
-import http.server
 import os
-import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from market.indexer import Indexer
 from market.models import HeartbeatCreate, OrderCreate, PlaceResult
 from market.service import MarketService
 from market.settings import Settings
+from tests.rpc_proxy import RpcProxy
 
 from . import chain as fixtures
 from .chain import MIN_WINDOW, ChainWorld
@@ -72,6 +70,19 @@ def _set_balance(world: ChainWorld, key: str, balance: int) -> None:
         world.escrow.withdraw(key, have - balance)
 
 
+def _resting_bid(
+    world: ChainWorld, service: MarketService, quantity: int = 10
+) -> tuple[Trader, Trader, Indexer, PlaceResult]:
+    """A registered provider and a client whose bid of `quantity` units at `PRICE` rests,
+    funded in full; return them, an indexer on the real node and the placed bid."""
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    indexer = _indexer(world, service)
+    _register(world, service, provider)
+    world.escrow.deposit(client.key, quantity * PRICE)
+    placed = _place(service, client.bid(service.now(), price=PRICE, quantity=quantity))
+    return provider, client, indexer, placed
+
+
 def _bid_prices(service: MarketService) -> list[int]:
     return [level.price for level in service.book(CLASS).bids]
 
@@ -109,11 +120,7 @@ def counted(
 def test_bid_shows_one_indexer_run_after_its_owners_balance_changes_iff_it_pays_one_unit(
     world: ChainWorld, market: MarketService
 ) -> None:
-    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    indexer = _indexer(world, market)
-    _register(world, market, provider)
-    world.escrow.deposit(client.key, 10 * PRICE)
-    _place(market, client.bid(market.now(), price=PRICE, quantity=10))
+    _, client, indexer, _ = _resting_bid(world, market)
     indexer.run_once()
     assert _bid_prices(market) == [PRICE]
     # Down to nothing, back across the one-unit line both ways, by one unit and by one token.
@@ -127,11 +134,8 @@ def test_bid_shows_one_indexer_run_after_its_owners_balance_changes_iff_it_pays_
 def test_bid_the_gate_held_back_trades_one_indexer_run_after_its_owner_deposits(
     world: ChainWorld, market: MarketService
 ) -> None:
-    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    indexer = _indexer(world, market)
-    _register(world, market, provider)
-    world.escrow.deposit(client.key, 10 * PRICE)
-    bid = _place(market, client.bid(market.now(), price=PRICE, quantity=10)).order
+    provider, client, indexer, placed = _resting_bid(world, market)
+    bid = placed.order
     world.escrow.withdraw(client.key, 10 * PRICE)
     indexer.run_once()
     assert _bid_prices(market) == []
@@ -180,11 +184,7 @@ def test_deposits_of_accounts_with_nothing_on_the_market_cost_no_read_however_ma
     stake per owner of live asks or registered provider among the accounts its events moved,
     however many events moved them; accounts with nothing on the market are never read."""
     market, reads = counted
-    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-    indexer = _indexer(world, market)
-    _register(world, market, provider)
-    world.escrow.deposit(client.key, PRICE)
-    _place(market, client.bid(market.now(), price=PRICE, quantity=1))
+    provider, client, indexer, _ = _resting_bid(world, market, quantity=1)
     indexer.run_once()
     strangers = ["0x" + os.urandom(32).hex() for _ in range(STRANGERS)]
     for number, key in enumerate(strangers, 1):
@@ -235,44 +235,16 @@ def test_provider_unstaking_below_the_minimum_is_refused_its_next_heartbeat_afte
     assert market.book(CLASS).asks == []
 
 
-class SwitchableNode:
+class SwitchableNode(RpcProxy):
     """A JSON-RPC proxy in front of the real node; while `up` is False it answers 503, as a
     node behind a load balancer that lost it."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.up = True
-        node = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if not node.up:
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                request = urllib.request.Request(
-                    node.upstream, body, {"Content-Type": "application/json"}
-                )
-                with urllib.request.urlopen(request, timeout=10) as reply:
-                    data = reply.read()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
+        return None if self.up else (503, b"")
 
 
 def test_an_account_whose_figure_could_not_be_read_is_read_after_the_next_run(
@@ -286,11 +258,7 @@ def test_an_account_whose_figure_could_not_be_read_is_read_after_the_next_run(
     )
     service = MarketService(settings, clock=Clock(world.now()))
     try:
-        provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
-        indexer = _indexer(world, service)  # reads the real node directly
-        _register(world, service, provider)
-        world.escrow.deposit(client.key, 10 * PRICE)
-        _place(service, client.bid(service.now(), price=PRICE, quantity=10))
+        _, client, indexer, _ = _resting_bid(world, service)  # the indexer: the real node
         indexer.run_once()
         assert _bid_prices(service) == [PRICE]
         world.escrow.withdraw(client.key, 10 * PRICE)
