@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from client.demo.terms import ALPHA, BETA, TPU_TARGET
 from client.errors import ClientError
@@ -90,6 +91,19 @@ LATE_STEPS = 500_000_000
 than beta's 1 s SLO plus the client's 2 s of slack on any CPU we know of."""
 
 
+def spin(n: Any, x: Any) -> Any:
+    """Apply ``sin(y) + 1`` to ``x`` ``n[0]`` times: a loop whose length (device time) each
+    task chooses (``n``: int32[1], ``x``: float32 array)."""
+    import jax
+    import jax.numpy as jnp
+
+    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, y = carry
+        return i + 1, jnp.sin(y) + 1.0
+
+    return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
+
+
 def late_envelope() -> ProgramEnvelope:
     """Return a CPU program that loops `LATE_STEPS` times (a task no provider delivers in 1 s)."""
     import jax
@@ -100,16 +114,9 @@ def late_envelope() -> ProgramEnvelope:
     from client.models.jax_export import producer_versions
     from contracts.program import encode_arrays
 
-    def loop(n: jax.Array, x: jax.Array) -> jax.Array:
-        def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-            i, y = carry
-            return i + 1, jnp.sin(y) + 1.0
-
-        return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
-
     steps = jax.ShapeDtypeStruct((1,), jnp.int32)  # type: ignore[no-untyped-call]
     values = jax.ShapeDtypeStruct((4,), jnp.float32)  # type: ignore[no-untyped-call]
-    exported = export.export(jax.jit(loop), platforms=("cpu",))(steps, values)
+    exported = export.export(jax.jit(spin), platforms=("cpu",))(steps, values)
     inputs = {"0": np.array([LATE_STEPS], np.int32), "1": np.ones(4, np.float32)}
     return ProgramEnvelope.create(
         program=bytes(exported.serialize()),

@@ -364,15 +364,7 @@ def bid(
 
 def spin_model() -> ExportedModel:
     """Export ``spin(steps, x)``: a loop whose length (device time) each task chooses."""
-    import jax
-    import jax.numpy as jnp
-
-    def spin(n: jax.Array, x: jax.Array) -> jax.Array:
-        def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-            i, y = carry
-            return i + 1, jnp.sin(y) + 1.0
-
-        return jax.lax.while_loop(lambda c: c[0] < n[0], body, (jnp.int32(0), x))[1]
+    from client.demo.workload import spin
 
     return export_jax(spin, example_inputs=[np.array([10], np.int32), np.ones(4, np.float32)])
 
