@@ -10,9 +10,14 @@ ENGINE_SRC := market/engine/orders.py market/engine/book.py market/engine/engine
 ENGINE_STAMP := .cache/engine-native.built
 ARGS    ?=
 
-.PHONY: demo test check lint typecheck unit fast setup system-deps bench-gas clean
+.PHONY: demo test check lint typecheck unit fast setup setup-xla system-deps bench-gas clean
 
-setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP) $(XLA_STAMP)
+# What the demo runs: the venv, the npm packages (anvil, solc-js), the compiled engine. The
+# torch_xla environment is not part of it: `make setup-xla` (or `make test`) builds it, and
+# `job export --from torch-xla` builds it on first use (client/models/xla_env.py).
+setup: $(STAMP) $(NPMSTAMP) $(ENGINE_STAMP)
+
+setup-xla: $(XLA_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
@@ -62,7 +67,7 @@ system-deps:
 # at a load of ~5 (22.5 min at ~11), against ~21 min serially on a quiet one; 0: one process.
 PYTEST_WORKERS ?= 3
 
-unit: setup system-deps
+unit: setup setup-xla system-deps
 	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 test: lint typecheck unit

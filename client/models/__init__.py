@@ -5,10 +5,11 @@ called. See ``docs/models.md`` for the routes and the decisions behind them.
 """
 
 from client.models.from_torch import export_torch
-from client.models.from_torch_xla import export_torch_xla, torch_xla_available
+from client.models.from_torch_xla import export_torch_xla
 from client.models.jax_export import DEFAULT_PLATFORMS, export_flat, export_jax, run_local
 from client.models.program import ExportedModel, decode_outputs, encode_inputs
 from client.models.signature import ProgramSignature, TensorSpec
+from client.models.xla_env import torch_xla_available
 
 __all__ = [
     "DEFAULT_PLATFORMS",

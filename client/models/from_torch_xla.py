@@ -1,8 +1,9 @@
 """The torch_xla PyTorch route: export in the ``.venv-xla`` environment, wrap it for JAX here.
 
 torch_xla 2.9.0 needs exactly torch 2.9.0 and its TPU extra pins a libtpu that conflicts with
-``jax[tpu]``, so it lives in its own environment (``make setup`` builds ``.venv-xla`` from
-``requirements-xla.txt``). :func:`export_torch_xla` starts that environment's Python on
+``jax[tpu]``, so it lives in its own environment (``.venv-xla`` from ``requirements-xla.txt``,
+built on first use by :mod:`client.models.xla_env` or by ``make setup-xla``).
+:func:`export_torch_xla` starts that environment's Python on
 :mod:`client.models.xla_worker` with a JSON request; the worker builds the module from a
 ``file.py:factory`` spec (a live module cannot cross environments without pickle), runs
 ``torch.export`` and torch_xla's ``exported_program_to_stablehlo`` on ``PJRT_DEVICE=CPU``,
@@ -32,15 +33,15 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from client.errors import ConverterUnavailableError, ModelConversionError
+from client.errors import ModelConversionError
 from client.models.export_diagnosis import ExportCategory, ExportFailed, diagnose_export
 from client.models.jax_export import DEFAULT_PLATFORMS, package_exported
 from client.models.program import ExportedModel
 from client.models.signature import Array
+from client.models.xla_env import ensure_torch_xla
 from contracts.program import ArrayFormat, decode_arrays, encode_arrays
 
 Source = tuple[Literal["weight", "input"], int]
-XLA_PYTHON_ENV: Final = "TPUMARKET_XLA_PYTHON"
 WORKER: Final = Path(__file__).with_name("xla_worker.py")
 ROUTE: Final = "torch_xla"
 _FOREIGN_MAIN: Final = "_foreign_main"
@@ -73,20 +74,6 @@ class XlaJob:
     input_labels: Sequence[str] | None = None
 
 
-def xla_python() -> Path:
-    """Return the Python of the torch_xla environment (``$TPUMARKET_XLA_PYTHON`` or .venv-xla)."""
-    override = os.environ.get(XLA_PYTHON_ENV)
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / ".venv-xla" / "bin" / "python"
-
-
-def torch_xla_available() -> bool:
-    """Return whether the torch_xla environment's Python exists (``make setup`` builds it)."""
-    python = xla_python()
-    return python.is_file() and os.access(python, os.X_OK)
-
-
 def export_torch_xla(
     model: str,
     example_inputs: Sequence[Any],
@@ -116,12 +103,7 @@ def export_torch_xla_many(
 ) -> list[ExportedModel | ExportFailed]:
     """Export several modules with one start of the torch_xla environment (about 10 s saved
     per module); return, in order, each program or the diagnosed failure."""
-    python = xla_python()
-    if not torch_xla_available():
-        raise ConverterUnavailableError(
-            f"the torch_xla environment is missing ({python}): run `make setup`, which builds "
-            f".venv-xla from requirements-xla.txt, or set {XLA_PYTHON_ENV}"
-        )
+    python = ensure_torch_xla()
     with tempfile.TemporaryDirectory(prefix="tpumarket-xla-") as tmp:
         folder = Path(tmp)
         inputs = [[_as_array(x) for x in job.example_inputs] for job in jobs]

@@ -12,7 +12,8 @@ import pytest
 
 from client.errors import ConverterUnavailableError, ModelConversionError
 from client.models import export_torch_xla, torch_xla_available
-from client.models.from_torch_xla import XLA_PYTHON_ENV, wrap_stablehlo
+from client.models.from_torch_xla import wrap_stablehlo
+from client.models.xla_env import XLA_PYTHON_ENV
 from provider.sandbox import Sandbox
 from tests.client.models.helpers import run_in_sandbox
 
@@ -76,5 +77,50 @@ def test_without_the_torch_xla_environment_the_route_says_how_to_get_it(
 ) -> None:
     monkeypatch.setenv(XLA_PYTHON_ENV, str(tmp_path / "no-such-python"))
     assert not torch_xla_available()
-    with pytest.raises(ConverterUnavailableError, match="make setup"):
+    with pytest.raises(ConverterUnavailableError, match=r"unset it to build \.venv-xla"):
         export_torch_xla("model.py:make", [np.zeros(3, np.float32)])
+
+
+def test_a_missing_default_environment_is_built_on_first_use_with_a_progress_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The build's steps run in order, each announced; the stamp marks the environment done."""
+    from client.models import xla_env
+
+    env = tmp_path / ".venv-xla"
+    monkeypatch.delenv(XLA_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(xla_env, "DEFAULT_ENV", env)
+    lines: list[str] = []
+    ran: list[list[str]] = []
+
+    def run(command: list[str]) -> int:
+        ran.append(command)
+        if command[1:3] == ["-m", "venv"]:
+            (env / "bin").mkdir(parents=True)
+            python = env / "bin" / "python"
+            python.write_text("#!/bin/sh\n")
+            python.chmod(0o755)
+        return 0
+
+    assert not xla_env.torch_xla_available()
+    python = xla_env.ensure_torch_xla(progress=lines.append, run=run)
+    assert python == env / "bin" / "python"
+    assert xla_env.torch_xla_available()
+    assert [c[1:3] for c in ran] == [["-m", "venv"], ["-m", "pip"], ["-m", "pip"]]
+    assert ran[-1][-2:] == ["-r", str(xla_env.REQUIREMENTS)]
+    assert "first use only" in lines[0] and lines[-1] == "the torch_xla environment is ready"
+    # Built once: a second call runs nothing.
+    xla_env.ensure_torch_xla(progress=lines.append, run=run)
+    assert len(ran) == 3
+
+
+def test_a_failed_build_says_which_step_and_how_to_retry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from client.models import xla_env
+
+    monkeypatch.delenv(XLA_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(xla_env, "DEFAULT_ENV", tmp_path / ".venv-xla")
+    with pytest.raises(ConverterUnavailableError, match=r"exit 1 at step 1.*rerun the command"):
+        xla_env.ensure_torch_xla(progress=lambda _line: None, run=lambda _command: 1)
+    assert not xla_env.torch_xla_available()
