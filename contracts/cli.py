@@ -16,12 +16,12 @@ import sys
 import threading
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from contracts.binding import DEFAULT_MIN_CHALLENGE_WINDOW, Chain
-from contracts.chain import Anvil
 from contracts.errors import EscrowError
-from contracts.signing import address_of
+
+if TYPE_CHECKING:
+    from contracts.binding import Chain
 
 DEV_TOKENS = 10**6 * 10**6  # one million tokens of 6 decimals per dev account
 INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
@@ -91,6 +91,10 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the `tpumarket` command line."""
+    words = sys.argv[1:] if argv is None else argv
+    if words == ["--version"]:  # answered before any subcommand (and web3) is imported
+        print(f"tpumarket {_version()}", flush=True)
+        return 0
     parser = argparse.ArgumentParser(prog="tpumarket", description="Accelerator compute market")
     parser.add_argument("--version", action="version", version=f"tpumarket {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def register_chain(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add `tpumarket chain ...`."""
+    from contracts.binding import DEFAULT_MIN_CHALLENGE_WINDOW
+
     chain = commands.add_parser("chain", help="run a local chain with the contracts deployed")
     actions = chain.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="start anvil, deploy token and escrow, fund dev accounts")
@@ -135,6 +141,10 @@ def _dev_accounts(text: str) -> int:
 
 
 def _chain_up(args: argparse.Namespace) -> int:
+    from contracts.binding import Chain
+    from contracts.chain import Anvil
+    from contracts.signing import address_of
+
     if args.min_challenge_window < 1:
         raise InputError("--min-challenge-window must be at least 1 second")
     with Anvil.start(port=args.port, accounts=args.accounts) as anvil:
@@ -177,6 +187,8 @@ def _chain_up(args: argparse.Namespace) -> int:
 
 def export_lines(details: dict[str, Any]) -> list[str]:
     """Return the shell lines that point the client, provider and market commands at a chain."""
+    from contracts.signing import address_of
+
     keys = [str(a["private_key"]) for a in details["dev_accounts"]]
     rpc, escrow = details["rpc_url"], details["escrow"]
     return [

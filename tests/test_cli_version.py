@@ -1,0 +1,24 @@
+"""`tpumarket --version` answers before any subcommand, and so before web3, is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+PROBE = """
+import sys
+import contracts.cli
+code = contracts.cli.main(["--version"])
+heavy = sorted(m for m in ("web3", "eth_account", "jax", "fastapi", "market", "provider", "client")
+               if m in sys.modules)
+print("HEAVY", heavy, code)
+"""
+
+
+def test_version_imports_no_subcommand_nor_web3() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=120
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("tpumarket ")
+    assert lines[1] == "HEAVY [] 0"
