@@ -57,6 +57,11 @@ class DealCache:
         self._refreshing: set[int] = set()
         self.reads = 0
 
+    @property
+    def escrow(self) -> Escrow:
+        """Return the escrow the deals are read from."""
+        return self._escrow
+
     def get(self, deal_id: int, *, fresh: bool = False) -> DealState:
         """Return the deal, read from the chain when not cached, stale, or ``fresh``.
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from contracts.messages import Ack, Domain, Plan, TaskRequest
 from provider.config import SettlementConfig
+from provider.counterparty import CounterpartyCode, chain_code
 from provider.deal_budget import DealBudget
 from provider.deals import DealCache
 from provider.errors import NotFoundError
@@ -34,6 +35,7 @@ from provider.receipts import ack_price
 from provider.sandbox import Sandbox
 from provider.signing import DomainSigner
 from provider.task_checks import KIND_NAMES, CheckedRequest, TaskChecks
+from provider.task_index import IndexOrder
 from provider.task_runner import TaskFuture, TaskRunner
 from provider.voucher_desk import VoucherDesk
 
@@ -88,6 +90,8 @@ class TaskService:
         clock: Callable[[], float] = time.time,
         refresh_settled: Callable[[int], None] | None = None,
         output_memory_bytes: int | None = None,
+        counterparty: CounterpartyCode | None = None,
+        allow_counterparty_code: bool = False,
     ) -> None:
         """Wire the service; :meth:`recover` re-runs what a previous process left unfinished.
 
@@ -95,7 +99,9 @@ class TaskService:
         says which challenge windows the settlement jobs can meet; ``refresh_settled(deal)``
         reads the chain's settlement of a deal's overdue tasks before a budget refusal.
         ``output_memory_bytes`` bounds the delivered outputs kept in memory (default:
-        :func:`provider.output_memory.output_memory_budget`).
+        :func:`provider.output_memory.output_memory_budget`). ``counterparty`` judges the
+        code of deals' clients (by default read through the deals' escrow; contract wallets
+        refused unless ``allow_counterparty_code``).
         """
         self.address = address
         self.domain = domain
@@ -123,8 +129,11 @@ class TaskService:
             settlement=self.settlement,
             max_envelope_bytes=max_envelope_bytes,
             metrics=metrics,
+            counterparty=counterparty
+            or CounterpartyCode(chain_code(deals.escrow.tx.w3), allow_code=allow_counterparty_code),
         )
         self.check_request = self.checks.check_request
+        self.order = IndexOrder(self._acked_indexes)
         self.budget = DealBudget(
             journal=journal,
             deals=deals,
@@ -196,6 +205,7 @@ class TaskService:
                 existing = self.journal.ack(key)
                 if existing is not None:
                     return self._existing(existing, request_hash)
+                self.order.check(request, checks.reject)  # index n only once 0..n-1 are acked
                 short = self.budget.short(request, deal, price, final=attempt == 1)
                 if not short:
                     record = self._ack(request, sig, request_hash, target, price, now)
@@ -207,6 +217,10 @@ class TaskService:
             self.budget.refresh(request.deal_id)
         self._acked[request.kind].inc()
         return Submission(record, created=True)
+
+    def _acked_indexes(self, deal_id: int) -> dict[int, AckRecord]:
+        book = self.journal.deal(deal_id)
+        return {} if book is None else book.acks
 
     def _ack(
         self,

@@ -27,11 +27,13 @@ from contracts.program import (
     request_input_hash,
 )
 from provider.config import SettlementConfig
+from provider.counterparty import CounterpartyCode
 from provider.deals import DealCache
 from provider.errors import RejectedError
 from provider.metrics import ProviderMetrics
 from provider.sandbox import Sandbox
 from provider.signing import DomainSigner
+from provider.task_index import OUT_OF_RANGE, range_problem
 from provider.wire import MAX_JSON_DEPTH, json_depth, parse_signature, shorten
 
 # The task service's logger: its lines and the filters on them stay as they were.
@@ -65,8 +67,10 @@ class TaskChecks:
         settlement: SettlementConfig,
         max_envelope_bytes: int,
         metrics: ProviderMetrics,
+        counterparty: CounterpartyCode,
     ) -> None:
-        """Check requests to ``address`` under ``domain`` against ``deals``' state on chain."""
+        """Check requests to ``address`` under ``domain`` against ``deals``' state on chain;
+        ``counterparty`` judges the code of each deal's client."""
         self.address = address
         self.domain = domain
         self.deals = deals
@@ -76,6 +80,7 @@ class TaskChecks:
         self.settlement = settlement
         self.max_envelope_bytes = max_envelope_bytes
         self.metrics = metrics
+        self.counterparty = counterparty
 
     def reject(self, code: str, reason: str) -> RejectedError:
         """Count and log a refused task; return the error to raise."""
@@ -124,17 +129,29 @@ class TaskChecks:
     def check_terms(self, request: TaskRequest, deal: DealState, now: float) -> Plan:
         """Refuse a task its deal cannot take now; return the deal's plan.
 
-        The deal must be open and unexpired, its challenge window one the settlement jobs can
-        meet, its plan one this provider quoted; the deadline one this provider can meet and
-        not past the deal's expiry.
+        The index must be one the escrow can settle; the deal open, unexpired and not agreed
+        closed by its client, its challenge window one the settlement jobs can meet, its plan
+        one this provider quoted, its client an account whose signatures cannot be withdrawn
+        (:mod:`provider.counterparty`); the deadline one this provider can meet and not past
+        the deal's expiry.
         """
+        problem = range_problem(request)
+        if problem is not None:
+            raise self.reject(OUT_OF_RANGE, problem)
         if deal.status != DEAL_OPEN:
             raise self.reject("deal_not_open", f"deal {request.deal_id} is closed")
+        if deal.client_agreed_close:
+            # A task acked now could breach after an early close had returned its funds.
+            raise self.reject(
+                "deal_closing",
+                f"deal {request.deal_id}'s client agreed to close it: it takes no new task",
+            )
         if now >= deal.expiry:
             raise self.reject("deal_expired", f"deal {request.deal_id} expired at {deal.expiry}")
         problem = self.settlement.window_problem(deal.challenge_window)
         if problem is not None:
             raise self.reject("window_too_short", f"deal {request.deal_id}: {problem}")
+        self.counterparty.check(deal.client, request.deal_id, self.reject)
         if request.deadline < now + self.slo_s:
             raise self.reject(
                 "deadline_too_soon",

@@ -1,0 +1,137 @@
+"""Whose signatures could be withdrawn: the code a deal's client holds (``eth_getCode``).
+
+The escrow recovers an ECDSA signature first and accepts it when it gives the signer, whatever
+code the address holds; it asks ERC-1271 only of a signature that does not recover to its
+signer. So an account with no code, and an EIP-7702 delegated account (code exactly
+``0xef0100 || 20-byte address``), sign what they cannot take back. A contract wallet signs
+through ERC-1271, and its answer can change after the fact: a client whose wallet stops
+answering "valid" would make the provider's voucher redemptions and claims revert. The daemon
+refuses the tasks of such a client (``counterparty_has_code``) unless its operator allows it,
+accepting that risk.
+
+Reads are cached per address for ``ttl_s`` and made again for every new deal, so a task's hot
+path makes no RPC call within the TTL of its deal's first read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from web3 import Web3
+from web3.exceptions import Web3Exception
+
+from provider.errors import RejectedError
+
+log = logging.getLogger("provider.counterparty")
+
+DELEGATION_PREFIX: Final = b"\xef\x01\x00"
+"""EIP-7702: a delegated account's code is this prefix and the 20-byte delegate address."""
+HAS_CODE: Final = "counterparty_has_code"
+"""Refusal code: the counterparty is a contract wallet whose signatures could be withdrawn."""
+
+
+class CodeKind(StrEnum):
+    """What an account's code says of the signatures it makes."""
+
+    NONE = "none"
+    """No code: an externally owned account; its ECDSA signatures stand."""
+    DELEGATED = "delegated"
+    """An EIP-7702 delegation: the escrow recovers its ECDSA signatures first; they stand."""
+    CONTRACT = "contract"
+    """Contract code: its ERC-1271 signatures may be withdrawn."""
+
+
+def code_kind(code: bytes) -> CodeKind:
+    """Return what ``code`` (as ``eth_getCode`` returns it) says of its account's signatures."""
+    if not code:
+        return CodeKind.NONE
+    if len(code) == 23 and code.startswith(DELEGATION_PREFIX):
+        return CodeKind.DELEGATED
+    return CodeKind.CONTRACT
+
+
+def chain_code(w3: Web3) -> Callable[[str], bytes]:
+    """Return a reader of an account's code on ``w3``'s chain (``eth_getCode`` at latest)."""
+    return lambda address: bytes(w3.eth.get_code(Web3.to_checksum_address(address)))
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    kind: CodeKind
+    read_at: float
+    deals: frozenset[int]
+
+
+class CounterpartyCode:
+    """Read and judge the code of the accounts this daemon takes signatures from."""
+
+    def __init__(
+        self,
+        get_code: Callable[[str], bytes],
+        *,
+        allow_code: bool = False,
+        ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Read code through ``get_code(address)``; ``allow_code`` accepts contract wallets."""
+        self._get_code = get_code
+        self.allow_code = allow_code
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._seen: dict[str, _Seen] = {}
+        self._lock = threading.Lock()
+        self.reads = 0
+
+    def kind(self, address: str, deal_id: int) -> CodeKind:
+        """Return the kind of ``address``'s code: cached, read again past the TTL or when
+        ``deal_id`` is a deal not seen with this address before."""
+        key = address.lower()
+        seen = self._seen.get(key)
+        now = self._clock()
+        if seen is not None and deal_id in seen.deals and now - seen.read_at < self._ttl_s:
+            return seen.kind
+        kind = code_kind(bytes(self._get_code(address)))
+        deals = frozenset({deal_id}) if seen is None else seen.deals | {deal_id}
+        with self._lock:
+            self.reads += 1
+            self._seen[key] = _Seen(kind, now, deals)
+        if kind is CodeKind.DELEGATED and (seen is None or seen.kind is not kind):
+            log.info(
+                "counterparty is an EIP-7702 delegated account: its ECDSA signatures stand",
+                extra={"address": address, "deal": deal_id},
+            )
+        return kind
+
+    def check(
+        self, address: str, deal_id: int, reject: Callable[[str, str], RejectedError]
+    ) -> CodeKind:
+        """Raise ``counterparty_has_code`` for a contract wallet (unless allowed); return the
+        kind of its code."""
+        try:
+            kind = self.kind(address, deal_id)
+        except (OSError, ValueError, Web3Exception) as exc:
+            raise reject("chain_unavailable", f"cannot read the code of {address}: {exc}") from exc
+        if kind is CodeKind.CONTRACT and not self.allow_code:
+            raise reject(
+                HAS_CODE,
+                f"deal {deal_id}'s client {address} is a contract account: its ERC-1271 "
+                "signatures can be withdrawn after the fact, so this provider does not take its "
+                "tasks (sign from an account without code, or from an EIP-7702 delegated one)",
+            )
+        return kind
+
+
+__all__ = [
+    "DELEGATION_PREFIX",
+    "HAS_CODE",
+    "CodeKind",
+    "CounterpartyCode",
+    "chain_code",
+    "code_kind",
+]
