@@ -1,0 +1,110 @@
+"""Evidence for an arbiter: what each party signs when it hands its side of a disputed task over.
+
+The client sends the task's program envelope, the provider its outputs. Each upload carries the
+sender's signature over :func:`evidence_digest`, which binds the bytes to one role, task, batch,
+deal, chain and escrow, so an upload cannot be replayed for another task or passed off as the
+other party's. The arbiter, the client SDK and the provider daemon share these names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import IntEnum
+
+from contracts.eip712 import Domain
+from contracts.errors import EscrowError
+from contracts.hashing import keccak256
+
+EVIDENCE_TAG = b"tpumarket.arbiter-evidence.v1"
+RULING_READ_TAG = b"tpumarket.arbiter-ruling-read.v1"
+EVIDENCE_SIGNATURE_HEADER = "X-Tpumarket-Evidence-Signature"
+EVIDENCE_TARGET_HEADER = "X-Tpumarket-Target"
+READ_EXPIRY_HEADER = "X-Tpumarket-Read-Expiry"
+READ_SIGNATURE_HEADER = "X-Tpumarket-Read-Signature"
+
+
+class Role(IntEnum):
+    """Which side of a dispute an upload comes from."""
+
+    CLIENT_PROGRAM = 1
+    PROVIDER_OUTPUTS = 2
+
+
+def evidence_digest(
+    domain: Domain, deal_id: int, batch_id: int, task_index: int, role: Role, body_sha256: bytes
+) -> bytes:
+    """Return what a party signs to hand a body (by its sha256) to the arbiter for one task.
+
+    ``keccak256(tag || domain separator || uint256 deal || uint32 batch || uint32 task ||
+    uint8 role || sha256(body))``.
+    """
+    if len(body_sha256) != 32:
+        raise ValueError("body_sha256 must be 32 bytes")
+    return keccak256(
+        EVIDENCE_TAG
+        + domain.separator()
+        + deal_id.to_bytes(32, "big")
+        + batch_id.to_bytes(4, "big")
+        + task_index.to_bytes(4, "big")
+        + bytes([int(role)])
+        + body_sha256
+    )
+
+
+def ruling_read_digest(domain: Domain, deal_id: int, batch_id: int, expiry: int) -> bytes:
+    """Return what a party signs to read a ruling's released outputs until ``expiry``."""
+    return keccak256(
+        RULING_READ_TAG
+        + domain.separator()
+        + deal_id.to_bytes(32, "big")
+        + batch_id.to_bytes(4, "big")
+        + expiry.to_bytes(8, "big")
+    )
+
+
+class EvidenceUploadError(EscrowError):
+    """The arbiter refused an upload or could not be reached; the message says which."""
+
+
+def upload_evidence(
+    arbiter_url: str,
+    domain: Domain,
+    key: str,
+    *,
+    deal_id: int,
+    batch_id: int,
+    task_index: int,
+    role: Role,
+    body: bytes,
+    target: str | None = None,
+    timeout_s: float = 60.0,
+) -> dict[str, object]:
+    """Sign ``body`` for one disputed task and PUT it to the arbiter; return its answer.
+
+    Raise :class:`EvidenceUploadError` with the arbiter's code and reason on a refusal.
+    """
+    import httpx
+
+    from contracts.signing import sign_digest
+
+    digest = evidence_digest(
+        domain, deal_id, batch_id, task_index, role, hashlib.sha256(body).digest()
+    )
+    headers = {EVIDENCE_SIGNATURE_HEADER: "0x" + sign_digest(digest, key).hex()}
+    if target is not None:
+        headers[EVIDENCE_TARGET_HEADER] = target
+    part = "program" if role is Role.CLIENT_PROGRAM else "outputs"
+    url = f"{arbiter_url.rstrip('/')}/v1/evidence/{deal_id}/{batch_id}/{task_index}/{part}"
+    try:
+        answer = httpx.put(url, content=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise EvidenceUploadError(f"arbiter at {arbiter_url} not reached: {exc}") from None
+    if answer.status_code != 200:
+        try:
+            detail = answer.json()
+            reason = f"{detail.get('error')}: {detail.get('reason')}"
+        except ValueError:
+            reason = answer.text[:200]
+        raise EvidenceUploadError(f"arbiter refused the {part} of task {task_index}: {reason}")
+    result: dict[str, object] = answer.json()
+    return result

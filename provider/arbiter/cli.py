@@ -1,0 +1,110 @@
+"""``tpumarket arbiter run``: watch the disputes that name this arbiter, take evidence, rule.
+
+Registered through the ``tpumarket.commands`` entry point ``arbiter``; ``python -m
+provider.arbiter.cli run ...`` works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from pathlib import Path
+
+from provider.errors import ProviderError
+
+log = logging.getLogger("provider.arbiter")
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``tpumarket arbiter ...``."""
+    arbiter = commands.add_parser("arbiter", help="rule disputed claims by re-executing them")
+    actions = arbiter.add_subparsers(dest="action", required=True)
+    run = actions.add_parser("run", help="serve the evidence API and rule disputes on chain")
+    run.add_argument("--config", type=Path, default=None, help="TOML file (env vars override)")
+    run.add_argument("--host", default=None, help="bind address (default: from config)")
+    run.add_argument("--port", type=int, default=None, help="port (default: from config)")
+    run.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from contracts.binding import Chain
+    from contracts.errors import EscrowError
+    from provider.arbiter.api import create_app
+    from provider.arbiter.config import load_settings
+    from provider.arbiter.journal import ArbiterJournal
+    from provider.arbiter.service import Arbiter, ArbiterTerms
+    from provider.logs import configure_logging
+    from provider.sandbox import Sandbox
+
+    try:
+        settings = load_settings(args.config, host=args.host, port=args.port)
+        chain = Chain(settings.rpc_url)
+        escrow = chain.escrow(settings.escrow)
+        if not chain.w3.eth.get_code(escrow.address):
+            raise ProviderError(f"no contract at escrow {escrow.address} ({settings.rpc_url})")
+        escrow.arbitration_period()  # an escrow answers; anything else raises
+    except ProviderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (EscrowError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    configure_logging("INFO")
+    journal = ArbiterJournal(settings.data_dir.resolve())
+    arbiter = Arbiter(
+        escrow=escrow,
+        key=settings.key.get_secret_value(),
+        journal=journal,
+        sandbox=lambda: Sandbox(pool_size=1, jax_platforms="cpu"),
+        terms=ArbiterTerms(
+            evidence_window_s=settings.evidence_window_s,
+            ruling_margin_s=settings.ruling_margin_s,
+        ),
+        from_block=settings.from_block,
+    )
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                arbiter.tick()
+            except Exception:  # a node hiccup: log it, the next tick reads again
+                log.exception("arbiter tick failed")
+            stop.wait(settings.poll_interval_s)
+
+    worker = threading.Thread(target=loop, name="arbiter-ticks", daemon=True)
+    worker.start()
+    print(f"arbiter {arbiter.address} on http://{settings.host}:{settings.port}", flush=True)
+    try:
+        uvicorn.run(
+            create_app(arbiter),
+            host=settings.host,
+            port=settings.port,
+            ws="none",
+            log_config=None,
+            access_log=False,
+            limit_concurrency=256,
+        )
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+        arbiter.close()
+        journal.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``arbiter ...`` without the ``tpumarket`` entry point."""
+    parser = argparse.ArgumentParser(prog="tpumarket")
+    register(parser.add_subparsers(dest="command", required=True))
+    namespace = parser.parse_args(["arbiter", *(sys.argv[1:] if argv is None else argv)])
+    code: int = namespace.handler(namespace)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""The arbiter's settings: a TOML file, then ``TPUMARKET_ARBITER_*`` variables key by key.
+
+The key is a secret (shown by no repr, log or error); every value is validated into one
+:class:`provider.errors.ConfigError` line naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from provider.errors import ConfigError
+
+ENV_PREFIX = "TPUMARKET_ARBITER_"
+
+
+class ArbiterSettings(BaseSettings):
+    """Everything ``tpumarket arbiter run`` needs."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    key: SecretStr = Field(description="the arbiter's private key (0x and 64 hex digits)")
+    rpc_url: str = Field("http://127.0.0.1:8545", description="the chain's JSON-RPC URL")
+    escrow: str = Field(description="the escrow's address")
+    data_dir: Path = Field(Path("arbiter-data"), description="journal and evidence")
+    host: str = Field("127.0.0.1", description="bind address of the API")
+    port: int = Field(8300, ge=1, le=65535, description="port of the API")
+    evidence_window_s: int = Field(
+        600, gt=0, description="seconds after a dispute to take evidence"
+    )
+    ruling_margin_s: int = Field(300, ge=0, description="rule at least this long before a lapse")
+    poll_interval_s: float = Field(2.0, gt=0, le=60, description="seconds between chain scans")
+    from_block: int = Field(0, ge=0, description="first block to scan for disputes")
+
+    @field_validator("key")
+    @classmethod
+    def _key_shape(cls, value: SecretStr) -> SecretStr:
+        digits = value.get_secret_value().strip().removeprefix("0x")
+        if len(digits) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digits):
+            raise ValueError("must be 0x and 64 hex digits")
+        return SecretStr("0x" + digits.lower())
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> ArbiterSettings:
+    """Load the settings: the TOML file at ``path`` (optional), then ``TPUMARKET_ARBITER_*``
+    variables key by key, then ``overrides`` (command-line flags) that are not None."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            values.update(tomllib.loads(path.read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path} is not TOML: {exc}") from None
+    origin = {name: str(path) for name in values}
+    for name in ArbiterSettings.model_fields:
+        raw = os.environ.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            values[name] = raw
+            origin[name] = ENV_PREFIX + name.upper()
+    for name, value in overrides.items():
+        if value is not None:
+            values[name] = value
+            origin[name] = "the command line"
+    try:
+        return ArbiterSettings.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        source = origin.get(where.split(".")[0], f"{ENV_PREFIX}{where.upper()} or the file")
+        raise ConfigError(f"{where}: {first['msg']} (from {source})") from None
