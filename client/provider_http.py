@@ -4,8 +4,11 @@ Only transient network errors (connection failures, timeouts, 502/503/504) are r
 backoff; a 4xx is a typed `ProviderRejected` at once.
 
 Results are for the deal's client only: a fetch sends the access token that came with the
-task's ack (kept per task by this client), or, without one, a short-lived signature by
-`client_key` over `result_access_digest(...)`.
+task's ack (kept per task by this client until shortly before it expires), or, without a live
+one, a short-lived signature by `client_key` over `result_access_digest(...)`. A resubmitted
+request (after this process restarted, say) is answered with the ack alone and no token, so its
+results are read with a fresh signature; a token the provider refuses (expired, or from
+before the provider's key changed) is dropped and the read signed instead.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from contracts.messages import Ack, Domain, Receipt, TaskRequest, Voucher, sign_
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
 ACCESS_TTL_S = 300
+TOKEN_MARGIN_S = 60
+"""A token this close to its expiry is not sent: the read is signed instead."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class ProviderHttp:
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
         self._client_key = client_key
         self._domain: Domain | None = None
-        self._tokens: dict[tuple[int, int], str] = {}
+        self._tokens: dict[tuple[int, int], tuple[str, int]] = {}
         self._lock = threading.Lock()
 
     def info(self) -> dict[str, Any]:
@@ -104,20 +109,31 @@ class ProviderHttp:
 
     def fetch(self, deal_id: int, task_index: int, *, wait_s: float = 0) -> TaskView:
         """Return the state of a task, long-polling up to `wait_s` for its delivery."""
-        response = self._request(
-            "GET",
-            f"/v1/tasks/{deal_id}/{task_index}",
-            params={"wait": wait_s},
-            headers=self._access(deal_id, task_index),
-        )
+        response = self._read(f"/v1/tasks/{deal_id}/{task_index}", (deal_id, task_index), wait_s)
         return self._view(response.json())
+
+    def _read(self, path: str, key: tuple[int, int], wait_s: float | None = None) -> httpx.Response:
+        """GET a result path with our access proof; a refused token is dropped and the read
+        signed instead (when we hold the client's key)."""
+        params = None if wait_s is None else {"wait": wait_s}
+        headers = self._access(*key)
+        try:
+            return self._request("GET", path, params=params, headers=headers)
+        except ProviderRejected as exc:
+            if ACCESS_TOKEN_HEADER not in headers or exc.status != 403:
+                raise
+            with self._lock:
+                self._tokens.pop(key, None)
+            if self._client_key is None:
+                raise
+            return self._request("GET", path, params=params, headers=self._access(*key))
 
     def _access(self, deal_id: int, task_index: int) -> dict[str, str]:
         """Return the headers that prove we are the deal's client (empty if we cannot)."""
         with self._lock:
             token = self._tokens.get((deal_id, task_index))
-        if token is not None:
-            return {ACCESS_TOKEN_HEADER: token}
+        if token is not None and token[1] > time.time() + TOKEN_MARGIN_S:
+            return {ACCESS_TOKEN_HEADER: token[0]}
         if self._client_key is None:
             return {}
         if self._domain is None:
@@ -140,16 +156,14 @@ class ProviderHttp:
     def _view(self, body: dict[str, Any]) -> TaskView:
         receipt = body.get("receipt")
         key = (int(body["deal_id"]), int(body["task_index"]))
-        if body.get("access_token"):
+        if body.get("access_token") and body.get("access_expires_at") is not None:
             with self._lock:
-                self._tokens[key] = str(body["access_token"])
+                self._tokens[key] = (str(body["access_token"]), int(body["access_expires_at"]))
         outputs: bytes | None = None
         if body.get("outputs_b64") is not None:
             outputs = base64.b64decode(body["outputs_b64"])
         elif receipt is not None and body.get("outputs_size"):
-            outputs = self._request(
-                "GET", f"/v1/tasks/{key[0]}/{key[1]}/outputs", headers=self._access(*key)
-            ).content
+            outputs = self._read(f"/v1/tasks/{key[0]}/{key[1]}/outputs", key).content
         return TaskView(
             state=str(body["state"]),
             ack=Ack.from_json(body["ack"]),

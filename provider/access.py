@@ -2,9 +2,13 @@
 
 Two proofs, either one per request (checked by :meth:`ResultAccess.check`):
 
-- the **access token** returned with the signed ack (``access_token`` in the answer to
-  ``POST /v1/tasks``): an HMAC of (chain, escrow, deal, task) under a secret derived from the
-  provider's key, so it survives restarts and costs no lookup; sent as ``X-Tpumarket-Access``;
+- the **access token** returned with the signed ack when the submission created it
+  (``access_token`` in the answer to the first ``POST /v1/tasks`` of a task; a repeat of the
+  request, which anyone can rebuild from a claim's calldata, gets none):
+  ``<expiry>.<HMAC of (chain, escrow, deal, task, expiry)>`` under a secret derived from the
+  provider's key, so it survives restarts and costs no lookup, names its audience and stops
+  working at ``expiry`` (:data:`TOKEN_TTL_S` after it was issued); sent as
+  ``X-Tpumarket-Access``;
 - a **client signature** over ``contracts.access.result_access_digest(domain, deal, task,
   expiry)`` with an expiry at most :data:`MAX_ACCESS_TTL_S` ahead, sent as
   ``X-Tpumarket-Access-Expiry`` and ``X-Tpumarket-Access-Signature``; it must recover to the
@@ -33,6 +37,8 @@ from contracts.messages import Domain, recover_digest
 from provider.errors import RejectedError
 
 MAX_ACCESS_TTL_S = 3600
+TOKEN_TTL_S = 3600
+"""How long an access token reads a task's result after the ack that issued it."""
 DEAL_SCOPE = 2**256 - 1
 """The task index in ``result_access_digest`` of a proof that reads a whole deal's summary."""
 Key = tuple[int, int]
@@ -49,10 +55,34 @@ class ResultAccess:
         self.domain = domain
         self._separator = domain.separator()
 
-    def token(self, key: Key) -> str:
-        """Return the access token of a task (hex)."""
-        message = self._separator + key[0].to_bytes(32, "big") + key[1].to_bytes(32, "big")
+    def token(self, key: Key, now: float) -> tuple[str, int]:
+        """Return a new access token of a task and its expiry (unix seconds)."""
+        expiry = int(now) + TOKEN_TTL_S
+        return f"{expiry}.{self._mac(key, expiry)}", expiry
+
+    def _mac(self, key: Key, expiry: int) -> str:
+        message = (
+            self._separator
+            + key[0].to_bytes(32, "big")
+            + key[1].to_bytes(32, "big")
+            + expiry.to_bytes(8, "big")
+        )
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def _check_token(self, key: Key, token: str, now: float) -> None:
+        """Return if ``token`` is this task's and has not expired; raise ``access_denied``."""
+        expiry_text, _, mac = token.strip().lower().partition(".")
+        if not expiry_text.isdigit() or len(expiry_text) > 12 or not 0 <= key[0] < 2**256:
+            raise RejectedError("access_denied", "malformed access token")
+        expiry = int(expiry_text)
+        sent = mac.encode("utf-8", "replace")
+        if not hmac.compare_digest(sent, self._mac(key, expiry).encode()):
+            raise RejectedError("access_denied", f"the access token is not for task {key}")
+        if expiry <= now:
+            raise RejectedError(
+                "access_denied",
+                f"the access token expired at {expiry}: sign a fresh {ACCESS_SIGNATURE_HEADER}",
+            )
 
     def check(
         self,
@@ -69,9 +99,7 @@ class ResultAccess:
         """
         token = headers.get(ACCESS_TOKEN_HEADER.lower())
         if token is not None:
-            sent = token.strip().lower().encode("utf-8", "replace")
-            if not hmac.compare_digest(sent, self.token(key).encode()):
-                raise RejectedError("access_denied", f"the access token is not for task {key}")
+            self._check_token(key, token, now)
             return
         signer = self._signer(key, headers, now)
         client = client_of(key[0])

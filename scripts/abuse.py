@@ -18,7 +18,10 @@ on its own deal, pacing itself, while the attacks run one after the other:
    out-of-range numbers, the web page's headers, a non-JSON order, a bad compile target, 100
    slow connections to each service;
 8. every route of both services' OpenAPI documents called as a stranger, as the client of
-   another deal (its token and signatures) and with zero or replayed signatures.
+   another deal (its token and signatures) and with zero or replayed signatures;
+9. the victim's task claimed on chain by the provider, its request and signature rebuilt from
+   the ``claimReceipts`` calldata and posted to the daemon by the attacker
+   (``scripts/abuse_replay.py``).
 
 Then 1,000 live-update streams are opened and left idle (the normal client paused) and the
 market's CPU share measured. The last line of stdout is one JSON object: ``unauthorized_reads``
@@ -26,9 +29,11 @@ market's CPU share measured. The last line of stdout is one JSON object: ``unaut
 ``unauthorized_writes`` (2xx to a stranger's voucher or a stranger's replayed task),
 ``terms_changed_by_stranger`` (the matched deal's quote terms after the attacks differ from the
 ask's), ``services_crashed`` (processes dead or not answering their health check),
-``server_errors`` (5xx answers), ``normal_p99_ms_under_abuse`` (the normal client's order
-placements, cancels and task submissions during the attacks; ``normal_p99_ms_alone``: the same
-calls in the 30 s before them), ``peak_rss_mb`` (VmHWM of market + daemon),
+``server_errors`` (5xx answers), ``results_read_by_stranger`` (answers to attack 9 that carried
+any of the victim's result: receipt, outputs, report, diagnosis or access token),
+``normal_p99_ms_under_abuse`` (the normal client's order placements, cancels and task
+submissions during the attacks; ``normal_p99_ms_alone``: the same calls in the 30 s before
+them), ``peak_rss_mb`` (VmHWM of market + daemon),
 ``idle_streams_cpu_pct_1000``, then each attack's own figures.
 
 Usage: scripts/abuse [--quick] [--work-dir DIR]
@@ -56,6 +61,7 @@ sys.path.insert(0, str(REPO))
 
 from scripts.abuse_attacks import ATTACKS, Tally  # noqa: E402
 from scripts.abuse_probes import idle_streams, routes_as_stranger  # noqa: E402
+from scripts.abuse_replay import claimed_replay  # noqa: E402
 from scripts.abuse_world import World, build_world, normal_client  # noqa: E402
 from tests.e2e.stack import stack  # noqa: E402
 
@@ -104,6 +110,9 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         world.normal.phase = "8_routes_as_stranger"
         tally.figures["routes_as_stranger"] = routes_as_stranger(world, tally)
         say(f"routes as stranger: {json.dumps(tally.figures['routes_as_stranger'])}")
+        world.normal.phase = "9_claimed_replay"
+        tally.figures["9_claimed_replay"] = claimed_replay(world, tally)
+        say(f"claimed replay: {json.dumps(tally.figures['9_claimed_replay'])}")
     finally:
         abuse_s = time.monotonic() - started
         stop.set()
@@ -120,6 +129,7 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "terms_changed_by_stranger": tally.terms_changed,
         "services_crashed": len(down),
         "server_errors": tally.server_errors,
+        "results_read_by_stranger": tally.results_read_by_stranger,
         "slow_connections_left_open": tally.slow_connections_left,
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),

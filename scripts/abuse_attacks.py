@@ -34,6 +34,7 @@ class Tally:
     server_errors: int = 0
     calls: int = 0
     slow_connections_left: int = 0
+    results_read_by_stranger: int = 0
     figures: dict[str, Any] = field(default_factory=dict)
     leaks: list[str] = field(default_factory=list)
 

@@ -9,6 +9,7 @@ handlers stay off the hot path.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from urllib.parse import parse_qs
 
@@ -17,7 +18,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contracts.program import ProgramFormatError, check_target_name
 from contracts.serving import read_streamed_body
 from provider.api.errors import STATUS_BY_CODE, error_body
-from provider.api.models import REQUEST_HEADER, SIGNATURE_HEADER, TARGET_HEADER, task_json
+from provider.api.models import (
+    REQUEST_HEADER,
+    SIGNATURE_HEADER,
+    TARGET_HEADER,
+    ack_only_json,
+    task_json,
+)
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import NotFoundError, ProviderError, RejectedError
@@ -96,7 +103,12 @@ async def submit_answer(
     body: bytes,
     checked: CheckedRequest | None = None,
 ) -> bytes:
-    """Submit a task from its HTTP pieces; return the JSON answer (``TaskPublic``)."""
+    """Submit a task from its HTTP pieces; return the JSON answer (``TaskPublic``).
+
+    The call that creates the ack gets an access token and, with ``wait``, the result; a
+    repeat of an acked request (its client's retry, or anyone who rebuilt the request from a
+    claim's calldata) gets the ack alone, at once (:func:`provider.api.models.ack_only_json`).
+    """
     if checked is None:
         checked = check_headers(daemon, headers)
     # Waiting for the result: the ack may commit with the receipt (one commit); the
@@ -110,8 +122,11 @@ async def submit_answer(
         checked=checked,
     )
     key = submission.record.key
+    if not submission.created:
+        return ack_only_json(daemon.service.view(key))
     view = await settled_view(daemon, key, wait)
-    return task_json(view, daemon.journal, daemon.access.token(key), created=submission.created)
+    token = daemon.access.token(key, time.time())
+    return task_json(view, daemon.journal, token, created=True)
 
 
 class FastTasks:

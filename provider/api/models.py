@@ -10,6 +10,7 @@ from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from provider.journal import Journal
+from provider.lifecycle import TaskState
 from provider.service import TaskView
 
 INLINE_OUTPUTS_MAX = 4 * 1024 * 1024
@@ -41,21 +42,47 @@ class TaskPublic(BaseModel):
     )
     report: dict[str, Any] | None = Field(None, description="a compile task's report")
     diagnosis: dict[str, Any] | None = Field(None, description="a failed task's diagnosis")
-    access_token: str = Field(
-        description="proof of being the deal's client for result reads (X-Tpumarket-Access)"
+    access_token: str | None = Field(
+        None,
+        description=(
+            "proof of being the deal's client for result reads (X-Tpumarket-Access), in the "
+            "answer that created the ack only; it expires at access_expires_at"
+        ),
     )
+    access_expires_at: int | None = Field(None, description="unix seconds: the token's expiry")
 
 
-def task_json(
-    view: TaskView, journal: Journal, access_token: str, *, created: bool = False
-) -> bytes:
+Token = tuple[str, int] | None
+"""An access token and its expiry, or None: an answer that carries no token."""
+
+
+def task_json(view: TaskView, journal: Journal, token: Token, *, created: bool = False) -> bytes:
     """Return a task's :class:`TaskPublic` JSON without pydantic (the hot path)."""
-    data = task_dict(view, journal, access_token, created=created)
+    data = task_dict(view, journal, token, created=created)
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def ack_only_json(view: TaskView) -> bytes:
+    """Return the answer to a repeated submission: the ack, nothing of the result.
+
+    A signed request is public once a claim carries it, so its repeat proves nothing about
+    who sends it: the answer holds what the ack's own signer gave out (the ack), the state
+    ``acked`` whatever the task's progress, and no token; results need an access proof.
+    """
+    ack = view.ack
+    data = {
+        "deal_id": ack.ack.deal_id,
+        "task_index": ack.ack.task_index,
+        "state": str(TaskState.ACKED),
+        "created": False,
+        "ack": ack.ack_json(),
+        "ack_signature": "0x" + ack.ack_sig.hex(),
+    }
     return json.dumps(data, separators=(",", ":")).encode()
 
 
 def task_dict(
-    view: TaskView, journal: Journal, access_token: str, *, created: bool = False
+    view: TaskView, journal: Journal, token: Token, *, created: bool = False
 ) -> dict[str, Any]:
     """Return the fields of :class:`TaskPublic` for a task."""
     ack = view.ack
@@ -66,8 +93,9 @@ def task_dict(
         "created": created,
         "ack": ack.ack_json(),
         "ack_signature": "0x" + ack.ack_sig.hex(),
-        "access_token": access_token,
     }
+    if token is not None:
+        data.update(access_token=token[0], access_expires_at=token[1])
     if view.receipt is not None:
         record = view.receipt
         outputs = view.outputs if view.outputs is not None else journal.outputs(ack.key)

@@ -48,6 +48,8 @@ def test_abuse_when_every_attack_runs_then_no_data_leaks_no_terms_change_nothing
     assert figures["terms_changed_by_stranger"] == 0
     assert figures["services_crashed"] == 0
     assert figures["server_errors"] == 0
+    assert figures["results_read_by_stranger"] == 0
+    assert attacks_rebuilt(figures) >= 1
     assert figures["attack_calls"] > 200
     attacks = figures["attacks"]
     assert set(attacks["1_replayed_requests"]["statuses"].values()) == {403}
@@ -64,3 +66,10 @@ def test_abuse_when_every_attack_runs_then_no_data_leaks_no_terms_change_nothing
     assert figures["normal_errors"] == 0
     assert figures["normal_orders_placed"] > 0 and figures["normal_tasks_acked"] > 0
     assert figures["normal_tasks_delivered"] == figures["normal_tasks_acked"]
+
+
+def attacks_rebuilt(figures: dict[str, object]) -> int:
+    """Return how many task requests attack 9 rebuilt from a claim's calldata."""
+    attack = figures["attacks"]
+    assert isinstance(attack, dict)
+    return int(attack["9_claimed_replay"]["requests_rebuilt"])

@@ -81,7 +81,7 @@ _ACCESS_DOC: dict[str, Any] = {
             "description": text,
         }
         for name, text in (
-            (ACCESS_TOKEN_HEADER, "the access_token of the task's answers"),
+            (ACCESS_TOKEN_HEADER, "the access_token of the answer that created the ack"),
             (ACCESS_EXPIRY_HEADER, "or: unix seconds, at most 3600 s ahead"),
             (ACCESS_SIGNATURE_HEADER, "and the client's signature of result_access_digest"),
         )
@@ -128,11 +128,14 @@ async def get_task(
     daemon: DaemonDep,
     wait: WaitQuery = 0.0,
 ) -> Response:
-    """Return a task's state to the deal's client; with ``wait``, long-poll until delivered."""
+    """Return a task's state to the deal's client; with ``wait``, long-poll until delivered.
+
+    No access token is issued here: tokens come only with the ack that created the task.
+    """
     key = (deal_id, task_index)
     _authorize(daemon, request, key)
     view = await settled_view(daemon, key, wait)
-    answer = task_json(view, daemon.journal, daemon.access.token(key))
+    answer = task_json(view, daemon.journal, None)
     return Response(answer, media_type="application/json")
 
 
