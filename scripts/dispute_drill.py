@@ -1,0 +1,183 @@
+"""Dispute drill: every dispute case end to end on anvil with a real arbiter process.
+
+Each case opens a deal on a fresh escrow state, claims one task whose program is a real model
+(the honest outputs come from the provider's sandbox), disputes the claim and hands over the
+evidence each party chooses to give; the arbiter (``python -m provider.arbiter.cli run``)
+re-executes and rules on chain. The drill reads the outcome back from the chain and checks it
+against the case's right answer, the escrow's money invariant after each case, and that every
+dispute was ruled (none lapsed). The last line of stdout is one JSON object.
+
+    scripts/dispute-drill
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from contracts.binding import BATCH_PAID, BATCH_REJECTED  # noqa: E402
+from contracts.chain import Anvil  # noqa: E402
+from contracts.evidence import Role  # noqa: E402
+from contracts.program import encode_arrays  # noqa: E402
+from tests.arbiter.drill import (  # noqa: E402
+    EVIDENCE_WINDOW_S,
+    PENALTY,
+    ArbiterProcess,
+    Job,
+    altered,
+    conserved,
+    dispute,
+    make_job,
+    send,
+)
+from tests.contracts.conftest import World, deploy_world  # noqa: E402
+from tests.polling import wait_until  # noqa: E402
+
+Outcome = list[tuple[int, bool]]
+"""(deal, whether the provider should win) per disputed batch of a case."""
+Case = Callable[[World, ArbiterProcess, Job], Outcome]
+"""A case: set up, dispute and hand over the evidence each party chooses to give."""
+
+
+def honest_delivery_disputed(
+    world: World, arbiter: ArbiterProcess, job: Job
+) -> list[tuple[int, bool]]:
+    deal, _ = dispute(world, arbiter, job, job.outputs)
+    send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, job.outputs, world.providers[0])
+    return [(deal, True)]
+
+
+def provider_alters_outputs(
+    world: World, arbiter: ArbiterProcess, job: Job
+) -> list[tuple[int, bool]]:
+    wrong = altered(job.outputs)
+    deal, _ = dispute(world, arbiter, job, wrong)
+    send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, wrong, world.providers[0])
+    return [(deal, False)]
+
+
+def provider_fabricates_receipt(
+    world: World, arbiter: ArbiterProcess, job: Job
+) -> list[tuple[int, bool]]:
+    # Outputs it never computed: arrays of the right names, made up, receipted and uploaded.
+    made_up = encode_arrays({"0": np.zeros((4, 10), np.float32)})
+    deal, _ = dispute(world, arbiter, job, made_up)
+    send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, made_up, world.providers[0])
+    return [(deal, False)]
+
+
+def provider_never_delivered(
+    world: World, arbiter: ArbiterProcess, job: Job
+) -> list[tuple[int, bool]]:
+    deal, _ = dispute(world, arbiter, job, job.outputs)
+    send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    world.anvil.increase_time(EVIDENCE_WINDOW_S + 1)
+    return [(deal, False)]
+
+
+def client_never_answers(world: World, arbiter: ArbiterProcess, job: Job) -> Outcome:
+    deal, _ = dispute(world, arbiter, job, job.outputs)
+    send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, job.outputs, world.providers[0])
+    world.anvil.increase_time(EVIDENCE_WINDOW_S + 1)
+    return [(deal, True)]
+
+
+def replicas_disagree(world: World, arbiter: ArbiterProcess, job: Job) -> Outcome:
+    # The same task on two providers; their outputs differ, so the client disputes both and
+    # hands its program over for both: the arbiter's re-execution says which one is right.
+    wrong = altered(job.outputs)
+    right_deal, _ = dispute(world, arbiter, job, job.outputs, provider_index=0)
+    wrong_deal, _ = dispute(world, arbiter, job, wrong, provider_index=1)
+    for deal in (right_deal, wrong_deal):
+        send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    send(world, arbiter, right_deal, Role.PROVIDER_OUTPUTS, job.outputs, world.providers[0])
+    send(world, arbiter, wrong_deal, Role.PROVIDER_OUTPUTS, wrong, world.providers[1])
+    return [(right_deal, True), (wrong_deal, False)]
+
+
+def arbiter_killed_mid_case(
+    world: World, arbiter: ArbiterProcess, job: Job
+) -> list[tuple[int, bool]]:
+    deal, _ = dispute(world, arbiter, job, job.outputs)
+    send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, job.outputs, world.providers[0])
+    arbiter.kill()
+    arbiter.start()  # its journal holds the case and the provider's evidence
+    send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
+    return [(deal, True)]
+
+
+CASES: list[Case] = [
+    honest_delivery_disputed,
+    provider_alters_outputs,
+    provider_fabricates_receipt,
+    provider_never_delivered,
+    client_never_answers,
+    replicas_disagree,
+    arbiter_killed_mid_case,
+]
+
+
+def main() -> None:
+    """Run every case; print the figures as one JSON line."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    job = make_job()
+    results: list[dict[str, Any]] = []
+    ruling_s: list[float] = []
+    with Anvil.start(accounts=10) as anvil, tempfile.TemporaryDirectory() as tmp:
+        world = deploy_world(anvil)
+        arbiter = ArbiterProcess(world, Path(tmp) / "arbiter")
+        arbiter.start()
+        try:
+            for case in CASES:
+                started = time.monotonic()
+                for deal, provider_should_win in case(world, arbiter, job):
+                    wait_until(lambda d=deal: arbiter.ruling(d, 0) is not None, 300, "a ruling")
+                    batch = world.escrow.get_batch(deal, 0)
+                    provider_won = batch.status == BATCH_PAID
+                    lapsed = batch.status not in (BATCH_PAID, BATCH_REJECTED)
+                    ruling_s.append(time.monotonic() - started)
+                    results.append(
+                        {
+                            "case": case.__name__,
+                            "deal": deal,
+                            "provider_should_win": provider_should_win,
+                            "provider_won": provider_won,
+                            "correct": provider_won == provider_should_win,
+                            "lapsed": lapsed,
+                            "invariant_ok": conserved(world),
+                        }
+                    )
+        finally:
+            arbiter.stop()
+    # The honest party of each case is the one that should win: a wrong ruling is its loss.
+    honest_losses = sum(1 for r in results if not r["correct"])
+    figures = {
+        "rulings_total": len(results),
+        "rulings_correct": sum(1 for r in results if r["correct"]),
+        "disputes_lapsed": sum(1 for r in results if r["lapsed"]),
+        "invariant_ok": all(r["invariant_ok"] for r in results),
+        "honest_losses": honest_losses,
+        "ruling_s_p50": round(statistics.median(ruling_s), 2) if ruling_s else None,
+        "penalty_per_task": PENALTY,
+        "cases": results,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
