@@ -1,8 +1,10 @@
 """The claim job: claim delivered, on-time tasks that no acceptable voucher covers.
 
 A task is claimed once it reaches ``settleBy - margin``, up to ``claim_batch_max`` per
-transaction, each with the client's signed request; a task the chain refuses is dropped from
-the batch, which is sent again.
+transaction, each with the client's signed request. No task stops another's claim: a task
+whose status read reverts is set aside, the batch is simulated first and each task that makes
+it revert is set aside (:mod:`provider.settlement.claim_check`); a task the chain still refuses
+when sent is dropped from the batch, which is sent again.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from typing import Final
 
 from contracts.binding import DealState, TaskStatus
 from contracts.errors import ChainError, ContractRevert
-from contracts.messages import Claim, Plan
+from contracts.messages import Plan
 from provider.journal import DealBook, ReceiptRecord, SettlementRecord
 from provider.lifecycle import SettlementAction, SettlementStep
 from provider.receipts import settle_by
+from provider.settlement.claim_check import ClaimCheck
 from provider.settlement.context import SettlementContext
 
 log = logging.getLogger("provider.settlement")
@@ -31,6 +34,7 @@ class ReceiptClaims:
     def __init__(self, ctx: SettlementContext) -> None:
         """Work through ``ctx``."""
         self.ctx = ctx
+        self.check = ClaimCheck(ctx)
 
     def claim_due(
         self, *, force: bool = False, deals: Collection[int] | None = None
@@ -131,13 +135,15 @@ class ReceiptClaims:
             self.ctx.failed(SettlementStep.CLAIM, deal_id, exc)
             return None
         batch = [r for r, s in zip(batch, statuses, strict=True) if s == TaskStatus.NONE]
+        try:
+            batch = self.check.settleable(deal_id, book, plan, batch)
+        except ChainError as exc:
+            self.ctx.failed(SettlementStep.CLAIM, deal_id, exc)
+            return None
         for attempt in range(CLAIM_ATTEMPTS):
             if not batch:
                 return None
-            claims = []
-            for record in batch:
-                ack = book.acks[record.receipt.task_index]
-                claims.append(Claim(record.receipt, ack.request.max_price, ack.request_sig))
+            claims = self.check.claims(book, batch)
             try:
                 tx = self.ctx.escrow.claim_receipts(self.ctx.private_key, deal_id, plan, claims)
                 break

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterator
 from typing import Any, Final
 
 from contracts.binding import DealState, DealStatus, Escrow
+from contracts.errors import CallRevertedError, ContractRevert
 from contracts.messages import Plan, address_of
 from provider.clock import ChainClock
 from provider.config import SettlementConfig
@@ -24,11 +25,16 @@ from provider.journal import DealBook, Journal, SettlementRecord
 from provider.lifecycle import SettlementAction, SettlementStep
 from provider.metrics import ProviderMetrics
 from provider.receipts import settle_by
+from provider.task_index import MAX_TASKS
 
 log = logging.getLogger("provider.settlement")
 
 READ_CHUNK: Final = 500
 """View calls per JSON-RPC batch."""
+
+SET_ASIDE: Final = "task_set_aside"
+"""``tpumarket_provider_settlement_failures{action}`` label of a task a job sets aside (its
+status read or its claim reverts) so the deal's other tasks settle."""
 
 OpenDeal = tuple[int, DealBook, DealState, Plan]
 """A deal the jobs may settle: its id, its journal book, its state on chain, its plan."""
@@ -95,16 +101,48 @@ class SettlementContext:
                 out.append((deal_id, book, state, plan))
         return out
 
-    def task_statuses(self, deal_id: int, indexes: list[int]) -> list[int]:
+    def task_statuses(self, deal_id: int, indexes: list[int]) -> list[int | None]:
         """Return the chain's settlement state of tasks, in batched reads (each a value of
-        :class:`~contracts.states.TaskStatus`)."""
-        out: list[int] = []
-        for start in range(0, len(indexes), READ_CHUNK):
-            chunk = indexes[start : start + READ_CHUNK]
-            out += [
-                int(s) for s in self.escrow.read_many([("taskStatus", (deal_id, i)) for i in chunk])
-            ]
-        return out
+        :class:`~contracts.states.TaskStatus`), or None for a task whose read reverts.
+
+        One task's read never fails the others: an index the escrow cannot hold is not read,
+        and a batch with a reverting read is read again task by task; such a task is set aside
+        (:meth:`set_aside`). A transport failure still raises.
+        """
+        out: dict[int, int | None] = {}
+        readable = []
+        for index in indexes:
+            if index >= MAX_TASKS:
+                self.set_aside(deal_id, index, f"task index {index} is past MAX_TASKS {MAX_TASKS}")
+                out[index] = None
+            else:
+                readable.append(index)
+        for start in range(0, len(readable), READ_CHUNK):
+            chunk = readable[start : start + READ_CHUNK]
+            try:
+                out.update(zip(chunk, self._statuses(deal_id, chunk), strict=True))
+            except (ContractRevert, CallRevertedError):
+                out.update((i, self._status(deal_id, i)) for i in chunk)
+        return [out[i] for i in indexes]
+
+    def _statuses(self, deal_id: int, chunk: list[int]) -> list[int]:
+        calls = [("taskStatus", (deal_id, i)) for i in chunk]
+        return [int(s) for s in self.escrow.read_many(calls)]
+
+    def _status(self, deal_id: int, index: int) -> int | None:
+        try:
+            return self._statuses(deal_id, [index])[0]
+        except (ContractRevert, CallRevertedError) as exc:
+            self.set_aside(deal_id, index, f"its status read reverts: {exc}")
+            return None
+
+    def set_aside(self, deal_id: int, index: int, why: str) -> None:
+        """Count and log (once per task) a task left out so the deal's other tasks settle."""
+        if ("set_aside", deal_id, index) not in self._warned:
+            self.metrics.settlement_failures.labels(SET_ASIDE).inc()
+        self.warn_once(
+            "set_aside", deal_id, index, f"task set aside: the others settle without it ({why})"
+        )
 
     # ---- timing ------------------------------------------------------------------------
 
