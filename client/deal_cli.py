@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client.accounts import DEFAULT_MIN_CHALLENGE_WINDOW, open_market_deal
+from client.accounts import DEFAULT_MIN_CHALLENGE_WINDOW, wait_for_quote
 from client.amounts import tokens
 from client.cli import (
     UsageError,
@@ -38,6 +38,7 @@ from client.cli import (
     print_table,
     settings_of,
 )
+from client.deal_guards import CodeCheck
 from client.errors import ClientError
 from client.market_http import MarketHttpError
 from contracts.binding import DEAL_OPEN
@@ -145,14 +146,18 @@ def _open(args: argparse.Namespace) -> int:
             note(f"waiting for the provider's quote for deal {args.deal_id} ({seconds:.0f} s)")
 
     try:
-        opened = open_market_deal(
-            market,
-            account,
-            args.deal_id,
-            max_spend=args.max_spend,
-            wait_s=args.quote_wait_s,
-            on_wait=waiting,
+        record = wait_for_quote(
+            market, account.address, args.deal_id, timeout_s=args.quote_wait_s, on_wait=waiting
         )
+        # A provider with contract code could withdraw its acks' signatures (ERC-1271).
+        w3 = account.escrow.tx.w3
+        check = CodeCheck(lambda a: bytes(w3.eth.get_code(w3.to_checksum_address(a))))
+        check.allow_code = args.allow_provider_code
+        quote = record.get("quote") if isinstance(record.get("quote"), dict) else {}
+        kind = check.check(str((quote or {}).get("provider", record.get("provider", ""))))
+        if kind != "none":
+            note(f"the provider's account holds code ({kind}): its ECDSA acks still stand")
+        opened = account.open_market_deal(record, max_spend=args.max_spend)
     finally:
         market.close()
     # The deal's ledger learns the block it opened in: its claims are read from there.
@@ -255,6 +260,12 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
         type=positive_int,
         default=DEFAULT_MIN_CHALLENGE_WINDOW,
         help="the shortest challenge window accepted, seconds (time to dispute a claim)",
+    )
+    open_.add_argument(
+        "--allow-provider-code",
+        action="store_true",
+        help="open even if the provider is a contract wallet, whose ERC-1271 signatures (its "
+        "acks) could be withdrawn after the fact, losing breach refunds",
     )
     open_.add_argument("--state-dir", default=None, help="deal ledgers (as for `tpumarket job`)")
     open_.set_defaults(handler=guarded(_open))

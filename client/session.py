@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from web3.exceptions import Web3Exception
 
 from client.accounts import ClientAccount
+from client.deal_guards import OUT_OF_ORDER, DealClosing, expected_index
 from client.deal_payments import DealPayments
 from client.errors import ClientError, DeliveryRejected, ProviderRejected, ProviderUnavailable
 from client.provider_http import ProviderHttp, TaskView
@@ -82,6 +83,9 @@ class DealSession:
     _lead: float = 0.0
     _lead_read_at: float = -CHAIN_CLOCK_READ_S
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _send_lock: threading.Lock = field(default_factory=threading.Lock)
+    _order: threading.Condition = field(default_factory=threading.Condition)
+    _given_up: set[int] = field(default_factory=set)
     _rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def __post_init__(self) -> None:
@@ -125,9 +129,15 @@ class DealSession:
         """Sign a request for ``spec`` at ``index`` with a deadline from now; return its outcome.
 
         Raise ``ClientError`` if the deadline would fall after the deal's expiry (the provider
-        refuses such a request).
+        refuses such a request), and :class:`~client.deal_guards.DealClosing` once the client
+        agreed to close the deal (read on chain at each request): an early close must never
+        land between a new task's breach and its refund.
         """
         slo_ms, expiry = self.terms()
+        if self.account.escrow.get_deal(self.deal_id).client_agreed_close:
+            raise DealClosing(
+                f"deal {self.deal_id}: this client agreed to close it, so it sends no new task"
+            )
         deadline = request_deadline(self.now() if now is None else now, slo_ms)
         if deadline > expiry:
             raise ClientError(
@@ -165,13 +175,28 @@ class DealSession:
     # ---- submitting -------------------------------------------------------------------------
 
     def submit(self, spec: TaskSpec) -> TaskOutcome:
-        """Sign and submit one task; return its outcome with the verified ack."""
-        with self._lock:
-            index = self.next_index
-            self.next_index += 1
-        outcome = self.sign_request(index, spec)
-        self._updated(outcome)
-        self.send(outcome)
+        """Sign and submit one task at the deal's next index; return it with the verified ack.
+
+        The provider acks a deal's indexes only in order, so submissions are sent one at a
+        time (acks come at once; deliveries are awaited concurrently). A refusal before the
+        ack frees its index again: the next task takes it.
+        """
+        with self._send_lock:
+            with self._lock:
+                index = self.next_index
+                self.next_index += 1
+            try:
+                outcome = self.sign_request(index, spec)
+                self._updated(outcome)
+                self.send(outcome)
+            except ClientError as exc:
+                if _frees_index(exc):
+                    with self._lock:  # nothing acked at this index: it is free again
+                        if self.next_index == index + 1:
+                            self.next_index = index
+                            self.outcomes.pop(index, None)
+                            self._given_up.discard(index)
+                raise
         return outcome
 
     def send(self, outcome: TaskOutcome) -> TaskOutcome:
@@ -179,24 +204,65 @@ class DealSession:
 
         A provider whose clock runs ahead of ours refuses the deadline as too soon: the task
         is signed once more (same index), with the chain's clock read again and twice the
-        slack, and sent again.
+        slack, and sent again. A provider that expects an earlier index first
+        (``task_index_out_of_order``) gets this one again once this session's task at that
+        index is acked (see :meth:`_await_turn`).
         """
         envelope = encode_envelope(outcome.spec.envelope)
-        for attempt in (0, 1):
+        resigned = False
+        while True:
             try:
                 view = self.provider.submit(
                     outcome.request, outcome.request_signature, envelope, target=outcome.spec.target
                 )
             except ProviderRejected as exc:
-                if exc.error != "deadline_too_soon" or attempt:
-                    raise
-                self.resync_clock()
-                self.resign(outcome, self.now() + DEADLINE_SLACK_S)
-                self._updated(outcome)
-                continue
-            self.accept_ack(outcome, view)
-            break
-        return outcome
+                if exc.error == OUT_OF_ORDER and self._await_turn(outcome, exc.reason):
+                    continue
+                if exc.error == "deadline_too_soon" and not resigned:
+                    resigned = True
+                    self.resync_clock()
+                    self.resign(outcome, self.now() + DEADLINE_SLACK_S)
+                    self._updated(outcome)
+                    continue
+                if exc.status < 500:
+                    self._give_up(outcome.index)
+                raise
+            except DeliveryRejected:
+                self._give_up(outcome.index)
+                raise
+            try:
+                self.accept_ack(outcome, view)
+            except DeliveryRejected:
+                self._give_up(outcome.index)
+                raise
+            return outcome
+
+    def _await_turn(self, outcome: TaskOutcome, reason: str) -> bool:
+        """Wait until this session's task at the index the provider expects is acked; return
+        whether to send ``outcome`` again (False: that task is not this session's, was
+        refused, or is not acked while ``outcome``'s deadline can still be met)."""
+        expected = expected_index(reason)
+        if expected is None or expected >= outcome.index:
+            return False
+        slo_ms, _ = self.terms()
+        send_by = outcome.request.deadline - slo_ms / 1000
+        with self._order:
+            while True:
+                earlier = self.outcomes.get(expected)
+                if earlier is None or expected in self._given_up:
+                    return False
+                if earlier.ack is not None:
+                    return True
+                left = send_by - self.now()
+                if left <= 0:
+                    return False
+                self._order.wait(min(left, CHAIN_CLOCK_READ_S))
+
+    def _give_up(self, index: int) -> None:
+        """Record that the task at ``index`` will get no ack from this session's sends."""
+        with self._order:
+            self._given_up.add(index)
+            self._order.notify_all()
 
     def check_ack(self, request: TaskRequest, ack: Ack, signature: bytes) -> None:
         """Raise ``DeliveryRejected`` unless ``ack`` answers ``request``, signed by the provider.
@@ -221,6 +287,9 @@ class DealSession:
         """Check the provider's ack of ``outcome``'s request and record it."""
         self.check_ack(outcome.request, view.ack, view.ack_signature)
         outcome.ack, outcome.ack_signature = view.ack, view.ack_signature
+        with self._order:  # a later index waiting for this one may go
+            self._given_up.discard(outcome.index)
+            self._order.notify_all()
         self._updated(outcome)
 
     def _updated(self, outcome: TaskOutcome) -> None:
@@ -345,6 +414,14 @@ class DealSession:
         """Sign the cumulative voucher for every verified delivery and hand it over (see
         `DealPayments.pay`); breaches are refunded by `client.deal_refunds`."""
         return self.payments.pay()
+
+
+def _frees_index(exc: ClientError) -> bool:
+    """Return whether a failed submission left its index unacked for sure (a refusal before the
+    ack, or a request never sent); an unreachable provider or a bad ack may hold an ack."""
+    if isinstance(exc, ProviderRejected):
+        return exc.status < 500
+    return not isinstance(exc, (DeliveryRejected, ProviderUnavailable))
 
 
 def _transient(exc: ProviderRejected) -> bool:
