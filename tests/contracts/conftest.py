@@ -10,6 +10,7 @@ import pytest
 from contracts.binding import Chain, Escrow, Token
 from contracts.chain import Anvil
 from contracts.messages import address_of
+from tests import chain_clock
 
 FUNDS = 10**15  # 1e9 tokens of 6 decimals per account
 # The deployment's shortest challenge window: small, so tests with short windows can open deals;
@@ -92,11 +93,12 @@ def deployed(anvil: Anvil) -> World:
 
 @pytest.fixture
 def world(deployed: World) -> Iterator[World]:
+    """The session's deployment, reverted after the test, its clock back at the present."""
     snapshot = deployed.anvil.snapshot()
     try:
         yield deployed
     finally:
-        deployed.anvil.revert(snapshot)
+        chain_clock.revert(deployed.anvil, snapshot)  # not left behind by the revert
         deployed.chain.tx.reset_nonces()
 
 

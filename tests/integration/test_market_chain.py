@@ -14,6 +14,7 @@ from contracts.chain import Anvil
 from contracts.messages import Quote, Voucher, task_bitmap
 from tests.market.chain import MIN_WINDOW, ChainWorld, deploy_world
 from tests.market.server import market_server
+from tests.polling import hang_ceiling_s
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def _post(url: str, body: dict[str, Any], status: int) -> dict[str, Any]:
 
 def _until(what: Callable[[], Any], timeout_s: float = 20.0) -> Any:
     """Poll the server until `what()` is truthy (its indexer job runs every 2 s)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + hang_ceiling_s(timeout_s)  # hang protection only
     while not (value := what()):
         assert time.monotonic() < deadline, "the market's indexer job did not catch up"
         time.sleep(0.1)  # polling another process's state, with a deadline

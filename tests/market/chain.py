@@ -35,6 +35,7 @@ from market.errors import ReplayError
 from market.models import HeartbeatCreate, OrderCreate, QuoteAttach
 from market.service import MarketService
 from market.settings import Settings
+from tests import chain_clock
 
 from .conftest import Clock
 from .signing import METERED, Trader
@@ -124,7 +125,7 @@ def world(chain_session: ChainWorld) -> Iterator[ChainWorld]:
     try:
         yield chain_session
     finally:
-        chain_session.anvil.revert(snapshot)
+        chain_clock.revert(chain_session.anvil, snapshot)  # its clock at the present
         chain_session.chain.tx.reset_nonces()
 
 

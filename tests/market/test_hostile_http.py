@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.polling import hang_ceiling_s  # a loaded host runs the timers late
+
 from .server import ROOT, market_process, peak_rss_mb
 from .signing import Trader
 
@@ -336,7 +338,7 @@ def test_connection_when_a_client_sends_one_byte_a_second_then_cut_off(server: S
         seconds, received = _closed_after(sock, request, READ_TIMEOUT_S + 10)
     print(f"one byte a second (headers): cut off after {seconds:.1f} s")
     assert received.startswith(b"HTTP/1.1 408")
-    assert seconds < READ_TIMEOUT_S + 3
+    assert seconds < READ_TIMEOUT_S + hang_ceiling_s(3)
 
     head = (
         b"POST /v1/orders HTTP/1.1\r\nhost: market\r\ncontent-type: application/json\r\n"
@@ -346,25 +348,25 @@ def test_connection_when_a_client_sends_one_byte_a_second_then_cut_off(server: S
         sock.sendall(head)
         seconds, _ = _closed_after(sock, b" " * 500, READ_TIMEOUT_S + 10)
     print(f"one byte a second (body): cut off after {seconds:.1f} s")
-    assert seconds < READ_TIMEOUT_S + 3
+    assert seconds < READ_TIMEOUT_S + hang_ceiling_s(3)
     assert server.alive()
 
 
 def test_connection_when_idle_before_or_after_a_request_then_closed(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
-        sock.settimeout(KEEP_ALIVE_S + 10)
+        sock.settimeout(KEEP_ALIVE_S + 60)
         started = time.monotonic()
         assert sock.recv(1) == b""  # closed by the server, never having sent a byte
-        assert time.monotonic() - started < KEEP_ALIVE_S + 3
+        assert time.monotonic() - started < KEEP_ALIVE_S + hang_ceiling_s(3)
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: market\r\n\r\n")
-        sock.settimeout(KEEP_ALIVE_S + 10)
+        sock.settimeout(KEEP_ALIVE_S + 60)
         data = b""
         while b'"ok"' not in data:
             data += sock.recv(4_096)
         started = time.monotonic()
         assert sock.recv(1) == b""  # the keep-alive connection, idle after its answer
-        assert time.monotonic() - started < KEEP_ALIVE_S + 3
+        assert time.monotonic() - started < KEEP_ALIVE_S + hang_ceiling_s(3)
 
 
 def test_connection_when_headers_exceed_the_cap_then_400_and_closed(server: Server) -> None:
@@ -390,7 +392,7 @@ def test_slowloris_when_100_connections_drip_then_a_normal_client_is_served_and_
                 assert response.status_code == 200
                 latencies.append(ms)
         for sock in socks:
-            sock.settimeout(READ_TIMEOUT_S + 10)
+            sock.settimeout(READ_TIMEOUT_S + 60)
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=16) as pool:
             answers = list(pool.map(lambda s: s.recv(4_096), socks))
@@ -403,7 +405,7 @@ def test_slowloris_when_100_connections_drip_then_a_normal_client_is_served_and_
         f"max {max(latencies):.1f} ms; all cut off {cut_s:.1f} s later"
     )
     assert all(answer.startswith(b"HTTP/1.1 408") for answer in answers)
-    assert cut_s < READ_TIMEOUT_S + 3
+    assert cut_s < READ_TIMEOUT_S + hang_ceiling_s(3)
 
 
 # -- live-update streams -----------------------------------------------------------------------

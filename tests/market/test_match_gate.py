@@ -25,7 +25,10 @@ from .server import market_server
 from .signing import Trader
 
 STAKE = 1_000_000  # the market's default minimum provider stake
-TTL_S = 3  # the market's provider TTL here (`--provider-ttl`)
+TTL_S = 15  # the market's provider TTL here (`--provider-ttl`)
+# Every step that needs a live provider heartbeats just before it, so the TTL is the most a
+# loaded host may take between one beat and the next request; only the test of a silent
+# provider waits it out, by watching the book, not a clock.
 REMATCH_S = 2.0  # the market's default `rematch_every_s`
 
 
@@ -60,8 +63,9 @@ _LAST_BEAT: dict[str, int] = {}
 
 
 def _beat(url: str, provider: Trader, device_class: str) -> float:
-    """Heartbeat `provider`; return when (the market clock is this host's). A heartbeat's
-    whole-second timestamp must pass the previous one's: wait for the next second if needed."""
+    """Heartbeat `provider`; return when the market had answered it (its clock is this host's),
+    so no later than when it recorded it. A heartbeat's whole-second timestamp must pass the
+    previous one's: wait for the next second if needed."""
     while int(time.time()) <= _LAST_BEAT.get(provider.address, -1):
         time.sleep(0.05)
     sent = time.time()
@@ -72,7 +76,7 @@ def _beat(url: str, provider: Trader, device_class: str) -> float:
         provider.heartbeat(int(sent), device_class=device_class),
         200,
     )
-    return sent
+    return time.time()
 
 
 def _provider(world: ChainWorld, url: str, device_class: str) -> Trader:
@@ -83,6 +87,7 @@ def _provider(world: ChainWorld, url: str, device_class: str) -> Trader:
 
 
 def _ask(url: str, provider: Trader, device_class: str, *, quantity: int) -> dict[str, Any]:
+    _beat(url, provider, device_class)  # its daemon heartbeats all along
     now = int(time.time())
     quote = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
     body = provider.ask(now, price=100, quantity=quantity, quote=quote, device_class=device_class)
@@ -196,9 +201,11 @@ def test_ask_when_its_provider_stops_heartbeating_then_it_stops_matching_until_i
     client = _fresh(world)
     world.escrow.deposit(client.key, 10_000)
     ask = _ask(url, provider, name, quantity=10)["order"]
+    _beat(url, provider, name)
     assert len(_bid(url, client, name, quantity=1)["fills"]) == 1  # live: it trades
-    last = _beat(url, provider, name)
-    time.sleep(max(0.0, last + TTL_S + 1.5 - time.time()))  # its daemon stopped: the TTL passes
+    answered = _beat(url, provider, name)  # then its daemon stops
+    # The market counts a provider live while its last beat >= int(now) - TTL_S: that passes.
+    wait_until(lambda: int(time.time()) - TTL_S > answered, 2 * TTL_S, "the TTL since its beat")
     silent = _bid(url, client, name, quantity=1)
     assert silent["fills"] == [] and silent["order"]["state"] == "open"
     assert _order(url, ask["order_id"])["remaining"] == 9

@@ -19,6 +19,7 @@ from market.models import OrderCreate, PlaceResult
 from market.placement import Placed
 from market.service import MarketService
 from market.settings import Settings
+from tests.polling import hang_ceiling_s
 
 from .conftest import START, Clock
 from .signing import Trader
@@ -51,7 +52,7 @@ def _queued_together(
     threading.Thread(target=service.writer.call, args=(hold,), daemon=True).start()
     assert started.wait(10)
     futures = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + hang_ceiling_s(10)  # hang protection only
     for queued, call in enumerate(calls, start=1):
         futures.append(_in_thread(call))
         while service.writer.pending() < queued:  # each request queues before the next
