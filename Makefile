@@ -72,8 +72,10 @@ unit: setup setup-xla system-deps
 
 test: lint typecheck unit
 
-# The fast part: lint, types, import contracts and the tests that start no real component
-# (tests/conftest.py marks the others slow).
+# The fast part: lint, types, import contracts and the tests that start no real component.
+# tests/conftest.py marks slow every test that starts one (anvil, solc, a sandbox worker, a
+# daemon, a server, a subprocess, PostgreSQL, Chromium) by reading what its fixtures and its
+# code start; in this run starting any process or server is an error naming the test.
 fast: setup
 	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -q -m "not slow" $(ARGS)
 

@@ -1,8 +1,14 @@
 """Suite-wide rules: a skipped test fails the run, and `make check`'s fast selection.
 
-`slow` marks every test that starts a real component (anvil, sandboxed workers, servers,
-browsers, the PyTorch export environment) or runs a long property machine; `make check` runs
-the rest (`-m "not slow"`), the pure cores, in a few minutes.
+`slow` marks every test that starts a real component (anvil, the Solidity compiler, sandboxed
+workers, a daemon, a server, a subprocess, PostgreSQL, a browser) or runs a long property
+machine, found by what the test starts, never by its name: the code of every fixture it uses
+(anvil's, the sandbox's...), its own and its module's top level are read, with the suite's
+helpers they call, for the launchers of those components (`LAUNCHERS`). `pytest --slow-reasons
+--collect-only -q` prints why each test is slow. `make check` runs the rest (`-m "not slow"`),
+the pure cores, in a few minutes; in that run starting any process, server or multiprocessing
+child raises an error naming the test (`tests.processes.forbid_components`), so a launcher the
+scan misses fails the fast set instead of slowing it.
 
 Every real component (anvil, bubblewrap, Chromium, PostgreSQL, libtpu, the models) is installed
 by the set-up, so a skip means a missing install step, not a choice: the run fails and lists
@@ -16,42 +22,42 @@ its id and watchdog, and the session's end stops whatever is still running, nami
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import os
-from collections.abc import Generator
+import re
+import types
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from tests import processes
 
 HOST_SKIP = "host:"
-SLOW_DIRS = ("e2e", "integration")
-SLOW_FIXTURES = frozenset(
-    {"anvil", "deployed", "world", "exact_clock", "chain_world", "sandbox", "daemon", "api"}
+# What starts a real component, as the code that starts it reads: the project's launchers (anvil,
+# sandbox workers, a daemon with its own workers, the Solidity compiler, the market's server) and
+# the standard ways to start a process or a server.
+LAUNCHERS = re.compile(
+    r"\bAnvil\.start\b|\bSandbox\(|\bDaemon\(|\bcompile_contracts\(|\b_run_solc\("
+    r"|\bsubprocess\.(?:run|Popen|call|check_call|check_output)\b|\bPopen\("
+    r"|\bprocesses\.spawn\(|\bspawn\(|\buvicorn\.|HTTPServer\b|\bcreate_server\("
+    r"|\.listen\(|\bmultiprocessing\.Process\b|\bsync_playwright\b|\bchromium\b"
 )
-SLOW_MODULES = frozenset(
-    {
-        "test_no_orphans",
-        "test_engine_properties",
-        "test_escrow_stateful",
-        "test_artifacts",
-        "test_gas_snapshot",
-        "test_web",
-        "test_openapi",
-        "test_native",
-        "test_hostile_http",
-        "test_routes_as_stranger",
-        "test_journal_sealing",
-        "test_cli_errors",
-        "test_diagnosis_cases",
-    }
-)
-SLOW_MODULE_PREFIXES = ("test_sandbox_",)
-SLOW_TESTS = frozenset(
-    {
-        "test_typed_exceptions_match_the_compiled_abi",  # compiles the contracts with solc
-        "test_discover_on_a_cpu_host_with_libtpu_then_no_libtpu_error_lines",
-    }
-)
+COMPONENT_PARAMS = frozenset({"postgresql"})
+"""Parameters that give a test a real component its fixture starts for them alone (the
+`backend` fixture's PostgreSQL; its SQLite runs stay fast)."""
+PARAMETRIZED_FIXTURES = frozenset({"backend"})
+"""Fixtures that start a component only for the parameters in `COMPONENT_PARAMS`: their code
+is not read, their parameters are."""
+SCAN_DEPTH = 4
+"""How deep the scan follows the test suite's own helpers a test or fixture calls."""
+PLUGIN_COMPONENTS = frozenset({"browser", "page", "context", "playwright", "browser_type"})
+"""Fixtures of plugins (not the suite's own code, which the scan reads) that start a browser."""
+LONG_RUN_STEPS = 2_000
+"""A property test of more examples (a state machine's examples times its steps) is slow."""
 
 
 class _Reaper:
@@ -74,25 +80,164 @@ class _Reaper:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Give the run an id its processes inherit and a watchdog that stops them if it dies."""
+    """Give the run an id its processes inherit and a watchdog that stops them if it dies; in
+    a run of the fast set, make starting any component an error naming the test."""
     processes.install()
     config.pluginmanager.register(_Reaper(), "tpumarket-reaper")
+    if _fast_set(config):
+        processes.forbid_components()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark as slow what starts real components or runs long machines."""
+def _defined_in_tests(obj: object) -> bool:
+    """Return whether `obj` is the suite's own code (a module of `tests`, a test module or a
+    conftest), which the scan reads; the project's and libraries' code it does not."""
+    module = str(getattr(obj, "__module__", "") or "")
+    return module.startswith("tests") or module.rpartition(".")[2].startswith(("test", "conftest"))
+
+
+@functools.cache
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+@functools.cache
+def _starts(obj: Any, depth: int = SCAN_DEPTH) -> str | None:
+    """Return what `obj` (a function or class of the suite) starts, by its code and that of
+    the suite's helpers it calls, or None."""
+    found = LAUNCHERS.search(_source(obj))
+    if found is not None:
+        return found.group(0)
+    if depth == 0:
+        return None
+    functions = [obj]
+    if isinstance(obj, type):
+        functions = [v for v in vars(obj).values() if inspect.isfunction(v)]
+    for function in functions:
+        function = inspect.unwrap(function)
+        code = getattr(function, "__code__", None)
+        namespace = getattr(function, "__globals__", {})
+        if code is None:
+            continue
+        for name in set(_names(code)):
+            helper = namespace.get(name)
+            if helper is None or helper is obj or not _defined_in_tests(helper):
+                continue
+            if inspect.isfunction(helper) or inspect.isclass(helper):
+                what = _starts(cast(Any, helper), depth - 1)
+                if what is not None:
+                    return f"{what} (in {helper.__name__})"
+    return None
+
+
+@functools.cache
+def _module_starts(path: Path) -> str | None:
+    """Return what a test module starts at import (its top-level statements), or None."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return None
+    skipped = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    for statement in tree.body:
+        if isinstance(statement, skipped):
+            continue
+        for node in ast.walk(statement):  # what it calls, not the text it holds
+            if isinstance(node, ast.Call):
+                found = LAUNCHERS.search(ast.unparse(node.func) + "(")
+                if found is not None:
+                    return found.group(0)
+    return None
+
+
+def _long_run(item: pytest.Item) -> int:
+    """Return the steps of a property test: examples, times steps for a state machine."""
+    cls = getattr(item, "cls", None)
+    chosen = getattr(cls, "settings", None) if cls is not None else None
+    if chosen is None:
+        chosen = getattr(getattr(item, "obj", None), "_hypothesis_internal_use_settings", None)
+    if chosen is None:
+        return 0
+    steps = getattr(chosen, "stateful_step_count", 1) if cls is not None else 1
+    return int(getattr(chosen, "max_examples", 0)) * int(steps)
+
+
+def slow_reason(item: pytest.Item) -> str | None:
+    """Return why `item` is slow (the component it starts, and through what), or None."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name, definitions in (info.name2fixturedefs if info is not None else {}).items():
+        if name in PLUGIN_COMPONENTS:
+            return f"fixture {name} (a browser)"
+        for definition in definitions:
+            function = definition.func
+            if name not in PARAMETRIZED_FIXTURES and _defined_in_tests(function):
+                what = _starts(function)
+                if what is not None:
+                    return f"fixture {name} starts {what}"
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        started = sorted(str(v) for v in callspec.params.values() if v in COMPONENT_PARAMS)
+        if started:
+            return f"parameter {started[0]}"
+    test = getattr(item, "obj", None)
+    if test is not None:
+        what = _starts(inspect.unwrap(test))
+        if what is not None:
+            return f"the test starts {what}"
+    cls = getattr(item, "cls", None)
+    if cls is not None and _defined_in_tests(cls):
+        what = _starts(cls)
+        if what is not None:
+            return f"its class starts {what}"
+    what = _module_starts(item.path)
+    if what is not None:
+        return f"its module starts {what} at import"
+    if _long_run(item) >= LONG_RUN_STEPS:
+        return f"a property run of {_long_run(item)} steps"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark slow every test that starts a real component: by the fixtures it uses, its own code
+    and its module's, each read with the suite's helpers they call; and long property runs."""
     for item in items:
-        parts = item.path.parts
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if (
-            any(part in SLOW_DIRS for part in parts)
-            or fixtures & SLOW_FIXTURES
-            or item.path.stem in SLOW_MODULES
-            or item.path.stem.startswith(SLOW_MODULE_PREFIXES)
-            or getattr(item, "originalname", item.name) in SLOW_TESTS
-            or "models" in parts
-        ):
-            item.add_marker(pytest.mark.slow)
+        reason = slow_reason(item)
+        if reason is not None:
+            item.add_marker(pytest.mark.slow(reason=reason))
+    if config.getoption("--slow-reasons"):
+        for item in items:
+            marker = item.get_closest_marker("slow")
+            print(f"{item.nodeid}: {marker.kwargs.get('reason') if marker else 'fast'}")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow-reasons",
+        action="store_true",
+        help="print why each collected test is slow (what it starts) or fast",
+    )
+
+
+def _fast_set(config: pytest.Config) -> bool:
+    """Return whether this run is the fast set (`-m "not slow"`)."""
+    return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    processes.set_current(f"collecting {collector.nodeid or 'the suite'}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    processes.set_current(item.nodeid)
 
 
 def _reason(report: pytest.TestReport) -> str:

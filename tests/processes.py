@@ -19,6 +19,10 @@ keeps running. Three layers give that:
    ``kill -9`` for a process that no :func:`spawn` started (``Anvil.start`` sets no
    parent-death signal).
 
+4. In a run of the fast set (``-m "not slow"``), :func:`forbid_components` makes starting a
+   process, a listening server or a multiprocessing child raise :class:`ComponentInFastRun`
+   naming the test: a test that starts one is slow, and the fast set must not hold it.
+
 A process whose environment its starter scrubs (a sandbox worker: ``--clearenv``) carries no id:
 stopping it is the job of whoever started it (the provider daemon, the sandbox pool).
 
@@ -57,6 +61,79 @@ _lock = threading.Lock()
 _children: dict[int, subprocess.Popen[Any]] = {}
 _watchdog: subprocess.Popen[bytes] | None = None
 _owner: int | None = None  # the process that installed: a forked copy of it must not sweep
+
+FAST_ENV = "TESTS_FAST_SET"
+"""Set to ``1`` by :func:`forbid_components`: a run of the fast set, which starts no component."""
+ALLOWED_CALLERS = ("ctypes.util", "platform", "uuid")
+"""Standard-library modules that run a short helper process of their own to answer a question
+(``ldconfig -p`` for ``find_library``): not a component a test starts."""
+_forbidden = False
+_current = "(no test yet)"
+
+
+class ComponentInFastRun(RuntimeError):
+    """A test of the fast set (``-m "not slow"``) started a real component."""
+
+
+def set_current(nodeid: str) -> None:
+    """Name the test (or the module being collected) that runs now, for the guard's message."""
+    global _current
+    _current = nodeid
+
+
+def refuse_component(what: str) -> None:
+    """Raise :class:`ComponentInFastRun` naming the current test if this run is the fast set."""
+    if _forbidden:
+        raise ComponentInFastRun(
+            f'{_current} started {what} in a run of the fast set (-m "not slow"). A test that '
+            "starts anvil, the Solidity compiler, a sandbox worker, a server, a subprocess, "
+            "PostgreSQL or Chromium is slow: start it from a fixture (tests/conftest.py marks "
+            "every test that uses one slow by what it starts), or from the test's own code, "
+            "which the same scan reads"
+        )
+
+
+def _caller_module() -> str:
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(
+        ("subprocess", "asyncio", "tests.processes")
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    return "" if frame is None else str(frame.f_globals.get("__name__", ""))
+
+
+def forbid_components() -> None:
+    """From now on, starting a process, a listening socket or a multiprocessing child raises
+    :class:`ComponentInFastRun` (the fast set's guard). Idempotent."""
+    global _forbidden
+    if _forbidden:
+        return
+    import multiprocessing.process
+    import socket
+
+    _forbidden = True
+    os.environ[FAST_ENV] = "1"
+    popen_init = subprocess.Popen.__init__
+    listen = socket.socket.listen
+    mp_start = multiprocessing.process.BaseProcess.start
+
+    def guarded_popen(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        if not _caller_module().startswith(ALLOWED_CALLERS):
+            shown = args if isinstance(args, str) else " ".join(map(str, args))
+            refuse_component(f"a subprocess ({shown[:120]})")
+        popen_init(self, args, *rest, **kw)
+
+    def guarded_listen(self: socket.socket, *args: Any) -> None:
+        refuse_component(f"a server (listening on {self.getsockname()})")
+        listen(self, *args)
+
+    def guarded_start(self: multiprocessing.process.BaseProcess) -> None:
+        refuse_component(f"a multiprocessing child ({self.name})")
+        mp_start(self)
+
+    subprocess.Popen.__init__ = guarded_popen  # type: ignore[method-assign]
+    socket.socket.listen = guarded_listen  # type: ignore[method-assign,assignment]
+    multiprocessing.process.BaseProcess.start = guarded_start  # type: ignore[method-assign]
 
 
 def run_id() -> str | None:

@@ -95,6 +95,7 @@ def backend(request: pytest.FixtureRequest) -> str | None:
     """Return the DATABASE_URL of a clean database (None for SQLite in the test's data dir)."""
     if request.param == "sqlite":
         return None
+    processes.refuse_component("PostgreSQL")  # the fast set's guard (tests/conftest.py)
     url, reason = postgres_url()
     if url is None:
         print(f"PostgreSQL tests skipped: {reason}")
