@@ -306,8 +306,13 @@ class Escrow(_Bound):
         return self._send(key, "refundBreach", request.as_args(), ack.as_args(), ack_signature)
 
     def close_deal(self, key: str, deal_id: int) -> TxResult:
-        """Close a deal (alone after expiry plus two windows, early once both parties call)."""
+        """Close a deal (alone after expiry plus two windows, early while both agreements are in
+        force: each lapses two challenge windows after it is given)."""
         return self._send(key, "closeDeal", deal_id)
+
+    def withdraw_close_agreement(self, key: str, deal_id: int) -> TxResult:
+        """Withdraw the signer's early-close agreement (client or provider)."""
+        return self._send(key, "withdrawCloseAgreement", deal_id)
 
     # views
     def token(self) -> str:
@@ -354,6 +359,10 @@ class Escrow(_Bound):
     def deal_count(self) -> int:
         """Return the number of deals opened so far."""
         return int(self._view("dealCount"))
+
+    def locked_stake(self, quote_stake: int, quote_max_spend: int, max_spend: int) -> int:
+        """Return the stake a deal opened for `max_spend` locks under a quote's stake and cap."""
+        return int(self._view("lockedStake", quote_stake, quote_max_spend, max_spend))
 
     def price(
         self,

@@ -52,6 +52,21 @@ def price(
     return amount * (BPS - plan.reserved_discount_bps) // BPS
 
 
+def locked_stake(quote_stake: int, quote_max_spend: int, max_spend: int) -> int:
+    """Return the stake a deal opened for `max_spend` locks under a quote of `quote_stake` for
+    `quote_max_spend`: ceil(quote_stake * max_spend / quote_max_spend), as `openDeal` locks it.
+
+    Raise ValueError where the escrow reverts: a spend above the quote's, or a stake or spend
+    past 128 bits.
+    """
+    if max_spend > quote_max_spend:
+        raise ValueError(f"max_spend {max_spend} is above the quote's {quote_max_spend}")
+    if quote_stake >= 2**128 or max_spend >= 2**128:
+        raise ValueError("stake and max_spend must be below 2**128")
+    product = quote_stake * max_spend
+    return 0 if product == 0 else (product - 1) // quote_max_spend + 1
+
+
 def price_receipt(plan: Plan, receipt: Receipt) -> int:
     """Return the plan's price for the usage a receipt reports."""
     return price(

@@ -55,7 +55,9 @@ TASK_NONE, TASK_VOUCHED, TASK_CLAIMED, TASK_REFUNDED = (
 
 @dataclass(frozen=True)
 class DealState:
-    """A deal as the escrow stores it."""
+    """A deal as the escrow stores it; `client_agreed_close` and `provider_agreed_close` say
+    whether that party's early-close agreement is in force now (each lapses two challenge
+    windows after it is given, or when withdrawn)."""
 
     client: str
     provider: str

@@ -4,18 +4,19 @@ pragma solidity ^0.8.24;
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
-import {SignatureChecker} from "@openzeppelin/contracts/utils/cryptography/SignatureChecker.sol";
 import {EIP712} from "@openzeppelin/contracts/utils/cryptography/EIP712.sol";
 
 import {IComputeEscrow} from "./interfaces/IComputeEscrow.sol";
 import {MessageHashing} from "./libraries/MessageHashing.sol";
 import {PlanPricing} from "./libraries/PlanPricing.sol";
+import {SignerCheck} from "./libraries/SignerCheck.sol";
 import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher, Claim} from "./types/Messages.sol";
 
 /// @title ComputeEscrow
 /// @notice See {IComputeEscrow}. Money invariant: the token balance of this contract equals the
 /// sum of free balances, free stakes, and every open deal's locked funds (cap minus committed)
-/// and locked stake. Signatures are ECDSA for accounts without code and ERC-1271 for contracts.
+/// and locked stake. A signature is valid when it ECDSA-recovers to its signer, whatever code the
+/// signer has now, and otherwise only by the signer's ERC-1271 answer ({SignerCheck}).
 contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
     using MessageHashing for Plan;
@@ -29,17 +30,20 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     uint256 public constant MAX_TASKS = 65_536;
     /// @notice Arbitration period of deployments that do not choose one.
     uint64 public constant DEFAULT_ARBITRATION_PERIOD = 7 days;
+    /// @notice A party's early-close agreement lapses this many challenge windows after it was
+    /// given: one for the provider to claim what no voucher pays, one for those claims to finalize.
+    uint256 public constant CLOSE_AGREEMENT_WINDOWS = 2;
 
     struct Deal {
         address client;
         uint64 expiry;
         DealStatus status;
-        bool clientAgreedClose;
-        bool providerAgreedClose;
         address provider;
         uint64 challengeWindow;
         uint32 batchCount;
         address arbiter;
+        uint48 clientAgreedCloseAt; // when the client last agreed to close early (0: never)
+        uint48 providerAgreedCloseAt; // when the provider last agreed to close early (0: never)
         uint128 maxSpend;
         uint128 committed;
         uint128 vouched;
@@ -165,8 +169,9 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
 
         uint256 available = _balances[msg.sender];
         if (maxSpend > available) revert EscrowInsufficientBalance(msg.sender, available, maxSpend);
+        uint256 lockedStake_ = lockedStake(quote.stake, quote.maxSpend, maxSpend);
         uint256 freeStake = _stakes[quote.provider];
-        if (quote.stake > freeStake) revert EscrowInsufficientStake(quote.provider, freeStake, quote.stake);
+        if (lockedStake_ > freeStake) revert EscrowInsufficientStake(quote.provider, freeStake, lockedStake_);
 
         dealId = ++_dealCount;
         uint64 expiry = uint64(block.timestamp) + quote.duration;
@@ -174,7 +179,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         // Safe: both amounts were checked against the balances they come from.
         unchecked {
             _balances[msg.sender] = available - maxSpend;
-            _stakes[quote.provider] = freeStake - quote.stake;
+            _stakes[quote.provider] = freeStake - lockedStake_;
         }
         if (fee != 0) _balances[quote.provider] += fee;
         bytes32 planHash_ = quote.plan.hash();
@@ -187,7 +192,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         deal.arbiter = quote.arbiter;
         deal.maxSpend = uint128(maxSpend);
         deal.committed = fee;
-        deal.stake = uint128(quote.stake);
+        deal.stake = uint128(lockedStake_);
         deal.penalty = uint128(quote.penalty);
         deal.planHash = planHash_;
         emit DealOpened(
@@ -196,7 +201,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             quote.provider,
             quote.arbiter,
             maxSpend,
-            quote.stake,
+            lockedStake_,
             quote.penalty,
             expiry,
             quote.challengeWindow,
@@ -361,10 +366,10 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (request.dealId != dealId || request.taskIndex != taskIndex || ack.requestHash != request.hash()) {
             revert EscrowAckMismatch(taskIndex);
         }
+        if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
         _checkSigner(_hashTypedDataV4(ack.hash()), ackSignature, deal.provider);
         uint256 refundableAt = _settleBy(request.deadline, deal.expiry, deal.challengeWindow);
         if (block.timestamp <= refundableAt) revert EscrowDeadlineNotPassed(refundableAt);
-        if (taskIndex >= MAX_TASKS) revert EscrowTaskIndexTooLarge(taskIndex);
         TaskBits storage flags = _tasks[dealId][taskIndex >> 8];
         uint256 bit = 1 << (taskIndex & 255);
         if ((flags.vouched | flags.claimed | flags.refunded) & bit != 0) {
@@ -383,20 +388,26 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         // Safe from overflow: openDeal bounded expiry + 3 windows + arbitration below 2^64.
         // A unilateral close waits a full window past the last settlement instant (expiry + window),
         // so every breach stays refundable for at least one window.
-        uint64 closableAt = deal.expiry + 2 * deal.challengeWindow;
+        uint64 window = deal.challengeWindow;
+        uint64 closableAt = deal.expiry + 2 * window;
         if (block.timestamp < closableAt) {
+            // An agreement counts while in force (it lapses CLOSE_AGREEMENT_WINDOWS after it was
+            // given), so an old one cannot close a deal between a later breach and its refund.
+            // Safe: block.timestamp < closableAt < 2^64.
+            uint48 now_ = uint48(block.timestamp);
             bool party;
             if (msg.sender == deal.client) {
-                deal.clientAgreedClose = true;
+                deal.clientAgreedCloseAt = now_;
                 party = true;
             }
             if (msg.sender == deal.provider) {
-                deal.providerAgreedClose = true;
+                deal.providerAgreedCloseAt = now_;
                 party = true;
             }
             if (!party) revert EscrowUnauthorized(msg.sender);
             emit CloseAgreed(dealId, msg.sender);
-            if (!(deal.clientAgreedClose && deal.providerAgreedClose)) return;
+            if (!(_agreementInForce(deal.clientAgreedCloseAt, window)
+                        && _agreementInForce(deal.providerAgreedCloseAt, window))) return;
         } else if (msg.sender != deal.client && msg.sender != deal.provider) {
             revert EscrowUnauthorized(msg.sender);
         }
@@ -410,6 +421,22 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         _balances[deal.client] += returned;
         _stakes[deal.provider] += stakeLeft;
         emit DealClosed(dealId, returned, stakeLeft);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function withdrawCloseAgreement(uint256 dealId) external {
+        Deal storage deal = _open(dealId);
+        bool party;
+        if (msg.sender == deal.client) {
+            deal.clientAgreedCloseAt = 0;
+            party = true;
+        }
+        if (msg.sender == deal.provider) {
+            deal.providerAgreedCloseAt = 0;
+            party = true;
+        }
+        if (!party) revert EscrowUnauthorized(msg.sender);
+        emit CloseAgreementWithdrawn(dealId, msg.sender);
     }
 
     // ------------------------------------------------------------------ views
@@ -453,8 +480,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             penalty: deal.penalty,
             planHash: deal.planHash,
             batchCount: deal.batchCount,
-            clientAgreedClose: deal.clientAgreedClose,
-            providerAgreedClose: deal.providerAgreedClose
+            clientAgreedClose: _agreementInForce(deal.clientAgreedCloseAt, deal.challengeWindow),
+            providerAgreedClose: _agreementInForce(deal.providerAgreedCloseAt, deal.challengeWindow)
         });
     }
 
@@ -489,6 +516,16 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     /// @inheritdoc IComputeEscrow
     function dealCount() external view returns (uint256) {
         return _dealCount;
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function lockedStake(uint256 quoteStake, uint256 quoteMaxSpend, uint256 maxSpend) public pure returns (uint256) {
+        if (maxSpend > quoteMaxSpend) revert EscrowSpendAboveQuote(maxSpend, quoteMaxSpend);
+        if (quoteStake > type(uint128).max || maxSpend > type(uint128).max) revert EscrowInvalidTerms();
+        // Safe: both factors are below 2^128, so the product fits; a non-zero product means
+        // quoteMaxSpend >= maxSpend > 0.
+        uint256 product = quoteStake * maxSpend;
+        return product == 0 ? 0 : (product - 1) / quoteMaxSpend + 1;
     }
 
     /// @inheritdoc IComputeEscrow
@@ -631,9 +668,12 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     }
 
     function _checkSigner(bytes32 digest, bytes calldata signature, address expected) private view {
-        if (expected == address(0) || !SignatureChecker.isValidSignatureNowCalldata(expected, digest, signature)) {
-            revert EscrowInvalidSignature(expected);
-        }
+        if (!SignerCheck.isValid(expected, digest, signature)) revert EscrowInvalidSignature(expected);
+    }
+
+    /// @dev Whether an early-close agreement given at `agreedAt` (0: none) is in force now.
+    function _agreementInForce(uint48 agreedAt, uint64 window) private view returns (bool) {
+        return agreedAt != 0 && block.timestamp < uint256(agreedAt) + CLOSE_AGREEMENT_WINDOWS * window;
     }
 
     function _taskAt(uint256 word, uint256 bits) private pure returns (uint32) {

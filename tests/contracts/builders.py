@@ -70,10 +70,16 @@ def open_deal(
     *,
     max_spend: int = 10**8,
     deposit: int | None = None,
+    quote_max_spend: int | None = None,
     **terms: object,
 ) -> tuple[int, Quote]:
-    """Deposit, stake and open a deal; return its id and quote."""
-    q = quote(world, provider, client, **terms)  # type: ignore[arg-type]
+    """Deposit, stake and open a deal; return its id and quote.
+
+    The quote's maxSpend is the deal's unless `quote_max_spend` says otherwise, so the deal
+    locks the quote's whole stake (a deal locks the share of it that its spend is of the quote's).
+    """
+    cap = max_spend if quote_max_spend is None else quote_max_spend
+    q = quote(world, provider, client, max_spend=cap, **terms)  # type: ignore[arg-type]
     world.escrow.deposit(client, deposit if deposit is not None else max_spend)
     if q.stake:
         world.escrow.stake(provider, q.stake)

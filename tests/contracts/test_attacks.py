@@ -299,7 +299,7 @@ def test_attack5_stranger_opening_a_quote_for_another_client_is_refused(world: W
     world.escrow.deposit(client, 10**6)
     world.escrow.deposit(world.stranger, 10**6)
     world.escrow.stake(provider, 10**6)
-    q = quote(world, provider, client, stake=10**6)
+    q = quote(world, provider, client, stake=10**6, max_spend=10**6)
     sig = q.sign(world.escrow.domain, provider)
     with pytest.raises(reverts.EscrowWrongClient) as info:
         world.escrow.open_deal(world.stranger, q, sig, 1)
@@ -406,7 +406,16 @@ def test_attack6_deal_opened_event_carries_every_term(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**7)
     world.escrow.stake(provider, 10**6)
-    q = quote(world, provider, client, stake=10**6, penalty=777, challenge_window=45, slo_ms=1_500)
+    q = quote(
+        world,
+        provider,
+        client,
+        max_spend=4 * 10**6,
+        stake=10**6,
+        penalty=777,
+        challenge_window=45,
+        slo_ms=1_500,
+    )
     result = world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 4 * 10**6)
     assert result.event("DealOpened").args == {
         "dealId": world.escrow.deal_count(),

@@ -84,9 +84,10 @@ from contracts.messages import (
     address_of,
     recover_digest,
 )
-from contracts.pricing import plan_is_valid, price_receipt
+from contracts.pricing import locked_stake, plan_is_valid, price_receipt
 
 from .conftest import MIN_WINDOW, World, deploy_world
+from .delegation import DELEGATES, delegate, deploy_delegates
 
 EXAMPLES = int(os.environ.get("ESCROW_STATEFUL_EXAMPLES", "60"))
 STEPS = int(os.environ.get("ESCROW_STATEFUL_STEPS", "30"))
@@ -130,6 +131,7 @@ CRAFTED_CLAIMS = (
     "lower_max_price",
 )
 OPEN_ATTACKS = ("stranger", "no_client", "short_window", "reused", "expired")
+CLOSE_AGREEMENT_WINDOWS = 2  # an early-close agreement lapses this many windows after it is given
 SUCCESS = "ok"
 OUTCOMES: Counter[str] = Counter()  # "<call> <outcome>" counts over the whole run
 STEPS_RUN: Counter[str] = Counter()  # rule counts over the whole run
@@ -193,8 +195,9 @@ class DealModel:
     pending: int = 0
     vouched: int = 0  # cumulative amount of the last redeemed voucher
     closed: bool = False
-    client_agreed: bool = False
-    provider_agreed: bool = False
+    client_agreed_at: int | None = None  # when the client's close agreement was given
+    provider_agreed_at: int | None = None
+    acked: int = 0  # the honest provider's acks: it acks index n as its n-th task (in order)
     earned: int = 0  # credited to the provider: fee, voucher increases, paid batches
     penalties: int = 0  # paid to the client from the stake
     vouched_bits: int = 0
@@ -211,6 +214,10 @@ class DealModel:
     @property
     def closable(self) -> int:
         return self.expiry + 2 * self.window
+
+    def in_force(self, agreed_at: int | None, now: int) -> bool:
+        """Whether a close agreement given at `agreed_at` is in force at `now`."""
+        return agreed_at is not None and now < agreed_at + CLOSE_AGREEMENT_WINDOWS * self.window
 
     @property
     def available(self) -> int:
@@ -273,6 +280,7 @@ class EscrowMachine(RuleBasedStateMachine):
     """Adversaries against honest counterparts on one escrow, checked against a model."""
 
     world: World
+    delegates: dict[str, str]  # EIP-7702 delegate contracts by name
 
     def __init__(self) -> None:
         super().__init__()
@@ -645,12 +653,12 @@ class EscrowMachine(RuleBasedStateMachine):
                 or ack.request_hash != request.struct_hash()
             ):
                 return "EscrowAckMismatch"
+            if ack.task_index >= MAX_TASKS:
+                return "EscrowTaskIndexTooLarge"
             if not self._signed_by(ack, ack_sig, deal.provider):
                 return "EscrowInvalidSignature"
             if self._now() <= min(request.deadline, deal.expiry) + deal.window:
                 return "EscrowDeadlineNotPassed"
-            if ack.task_index >= MAX_TASKS:
-                return "EscrowTaskIndexTooLarge"
             if deal.settled(ack.task_index) is not None:
                 return "EscrowTaskAlreadySettled"
             return SUCCESS
@@ -838,9 +846,12 @@ class EscrowMachine(RuleBasedStateMachine):
             party = sender in (deal.client, deal.provider)
             if not party:
                 return "EscrowUnauthorized"
-            if self._now() < deal.closable:
-                client_agrees = deal.client_agreed or sender == deal.client
-                provider_agrees = deal.provider_agreed or sender == deal.provider
+            now = self._now()
+            if now < deal.closable:
+                client_agrees = deal.in_force(deal.client_agreed_at, now) or sender == deal.client
+                provider_agrees = (
+                    deal.in_force(deal.provider_agreed_at, now) or sender == deal.provider
+                )
                 if not (client_agrees and provider_agrees):
                     return SUCCESS
             return "EscrowClaimsPending" if deal.pending else SUCCESS
@@ -848,8 +859,10 @@ class EscrowMachine(RuleBasedStateMachine):
         def apply(result: TxResult) -> None:
             names = [e.name for e in result.events]
             if "CloseAgreed" in names:
-                deal.client_agreed |= sender == deal.client
-                deal.provider_agreed |= sender == deal.provider
+                if sender == deal.client:
+                    deal.client_agreed_at = self.clock
+                if sender == deal.provider:
+                    deal.provider_agreed_at = self.clock
             if "DealClosed" in names:
                 closed = result.event("DealClosed").args
                 returned = deal.max_spend - deal.committed
@@ -862,6 +875,27 @@ class EscrowMachine(RuleBasedStateMachine):
                 deal.committed, deal.stake, deal.closed = deal.max_spend, 0, True
 
         self._tx("close", predict, lambda: self.escrow.close_deal(sender, deal.deal_id), apply)
+
+    def _withdraw_agreement(self, deal: DealModel, sender: str) -> None:
+        def predict() -> str:
+            found = self._deal_or_error(deal.deal_id)
+            if isinstance(found, str):
+                return found
+            return SUCCESS if sender in (deal.client, deal.provider) else "EscrowUnauthorized"
+
+        def apply(result: TxResult) -> None:
+            assert result.event("CloseAgreementWithdrawn").args["party"] == address_of(sender)
+            if sender == deal.client:
+                deal.client_agreed_at = None
+            if sender == deal.provider:
+                deal.provider_agreed_at = None
+
+        self._tx(
+            "withdraw_agreement",
+            predict,
+            lambda: self.escrow.withdraw_close_agreement(sender, deal.deal_id),
+            apply,
+        )
 
     # ------------------------------------------------------------------ balances and deals
 
@@ -990,19 +1024,21 @@ class EscrowMachine(RuleBasedStateMachine):
                 return "EscrowNonceUsed"
             if cap > self.free[opener]:
                 return "EscrowInsufficientBalance"
-            if q.stake > self.stakes[provider]:
+            if locked_stake(q.stake, q.max_spend, cap) > self.stakes[provider]:
                 return "EscrowInsufficientStake"
             return SUCCESS
 
         def apply(result: TxResult) -> None:
             opened = result.event("DealOpened").args
+            locked = locked_stake(q.stake, q.max_spend, cap)
+            OUTCOMES["open_deal locked " + ("all" if locked == q.stake else "part")] += 1
             assert opened == {
                 "dealId": len(self.deals) + 1,
                 "client": address_of(client),
                 "provider": address_of(provider),
                 "arbiter": address_of(self.world.arbiter),
                 "maxSpend": cap,
-                "stake": q.stake,
+                "stake": locked,
                 "penalty": q.penalty,
                 "expiry": self.clock + q.duration,
                 "challengeWindow": q.challenge_window,
@@ -1015,7 +1051,7 @@ class EscrowMachine(RuleBasedStateMachine):
                 assert result.event("ReservationFeePaid").args["fee"] == fee
             self.used_nonces.add((address_of(provider), q.nonce))
             self.free[client] -= cap
-            self.stakes[provider] -= q.stake
+            self.stakes[provider] -= locked
             self.free[provider] += fee
             self.deals[opened["dealId"]] = DealModel(
                 deal_id=opened["dealId"],
@@ -1025,8 +1061,8 @@ class EscrowMachine(RuleBasedStateMachine):
                 provider_honest=provider_honest,
                 plan=q.plan,
                 max_spend=cap,
-                stake=q.stake,
-                stake_at_open=q.stake,
+                stake=locked,
+                stake_at_open=locked,
                 penalty=q.penalty,
                 expiry=opened["expiry"],
                 window=q.challenge_window,
@@ -1104,13 +1140,19 @@ class EscrowMachine(RuleBasedStateMachine):
             self._request_task(deal)
 
     def _request_task(self, deal: DealModel) -> None:
-        if deal.client_honest and deal.client_agreed:
+        now = self._now()
+        if deal.client_honest and deal.in_force(deal.client_agreed_at, now):
             return
         # The next index no settlement touched (a crafted voucher may have marked many).
         free = ~(deal.vouched_bits | deal.claimed_bits | deal.refunded_bits) >> deal.next_index
         index = deal.next_index + (free & -free).bit_length() - 1
-        deal.next_index = index + 1
-        now = self._now()
+        in_order = deal.client_honest or self.rng.random() < 0.7
+        if in_order:
+            deal.next_index = index + 1
+        else:  # an adversary asks past the next index: a gap, the last index, or past it
+            index = self.rng.choice([index + self.rng.randint(1, 4), MAX_TASKS - 1, MAX_TASKS])
+            where = {MAX_TASKS - 1: "last index", MAX_TASKS: "past the range"}.get(index, "gap")
+            STEPS_RUN[f"request out of order: {where}"] += 1
         usage = Receipt(
             deal_id=deal.deal_id,
             task_index=index,
@@ -1149,14 +1191,18 @@ class EscrowMachine(RuleBasedStateMachine):
                 if t.ack is not None and deal.settled(t.index) is None
             )
             if (
-                deal.provider_agreed
+                deal.in_force(deal.provider_agreed_at, now)
+                or index != deal.acked  # the daemon acks in order, with no gaps
                 or index >= MAX_TASKS
                 or now >= deal.expiry
                 or not now + SLO_S <= deadline <= deal.expiry
                 or price > max_price
                 or deal.available - reserved < max_price
             ):
+                if in_order:
+                    deal.next_index = index  # not acked: the client asks that index again
                 return  # refused: the daemon answers 4xx and signs no ack
+            deal.acked += 1
             ack_price = price
         else:
             ack_price = self.rng.choice([price, price // 2, 3 * price + 1])
@@ -1467,9 +1513,23 @@ class EscrowMachine(RuleBasedStateMachine):
         pool = self._open_deals() if closed else list(self.deals.values())
         deal = self.rng.choice(pool or list(self.deals.values()))
         honest = deal.client_honest if by_client else deal.provider_honest
+        party = deal.client if by_client else deal.provider
+        if not honest and self.rng.random() < 0.2:
+            self._withdraw_agreement(deal, party)
+            return
         if honest and not deal.closed and not self._honest_may_close(deal, by_client):
             return
-        self._close(deal, deal.client if by_client else deal.provider)
+        self._close(deal, party)
+
+    def delegate_account(self, who: int, target: str) -> None:
+        """A client or provider delegates its account (EIP-7702) to a contract that refuses
+        every ERC-1271 question, burns all gas, or answers honestly: what it signed before
+        stays valid, so the model predicts every call as before."""
+        self._step(f"delegate {target}")
+        self._keep_up(self._now())
+        key = [*self.clients, *self.providers][who]
+        delegate(self.world, key, self.delegates[target])
+        self.clock += 1  # the type-4 transaction mined one block
 
     # ------------------------------------------------------------------ the one rule
 
@@ -1656,7 +1716,7 @@ ACTIONS: dict[
             "p": lambda r: r.randint(0, 2),
             "client_honest": lambda r: r.random() < 0.5,
             "provider_honest": lambda r: r.random() < 0.5,
-            "cap": lambda r: r.choice([1_500, 4_000, 20_000, 200_000, 10**7]),
+            "cap": lambda r: r.choice([1, 1_500, 4_000, 20_000, 200_000, 10**7]),
             "stake": lambda r: r.randint(0, 3 * 10**5),
             "penalty": lambda r: r.randint(0, 10**5),
             "plan": lambda r: r.choice(PLANS),
@@ -1664,6 +1724,11 @@ ACTIONS: dict[
             "window": lambda r: r.randint(MIN_WINDOW, 40),
             "attack": lambda r: r.choice([None] * 3 + list(OPEN_ATTACKS)),
         },
+    ),
+    "delegate_account": (
+        1,
+        lambda m: True,
+        {"who": lambda r: r.randint(0, 5), "target": lambda r: r.choice(DELEGATES)},
     ),
     "move_money": (
         1,
@@ -1704,6 +1769,7 @@ def adversarial_world(deployed: World) -> Iterator[World]:
     """An escrow of its own, with a short arbitration period, reverted after the module."""
     snapshot = deployed.anvil.snapshot()
     world = deploy_world(deployed.anvil, arbitration_period=ARBITRATION)
+    EscrowMachine.delegates = deploy_delegates(world)
     deployed.anvil.set_block_interval(1)
     try:
         yield world
@@ -1754,5 +1820,7 @@ def test_escrow_adversaries_never_take_what_honest_parties_are_owed(
         "finalize ok",
         "close ok",
         "open_deal EscrowWrongClient",
+        "open_deal locked part",
+        "claim EscrowTaskIndexTooLarge",
     }
     assert expected <= set(OUTCOMES), f"sequences missed {expected - set(OUTCOMES)}"

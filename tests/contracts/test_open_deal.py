@@ -18,7 +18,7 @@ def test_open_deal_when_quote_is_valid_then_locks_cap_and_stake(world: World) ->
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**7)
     world.escrow.stake(provider, 3 * 10**6)
-    q = quote(world, provider, client, stake=10**6, penalty=7)
+    q = quote(world, provider, client, stake=10**6, penalty=7, max_spend=4 * 10**6)
     result = world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 4 * 10**6)
     deal_id = result.event("DealOpened").args["dealId"]
     deal = world.escrow.get_deal(deal_id)
@@ -185,7 +185,7 @@ def test_open_deal_when_client_balance_short_then_rejects(world: World) -> None:
 def test_open_deal_when_provider_stake_short_then_rejects(world: World) -> None:
     client, provider = world.clients[0], world.providers[0]
     world.escrow.deposit(client, 10**6)
-    q = quote(world, provider, client, stake=10**6)
+    q = quote(world, provider, client, stake=10**6, max_spend=10**6)
     with pytest.raises(reverts.EscrowInsufficientStake):
         world.escrow.open_deal(client, q, q.sign(world.escrow.domain, provider), 10**6)
 

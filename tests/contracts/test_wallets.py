@@ -32,7 +32,7 @@ def _wallet_client_deal(world: World, wallet: Wallet) -> int:
     provider = world.providers[0]
     wallet.call(world.escrow, "deposit", 10**6)
     world.escrow.stake(provider, 10**6)
-    q = replace(quote(world, provider, wallet.owner), client=wallet.address)
+    q = replace(quote(world, provider, wallet.owner, max_spend=10**6), client=wallet.address)
     sig = q.sign(world.escrow.domain, provider)
     result = wallet.call(world.escrow, "openDeal", q.as_args(), sig, 10**6)
     opened = result.event("DealOpened").args
@@ -101,7 +101,7 @@ def test_wallet_provider_signs_quotes_and_acks_the_escrow_accepts(
     client = world.clients[0]
     wallet.call(world.escrow, "stake", 10**6)
     world.escrow.deposit(client, 10**6)
-    q = replace(quote(world, wallet.owner, client), provider=wallet.address)
+    q = replace(quote(world, wallet.owner, client, max_spend=10**6), provider=wallet.address)
     sig = q.sign(world.escrow.domain, wallet.owner)
     wallet.set_accepting(False)
     with pytest.raises(reverts.EscrowInvalidSignature) as info:

@@ -10,7 +10,8 @@ import {Plan, Quote, TaskRequest, Ack, Receipt, Voucher, Claim} from "../types/M
 /// with a penalty when the provider misses the request's deadline.
 /// @dev Time rule: each task has one settlement instant, `settleBy = min(request deadline,
 /// expiry) + challengeWindow`. The provider may claim it until then; the client may refund it
-/// only after; a unilateral close waits until `expiry + 2 * challengeWindow`.
+/// only after; a unilateral close waits until `expiry + 2 * challengeWindow`. An early close
+/// needs both parties' agreements in force: each lapses two challenge windows after it is given.
 interface IComputeEscrow {
     /// @notice Lifecycle of a deal.
     enum DealStatus {
@@ -48,12 +49,12 @@ interface IComputeEscrow {
         uint256 committed; // paid out of the deal: vouchers, settled claims, refunds, fee
         uint256 vouched; // cumulative amount of the last redeemed voucher
         uint256 pending; // claimed, awaiting the challenge window or a ruling
-        uint256 stake; // provider stake still locked
+        uint256 stake; // provider stake still locked (at opening: lockedStake of the quote)
         uint256 penalty;
         bytes32 planHash;
         uint32 batchCount;
-        bool clientAgreedClose;
-        bool providerAgreedClose;
+        bool clientAgreedClose; // the client's early-close agreement is in force now
+        bool providerAgreedClose; // the provider's early-close agreement is in force now
     }
 
     /// @notice A batch of claimed receipts as stored.
@@ -74,7 +75,8 @@ interface IComputeEscrow {
     event Unstaked(address indexed provider, uint256 amount);
     /// @notice Emitted when a provider cancels a quote nonce.
     event QuoteNonceCancelled(address indexed provider, uint256 nonce);
-    /// @notice Emitted when a deal opens from a signed quote, with every term an indexer needs.
+    /// @notice Emitted when a deal opens from a signed quote, with every term an indexer needs;
+    /// `stake` is the stake the deal locks: {lockedStake} of the quote's stake for `maxSpend`.
     event DealOpened(
         uint256 indexed dealId,
         address indexed client,
@@ -111,6 +113,8 @@ interface IComputeEscrow {
     event BreachRefunded(uint256 indexed dealId, uint32 indexed taskIndex, uint256 refund, uint256 penalty);
     /// @notice Emitted when one party agrees to close a deal early.
     event CloseAgreed(uint256 indexed dealId, address indexed party);
+    /// @notice Emitted when a party withdraws its early-close agreement.
+    event CloseAgreementWithdrawn(uint256 indexed dealId, address indexed party);
     /// @notice Emitted when a deal closes.
     event DealClosed(uint256 indexed dealId, uint256 returnedToClient, uint256 stakeReturned);
 
@@ -200,7 +204,8 @@ interface IComputeEscrow {
     function cancelQuoteNonce(uint256 nonce) external;
 
     /// @notice Open a deal with a provider-signed quote naming the caller, locking `maxSpend` of
-    /// the caller's free balance and the quote's stake from the provider's free stake.
+    /// the caller's free balance and, from the provider's free stake, the share of the quote's
+    /// stake that `maxSpend` is of the quote's maxSpend, rounded up ({lockedStake}).
     /// @return dealId The new deal's id.
     function openDeal(Quote calldata quote, bytes calldata signature, uint256 maxSpend)
         external
@@ -240,9 +245,14 @@ interface IComputeEscrow {
     /// the stake. Callable by the deal's client, with the request and the provider-signed ack.
     function refundBreach(TaskRequest calldata request, Ack calldata ack, bytes calldata ackSignature) external;
 
-    /// @notice Close a deal: alone after expiry plus twice the challenge window, or early once
-    /// both parties have called it. Unspent funds return to the client, stake to the provider.
+    /// @notice Close a deal: alone after expiry plus twice the challenge window, or early when
+    /// both parties' agreements are in force. Before that instant a call records the caller's
+    /// agreement, which lapses two challenge windows later. Unspent funds return to the client,
+    /// stake to the provider.
     function closeDeal(uint256 dealId) external;
+
+    /// @notice Withdraw the caller's early-close agreement (client or provider of an open deal).
+    function withdrawCloseAgreement(uint256 dealId) external;
 
     /// @notice The settlement token.
     function token() external view returns (address);
@@ -274,6 +284,13 @@ interface IComputeEscrow {
 
     /// @notice Number of deals opened so far.
     function dealCount() external view returns (uint256);
+
+    /// @notice The stake a deal opened for `maxSpend` locks under a quote of `quoteStake` for
+    /// `quoteMaxSpend`: ceil(quoteStake * maxSpend / quoteMaxSpend).
+    function lockedStake(uint256 quoteStake, uint256 quoteMaxSpend, uint256 maxSpend)
+        external
+        pure
+        returns (uint256);
 
     /// @notice The plan's price for one task's usage.
     function price(Plan calldata plan, uint8 kind, uint8 status, bool cacheHit, uint64 deviceMs, uint32 taskIndex)
