@@ -239,8 +239,8 @@ class DealSession:
 
     def _await_turn(self, outcome: TaskOutcome, reason: str) -> bool:
         """Wait until this session's task at the index the provider expects is acked; return
-        whether to send ``outcome`` again (False: that task is not this session's, was
-        refused, or is not acked while ``outcome``'s deadline can still be met)."""
+        whether to send ``outcome`` again (False: that task was refused, or is not acked while
+        ``outcome``'s deadline can still be met; another thread may not have signed it yet)."""
         expected = expected_index(reason)
         if expected is None or expected >= outcome.index:
             return False
@@ -249,9 +249,9 @@ class DealSession:
         with self._order:
             while True:
                 earlier = self.outcomes.get(expected)
-                if earlier is None or expected in self._given_up:
+                if expected in self._given_up:
                     return False
-                if earlier.ack is not None:
+                if earlier is not None and earlier.ack is not None:
                     return True
                 left = send_by - self.now()
                 if left <= 0:
