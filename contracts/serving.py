@@ -15,17 +15,35 @@
     of its first byte, plus one second per `min_body_rate` bytes of body received (so a large
     upload at a fair rate is never cut, and a drip is), or the connection closes (with a 408 if
     its headers never completed);
-  - its request line and headers may hold at most `max_header_bytes` (a 400 and close beyond).
+  - its request line and headers may hold at most `max_header_bytes` (a 400 and close beyond);
+  - with a `contracts.fairness.ConnectionBudget`, a connection beyond its client address's
+    share or the service's total is answered at once (429 or 503, ``Retry-After``) and closed;
+  - the scope's client address is a trusted reverse proxy's ``X-Forwarded-For`` when the peer
+    is one (`contracts.fairness.TrustedProxies`), else the peer: everything downstream (rate
+    limits, stream caps) sees the real client.
+- **No secret in what a stranger can make a service say.** A node URL often carries an API key
+  (in its path, query or userinfo), and the HTTP libraries put the URL, or its path alone, in
+  their exception messages. `redact` strips every URL in a text down to scheme, host and port
+  and removes every string registered with `register_secret` (each service registers its RPC
+  URL's parts and its signing key when its app is built); each service's one error renderer
+  passes its reasons through it, and `redact_logs` adds `RedactingFilter` to every log handler
+  so log lines (their messages, extra fields and tracebacks) are redacted the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from contracts.fairness import ConnectionBudget, TrustedProxies
 
 RECURSION_LIMIT = 1_000
 """Python's default, put back after eth-account raised it (see the module's docstring)."""
@@ -45,6 +63,14 @@ _408 = (
 )
 
 
+_REFUSED = (
+    b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nretry-after: %d\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+REFUSAL_RETRY_S = 1
+"""``Retry-After`` of a connection refused for the budget: slots free up as requests end."""
+
+
 class _HeadersTooLarge(Exception):
     """The request line and headers passed the cap (httptools then answers 400 and closes)."""
 
@@ -57,25 +83,45 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """Bytes of body per extra second of reading (0: the whole request within `read_timeout`)."""
     max_header_bytes: int = 32 << 10
     timeout_body: bytes = b'{"detail":"request not received in time","error":"RequestTimeout"}'
+    budget: ConnectionBudget | None = None
+    """Connections per client address and in all; None: no limit but uvicorn's own."""
+    trusted: TrustedProxies = TrustedProxies()
+    refusal_bodies: dict[int, bytes] = {}
+    """The JSON of a 429 (an address over its share) and a 503 (full), in the service's shape."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Create the protocol for one connection (uvicorn's arguments)."""
         super().__init__(*args, **kwargs)
+        self._counted: str | None = None
         self._read_deadline: asyncio.TimerHandle | None = None
         self._read_started = 0.0
         self._header_bytes = 0
         self._body_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Accept the connection; close it if no request starts within the keep-alive time."""
+        """Accept the connection (or refuse it, over the budget); close it if no request starts
+        within the keep-alive time."""
         super().connection_made(transport)
+        if self.budget is not None:
+            peer = self.client[0] if self.client else ""
+            status = self.budget.admit(peer)
+            if status is not None:
+                body = self.refusal_bodies.get(status, b"{}")
+                phrase = b"Too Many Requests" if status == 429 else b"Service Unavailable"
+                transport.write(_REFUSED % (status, phrase, REFUSAL_RETRY_S, len(body), body))
+                transport.close()
+                return
+            self._counted = peer
         self.timeout_keep_alive_task = self.loop.call_later(
             self.timeout_keep_alive, self.timeout_keep_alive_handler
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the read deadline, then let uvicorn clean up."""
+        """Forget the read deadline and the connection's count, then let uvicorn clean up."""
         self._cancel_read_deadline()
+        if self._counted is not None and self.budget is not None:
+            self.budget.release(self._counted)
+            self._counted = None
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -97,6 +143,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Count each header against the header cap."""
         self._count_header_bytes(len(name) + len(value) + 4)
         super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        """Name the client a trusted proxy forwarded for, then let uvicorn start the request."""
+        peer = self.client[0] if self.client else None
+        if peer is not None and peer in self.trusted:
+            forwarded = b",".join(v for n, v in self.headers if n == b"x-forwarded-for")
+            client = self.trusted.client(peer, forwarded.decode("latin-1"))
+            self.scope["client"] = (client, 0)
+        super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
         """Count the body's bytes: each `min_body_rate` of them buys a second more."""
@@ -143,10 +198,14 @@ def guarded_protocol(
     max_header_bytes: int,
     min_body_rate: float = 0.0,
     timeout_body: bytes | None = None,
+    budget: ConnectionBudget | None = None,
+    refusal_bodies: dict[int, bytes] | None = None,
 ) -> type[GuardedHttpToolsProtocol]:
     """Return the protocol class (called `name`) with these limits, for `uvicorn.run(http=...)`.
 
-    `timeout_body` is the JSON of the 408 (in the service's own error shape).
+    `timeout_body` is the JSON of the 408 and `refusal_bodies` those of the budget's 429 and
+    503 (in the service's own error shape); `budget` is this server's alone (its trusted
+    proxies also name the client of each request).
     """
     body = timeout_body or (
         b'{"detail":"request not received within %d s","error":"RequestTimeout"}'
@@ -160,6 +219,9 @@ def guarded_protocol(
             "max_header_bytes": max_header_bytes,
             "min_body_rate": min_body_rate,
             "timeout_body": body,
+            "budget": budget,
+            "trusted": budget.trusted if budget is not None else TrustedProxies(),
+            "refusal_bodies": refusal_bodies or {},
         },
     )
 
@@ -184,3 +246,94 @@ async def read_streamed_body(
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+# ---- redaction -------------------------------------------------------------------------------
+
+_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{1,15})://([^\s'\"<>()\[\]{},;]+)")
+_SECRETS: set[str] = set()
+REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 6
+"""A shorter registered string (a path such as ``/``) would redact ordinary text."""
+
+
+def register_secret(text: str | None) -> None:
+    """Have `redact` remove ``text`` (and, for a URL, its userinfo, path and query) anywhere."""
+    if not text:
+        return
+    parts = [text]
+    if "://" in text:
+        url = urlsplit(text)
+        parts = [url.path, url.query, url.fragment, url.username or "", url.password or ""]
+        parts += [url.path + ("?" + url.query if url.query else "")]
+        parts += [segment for segment in url.path.split("/") if segment]
+    for part in parts:
+        if len(part.strip("/")) >= MIN_SECRET_CHARS:
+            _SECRETS.add(part)
+
+
+def _host_only(match: re.Match[str]) -> str:
+    scheme, rest = match.group(1), match.group(2)
+    host = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0].rsplit("@", 1)[-1]
+    return f"{scheme}://{host}" + ("/" + REDACTED if len(host) < len(rest) else "")
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every URL cut to scheme, host and port and every registered secret
+    replaced by ``[redacted]``."""
+    text = _URL.sub(_host_only, text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """Redact a record's message, its extra fields and its traceback (see `redact`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` in place; never drop it."""
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            message = str(record.msg)
+        record.msg, record.args = redact(message), ()
+        for key, value in list(vars(record).items()):
+            if key not in _RECORD_FIELDS and isinstance(value, (str, list, tuple, dict)):
+                setattr(record, key, _redact_value(value))
+        if record.exc_info and record.exc_info[1] is not None:
+            text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+            record.exc_text, record.exc_info = redact(text), None
+            record.exc = record.exc_text  # what a JSON formatter prints of the traceback
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+
+
+def _redact_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redact_value(v) for v in value]
+    return value
+
+
+_FILTER = RedactingFilter()
+
+
+def redact_logs() -> None:
+    """Add the redacting filter to every log handler configured now (and the last resort)."""
+    handlers = list(logging.getLogger().handlers)
+    for logger in list(logging.Logger.manager.loggerDict.values()):
+        if isinstance(logger, logging.Logger):
+            handlers += logger.handlers
+    if logging.lastResort is not None:
+        handlers.append(logging.lastResort)
+    for handler in handlers:
+        if _FILTER not in handler.filters:
+            handler.addFilter(_FILTER)

@@ -31,6 +31,9 @@ market's CPU share measured. The last line of stdout is one JSON object: ``unaut
 ask's), ``services_crashed`` (processes dead or not answering their health check),
 ``server_errors`` (5xx answers), ``results_read_by_stranger`` (answers to attack 9 that carried
 any of the victim's result: receipt, outputs, report, diagnosis or access token),
+``secrets_in_responses`` (answers to the attacker that carried the node's URL or a key of the
+run; ``tests/provider/test_api_secrets.py`` and ``tests/market/test_http_secrets.py`` run the
+services with a key in the node's URL while the node errs),
 ``normal_p99_ms_under_abuse`` (the normal client's order placements, cancels and task
 submissions during the attacks; ``normal_p99_ms_alone``: the same calls in the 30 s before
 them), ``peak_rss_mb`` (VmHWM of market + daemon),
@@ -90,6 +93,9 @@ def percentile(values: list[float], share: float) -> float:
 def run(world: World, quick: bool) -> dict[str, Any]:
     """Run every attack while the normal client works; return the figures."""
     tally = Tally()
+    st = world.st
+    keys = [world.provider.key, st.deployer, world.victim.key, world.attacker.key]
+    tally.node_secrets = [st.rpc_url] + [k.removeprefix("0x") for k in keys]
     stop = threading.Event()
     normal = threading.Thread(target=normal_client, args=(world, stop), daemon=True)
     normal.start()
@@ -130,6 +136,7 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "services_crashed": len(down),
         "server_errors": tally.server_errors,
         "results_read_by_stranger": tally.results_read_by_stranger,
+        "secrets_in_responses": tally.secrets_in_responses,
         "slow_connections_left_open": tally.slow_connections_left,
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),

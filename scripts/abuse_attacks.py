@@ -35,6 +35,9 @@ class Tally:
     calls: int = 0
     slow_connections_left: int = 0
     results_read_by_stranger: int = 0
+    secrets_in_responses: int = 0
+    node_secrets: list[str] = field(default_factory=list)
+    """The node URL and the keys of the run: in no answer to anyone."""
     figures: dict[str, Any] = field(default_factory=dict)
     leaks: list[str] = field(default_factory=list)
 
@@ -50,6 +53,7 @@ class Tally:
         """Count one answer to a non-party: a 5xx, a 2xx write, a 2xx of a party-only route
         or any answer carrying a party's secret."""
         self.calls += 1
+        self.scan(reply, what)
         status = reply.status_code
         if status >= 500:
             self.server_errors += 1
@@ -61,6 +65,14 @@ class Tally:
         elif (ok and party_only) or any(s in reply.text for s in secrets):
             self.unauthorized_reads += 1
             self.leaks.append(f"{what}: {status} revealed the victim's data")
+
+    def scan(self, reply: httpx.Response, what: str) -> None:
+        """Count an answer whose body or headers carry the node URL or a key of the run."""
+        shown = reply.text + " ".join(f"{k}: {v}" for k, v in reply.headers.items())
+        found = [s for s in self.node_secrets if s and s in shown]
+        if found:
+            self.secrets_in_responses += 1
+            self.leaks.append(f"{what}: {reply.status_code} carried a secret of the run")
 
 
 def client(base: str, source: str, timeout: float = 60) -> httpx.Client:

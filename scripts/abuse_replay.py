@@ -84,6 +84,7 @@ def claimed_replay(world: World, tally: Tally) -> dict[str, Any]:
                 reply = http.post("/v1/tasks", headers=headers, params={"wait": wait})
                 statuses.append(reply.status_code)
                 tally.calls += 1
+                tally.scan(reply, f"claimed replay (wait {wait})")
                 body = (
                     reply.json()
                     if reply.headers.get("content-type", "").startswith("application/json")

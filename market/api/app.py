@@ -13,7 +13,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from contracts.messages import ZERO_ADDRESS
-from contracts.serving import restore_recursion_limit
+from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from market import heap
 from market.api import errors
 from market.api.body import publish_schemas
@@ -46,6 +46,9 @@ def create_app(
     collector's scans once started (`market.heap`)."""
     restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
     settings = settings or (service.settings if service else Settings.from_env())
+    register_secret(settings.rpc_url)  # its key never in an answer nor a log line
+    register_secret(settings.database_url)
+    redact_logs()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

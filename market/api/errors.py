@@ -2,12 +2,17 @@
 
 `{"error": <kind>, "detail": <one line>, "problems": [...]}`: `error` names the exception
 (`NotFoundError`, `RequestValidationError`, ...), `detail` says what went wrong in one line, and
-`problems` lists a 422's bounded validation problems (empty otherwise). A 429 also carries
-`Retry-After` (whole seconds, at least 1), and its `detail` says the same wait.
+`problems` lists a 422's bounded validation problems (empty otherwise). A 429 and a 503 also
+carry `Retry-After` (whole seconds, at least 1), and a 429's `detail` says the same wait.
+
+No answer carries a secret: every `detail` passes through `contracts.serving.redact` (node URLs
+cut to their host, the RPC URL's key removed), and a 5xx says a stable sentence per kind, never
+the text of the exception behind it (that goes to the log, redacted too).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from http import HTTPStatus
@@ -20,6 +25,7 @@ from pydantic import BaseModel
 from pydantic import Field as PField
 from starlette.exceptions import HTTPException
 
+from contracts.serving import redact
 from market.api.body import BoundedValidationError, bounded_errors
 from market.errors import (
     AuthError,
@@ -56,6 +62,14 @@ STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (ChainUnavailableError, 503),
 )
 """First match wins: subclasses before their bases."""
+log = logging.getLogger("market.api")
+SERVER_DETAILS: tuple[tuple[type[MarketError], str], ...] = (
+    (ChainUnavailableError, "the chain cannot be read now; retry after Retry-After seconds"),
+    (SnapshotError, "the market could not read its own state; retry"),
+)
+"""The `detail` of a 5xx, by kind (the exception's own text goes to the log only)."""
+CHAIN_RETRY_AFTER_S = 2
+"""`Retry-After` of a 503 from a node that errs (the funds cache's lifetime)."""
 
 
 class ProblemPublic(BaseModel):
@@ -80,7 +94,9 @@ def error_response(
     status: int, error: str, detail: str, problems: list[dict[str, Any]] | None = None, **kw: Any
 ) -> JSONResponse:
     """Return an `ErrorPublic` response."""
-    body = {"error": error, "detail": detail, "problems": problems or []}
+    body = {"error": error, "detail": redact(detail), "problems": problems or []}
+    if status == 503:
+        kw["headers"] = {"Retry-After": str(CHAIN_RETRY_AFTER_S), **(kw.get("headers") or {})}
     return JSONResponse(body, status_code=status, **kw)
 
 
@@ -108,7 +124,12 @@ async def market_error_handler(request: Request, exc: Exception) -> JSONResponse
             f"rate limit exceeded for {exc.key}; retry after {wait} s",
             headers={"Retry-After": str(wait)},
         )
-    return error_response(status_of(exc), type(exc).__name__, str(exc))
+    status = status_of(exc)
+    if status >= 500:
+        log.warning("%s: %s", type(exc).__name__, exc)  # redacted by the log handlers
+        detail = next((d for kind, d in SERVER_DETAILS if isinstance(exc, kind)), "internal error")
+        return error_response(status, type(exc).__name__, detail)
+    return error_response(status, type(exc).__name__, str(exc))
 
 
 async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol
+from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol, redact_logs
 from market.settings import Settings
 
 
@@ -30,7 +30,7 @@ def market_protocol(settings: Settings) -> type[GuardedHttpToolsProtocol]:
 
 def serve(app: Any, settings: Settings, *, host: str, port: int, log_level: str) -> None:
     """Run `app` with uvicorn until interrupted, on guarded connections."""
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -42,3 +42,5 @@ def serve(app: Any, settings: Settings, *, host: str, port: int, log_level: str)
         timeout_graceful_shutdown=2,
         access_log=False,
     )
+    redact_logs()  # after uvicorn configured its log handlers: they redact too
+    uvicorn.Server(config).run()

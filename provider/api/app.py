@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from contracts.serving import restore_recursion_limit
+from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from provider.api import errors
 from provider.api.fast import FastTasks
 from provider.api.routes import system, tasks, vouchers
@@ -18,6 +18,11 @@ def create_app(daemon: Daemon) -> FastTasks:
     and every other request's body is capped and its JSON nesting bounded there too.
     """
     restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
+    config = daemon.config
+    for secret in (config.rpc_url, config.market_url, config.private_key):
+        register_secret(secret)  # never in an answer nor a log line (contracts.serving.redact)
+    register_secret(config.private_key.removeprefix("0x"))
+    redact_logs()
     app = FastAPI(
         title="tpumarket provider",
         version="1",

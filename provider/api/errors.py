@@ -1,14 +1,24 @@
-"""The one place domain errors become HTTP statuses."""
+"""The one place domain errors become HTTP answers: status, body and headers.
+
+Every error answer is ``{"error": code, "reason": text}``. A reason passes through
+:func:`contracts.serving.redact` (node URLs cut to their host, registered secrets removed); a
+5xx carries a stable reason per code and never an exception's text; a 503 (and a 429) carries
+``Retry-After``.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Final
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from contracts.serving import redact
 from provider.errors import NotFoundError, ProviderError, RejectedError
+
+log = logging.getLogger("provider.api")
 
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "bad_request": 400,
@@ -29,6 +39,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "envelope_too_large": 413,
     "body_too_large": 413,
     "unsupported_media_type": 415,
+    "not_found": 404,
     "envelope_malformed": 422,
     "hash_mismatch": 422,
     "target_unsupported": 422,
@@ -42,12 +53,53 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_over_cap": 422,
     "voucher_leaves_cap_short": 422,
     "chain_unavailable": 503,
+    "too_many_requests": 429,
+    "overloaded": 503,
+    "provider_error": 500,
+    "internal_error": 500,
 }
+
+SERVER_REASONS: Final[dict[str, str]] = {
+    "chain_unavailable": "the chain cannot be read now: retry after Retry-After seconds",
+    "provider_error": "the provider could not serve this request",
+    "internal_error": "internal error",
+}
+"""The reason of a 5xx, by code: never the text of the exception behind it."""
+RETRY_AFTER_S: Final = 2
+"""``Retry-After`` of a 503 whose cause names no wait (a node that errs: the deal cache's TTL)."""
 
 
 def error_body(code: str, reason: str) -> dict[str, str]:
     """Return the JSON body of every error answer."""
     return {"error": code, "reason": reason}
+
+
+def render(
+    code: str, reason: str, *, retry_after: float | None = None
+) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Return the status, body and headers of an error answer (see the module docstring)."""
+    status = STATUS_BY_CODE.get(code, 400)
+    headers: dict[str, str] = {}
+    if status >= 500 and (code in SERVER_REASONS or status != 503):
+        reason = SERVER_REASONS.get(code, SERVER_REASONS["internal_error"])
+    if status in (429, 503):
+        headers["Retry-After"] = str(max(1, round(retry_after or RETRY_AFTER_S)))
+    return status, error_body(code, redact(reason)), headers
+
+
+def rejected_answer(exc: Exception) -> tuple[int, dict[str, str], dict[str, str]]:
+    """Return the answer to an error raised while serving (logging what a 5xx hides)."""
+    if isinstance(exc, RejectedError):
+        code, reason = exc.code, exc.reason
+    elif isinstance(exc, NotFoundError):
+        code, reason = "not_found", str(exc)
+    elif isinstance(exc, ProviderError):
+        code, reason = "provider_error", str(exc)
+    else:
+        code, reason = "internal_error", "internal error"
+    if STATUS_BY_CODE.get(code, 400) >= 500:
+        log.warning("request failed", extra={"code": code}, exc_info=exc)
+    return render(code, reason)
 
 
 MAX_REASON_CHARS = 600
@@ -65,23 +117,17 @@ def validation_reason(exc: RequestValidationError) -> str:
 
 
 def install(app: FastAPI) -> None:
-    """Map :class:`RejectedError`, :class:`NotFoundError` and other provider errors."""
+    """Map :class:`RejectedError`, :class:`NotFoundError`, other provider errors and any
+    unexpected exception through :func:`rejected_answer`."""
 
-    async def rejected(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RejectedError)
-        return JSONResponse(error_body(exc.code, exc.reason), STATUS_BY_CODE.get(exc.code, 400))
-
-    async def not_found(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body("not_found", str(exc)), 404)
-
-    async def provider_error(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(error_body("provider_error", str(exc)), 500)
+    async def failed(_: Request, exc: Exception) -> JSONResponse:
+        status, body, headers = rejected_answer(exc)
+        return JSONResponse(body, status, headers=headers)
 
     async def invalid(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return JSONResponse(error_body("bad_request", validation_reason(exc)), 422)
+        return JSONResponse(error_body("bad_request", redact(validation_reason(exc))), 422)
 
     app.add_exception_handler(RequestValidationError, invalid)
-    app.add_exception_handler(RejectedError, rejected)
-    app.add_exception_handler(NotFoundError, not_found)
-    app.add_exception_handler(ProviderError, provider_error)
+    for kind in (RejectedError, NotFoundError, ProviderError, Exception):
+        app.add_exception_handler(kind, failed)

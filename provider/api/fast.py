@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.program import ProgramFormatError, check_target_name
 from contracts.serving import read_streamed_body
-from provider.api.errors import STATUS_BY_CODE, error_body
+from provider.api.errors import rejected_answer
 from provider.api.models import (
     REQUEST_HEADER,
     SIGNATURE_HEADER,
@@ -27,7 +27,7 @@ from provider.api.models import (
 )
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
-from provider.errors import NotFoundError, ProviderError, RejectedError
+from provider.errors import RejectedError
 from provider.task_checks import CheckedRequest
 from provider.wire import MAX_JSON_DEPTH, json_depth
 
@@ -167,7 +167,7 @@ class FastTasks:
                         "bad_request", f"the JSON body is nested deeper than {MAX_JSON_DEPTH}"
                     )
         except RejectedError as exc:
-            await _answer(send, STATUS_BY_CODE.get(exc.code, 400), _error(exc.code, exc.reason))
+            await _answer(send, *rejected_answer(exc))
             return
         sent = False
 
@@ -192,33 +192,30 @@ class FastTasks:
             body = await _read_body(receive, daemon.config.max_envelope_bytes)
             if body is None:
                 return  # the client went away
-            status, answer = 200, await submit_answer(daemon, headers, wait, body, checked)
-        except RejectedError as exc:
-            status = STATUS_BY_CODE.get(exc.code, 400)
-            answer = _error(exc.code, exc.reason)
-        except NotFoundError as exc:
-            status, answer = 404, _error("not_found", str(exc))
-        except ProviderError as exc:
-            status, answer = 500, _error("provider_error", str(exc))
-        await _answer(send, status, answer)
+            answer = await submit_answer(daemon, headers, wait, body, checked)
+        except Exception as exc:  # every error is answered by the one renderer
+            await _answer(send, *rejected_answer(exc))
+            return
+        await _answer(send, 200, answer)
 
 
-async def _answer(send: Send, status: int, answer: bytes) -> None:
+async def _answer(
+    send: Send, status: int, answer: bytes | dict[str, str], headers: dict[str, str] | None = None
+) -> None:
+    raw = answer if isinstance(answer, bytes) else json.dumps(answer, separators=(",", ":"))
+    raw = raw if isinstance(raw, bytes) else raw.encode()
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [_JSON, (b"content-length", str(len(answer)).encode())],
+            "headers": [_JSON, (b"content-length", str(len(raw)).encode()), *extra],
         }
     )
-    await send({"type": "http.response.body", "body": answer})
+    await send({"type": "http.response.body", "body": raw})
 
 
 async def _read_body(receive: Receive, cap: int, code: str = "envelope_too_large") -> bytes | None:
     return await read_streamed_body(
         receive, cap, lambda: RejectedError(code, f"more than {cap} bytes, cap {cap}")
     )
-
-
-def _error(code: str, reason: str) -> bytes:
-    return json.dumps(error_body(code, reason), separators=(",", ":")).encode()

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol
+from contracts.serving import GuardedHttpToolsProtocol, guarded_protocol, redact_logs
 from provider.api.errors import error_body
 from provider.config import ProviderConfig
 
@@ -46,7 +46,7 @@ def daemon_protocol(config: ProviderConfig) -> type[GuardedHttpToolsProtocol]:
 
 def serve(app: Any, config: ProviderConfig) -> None:
     """Run ``app`` with uvicorn on the config's host and port until interrupted."""
-    uvicorn.run(
+    settings = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
@@ -57,3 +57,5 @@ def serve(app: Any, config: ProviderConfig) -> None:
         log_config=None,
         access_log=False,
     )
+    redact_logs()  # the handlers uvicorn's config set up redact too
+    uvicorn.Server(settings).run()
