@@ -7,7 +7,7 @@ pragma solidity ^0.8.24;
 /// address has now (an EIP-7702 delegation made after signing changes nothing); only when
 /// recovery does not give the signer, and the address has code, is ERC-1271 asked, with at
 /// most `ERC1271_GAS_STIPEND` gas. So a true contract wallet's signature is its wallet's word
-/// at the time of use (the wallet can withdraw it); an ECDSA signature cannot be withdrawn.
+/// at the time of use (the wallet can withdraw it); a signature that recovers to its signer cannot.
 library SignerCheck {
     /// @notice Gas an ERC-1271 `isValidSignature` call may use: enough for a wallet checking a
     /// few ECDSA owners (3,000 gas each) and reading its storage; a wallet that burns more is
