@@ -47,6 +47,7 @@ def _run(args: argparse.Namespace) -> int:
         if not chain.w3.eth.get_code(escrow.address):
             raise ProviderError(f"no contract at escrow {escrow.address} ({settings.rpc_url})")
         escrow.arbitration_period()  # an escrow answers; anything else raises
+        key = settings.private_key()
     except ProviderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -57,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     journal = ArbiterJournal(settings.data_dir.resolve())
     arbiter = Arbiter(
         escrow=escrow,
-        key=settings.key.get_secret_value(),
+        key=key,
         journal=journal,
         sandbox=lambda: Sandbox(pool_size=1, jax_platforms="cpu"),
         terms=ArbiterTerms(

@@ -7,11 +7,12 @@ The key is a secret (shown by no repr, log or error); every value is validated i
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from provider.errors import ConfigError
@@ -24,7 +25,9 @@ class ArbiterSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
-    key: SecretStr = Field(description="the arbiter's private key (0x and 64 hex digits)")
+    key: SecretStr | None = Field(None, description="a raw private key (development only)")
+    keystore: Path | None = Field(None, description="the arbiter's encrypted keystore file")
+    passphrase_file: Path | None = Field(None, description="the keystore's passphrase")
     rpc_url: str = Field("http://127.0.0.1:8545", description="the chain's JSON-RPC URL")
     escrow: str = Field(description="the escrow's address")
     data_dir: Path = Field(Path("arbiter-data"), description="journal and evidence")
@@ -39,11 +42,30 @@ class ArbiterSettings(BaseSettings):
 
     @field_validator("key")
     @classmethod
-    def _key_shape(cls, value: SecretStr) -> SecretStr:
+    def _key_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
         digits = value.get_secret_value().strip().removeprefix("0x")
         if len(digits) != 64 or any(c not in "0123456789abcdefABCDEF" for c in digits):
             raise ValueError("must be 0x and 64 hex digits")
         return SecretStr("0x" + digits.lower())
+
+    @model_validator(mode="after")
+    def _one_key(self) -> ArbiterSettings:
+        if (self.key is None) == (self.keystore is None):
+            raise ValueError("give exactly one of key (development only) and keystore")
+        return self
+
+    def private_key(self) -> str:
+        """Return the private key: decrypted from the keystore, or the raw key (with a
+        development-only warning on stderr)."""
+        from contracts.keystore import RAW_KEY_WARNING, load_key, read_passphrase
+
+        if self.keystore is not None:
+            return load_key(self.keystore, read_passphrase(self.passphrase_file))
+        assert self.key is not None
+        print(RAW_KEY_WARNING, file=sys.stderr, flush=True)
+        return self.key.get_secret_value()
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> ArbiterSettings:

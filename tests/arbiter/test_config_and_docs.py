@@ -38,6 +38,27 @@ def test_the_key_is_shown_by_no_repr_and_bad_values_name_their_source(
     assert "0x1234" not in str(caught.value)
 
 
+def test_the_key_comes_from_a_keystore_or_a_raw_key_never_both(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from contracts.keystore import write_keystore
+
+    store = tmp_path / "arbiter.json"
+    write_keystore(store, KEY, "pass", scrypt_n=2**12)
+    secret = tmp_path / "pass"
+    secret.write_text("pass\n")
+    monkeypatch.setenv("TPUMARKET_ARBITER_ESCROW", ESCROW)
+    monkeypatch.delenv("TPUMARKET_ARBITER_KEY", raising=False)
+    settings = load_settings(keystore=store, passphrase_file=secret)
+    assert settings.private_key() == KEY
+    assert "development only" not in capsys.readouterr().err
+    monkeypatch.setenv("TPUMARKET_ARBITER_KEY", KEY)
+    with pytest.raises(ConfigError, match="exactly one of key"):
+        load_settings(keystore=store, passphrase_file=secret)
+    assert load_settings().private_key() == KEY
+    assert "development only" in capsys.readouterr().err
+
+
 def _table(heading: str) -> list[list[str]]:
     text = DOC.read_text()
     section = text[text.index(heading) :]
@@ -56,6 +77,8 @@ def test_the_configuration_table_lists_every_setting_with_its_default() -> None:
     for name, field in ArbiterSettings.model_fields.items():
         if field.is_required():
             assert rows[name] == "(required)", name
+        elif field.default is None:
+            assert rows[name] == "(none)", name
         else:
             assert rows[name] == str(field.default), name
 
