@@ -83,8 +83,10 @@ def test_wallet_that_says_no_is_refused_and_voids_what_it_signed(
     with pytest.raises(reverts.EscrowInvalidSignature) as info:
         claim(world, provider, deal_id, [stranger_signed])
     assert info.value.error_args == {"expectedSigner": wallet.address}
-    # A wallet that stops accepting voids the signatures it gave before (documented in
-    # docs/settlement.md: a counterparty with code is a trust decision).
+    # A wallet that stops accepting voids the signatures it gave before: the owner's signature
+    # recovers to the owner, not to the wallet, so the escrow asks the wallet (ERC-1271) each
+    # time. A true contract wallet's are the only signatures its signer can withdraw
+    # (docs/settlement.md; an account delegating with EIP-7702 cannot: test_delegation.py).
     wallet.set_accepting(False)
     with pytest.raises(reverts.EscrowInvalidSignature):
         claim(world, provider, deal_id, [task])
