@@ -62,8 +62,7 @@ class PayingBidders:
     def refresh(self, limit: int = BIDDERS_PER_PASS) -> int:
         """Read afresh the free balances of up to `limit` owners of live bids, in turn; return
         how many were read."""
-        with self._session() as session:
-            owners = sorted(o for o, _ in levels_sql.bid_owners(session=session, now=self._now()))
+        owners = self._funds.commitments.bidders()  # in memory: no scan of the book
         if not owners:
             return 0
         start = self._cursor % len(owners)

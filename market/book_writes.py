@@ -7,7 +7,7 @@ engine never holds what the database does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 from sqlalchemy.exc import IntegrityError
@@ -28,8 +28,10 @@ def cancel(
     order_id: str,
     owner: str,
     nonce: int,
+    on_progress: Callable[[Iterable[tuple[str, str, int]]], None] | None = None,
 ) -> Order:
-    """Cancel in the writer thread: claim the nonce, change the engine, commit."""
+    """Cancel in the writer thread: claim the nonce, change the engine, commit; tell
+    `on_progress` (the funds check's commitments) what changed once committed."""
     book = next((b for _, b in books.items() if order_id in b.engine), None)
     if book is None:
         with open_session() as session:
@@ -52,16 +54,16 @@ def cancel(
             session.rollback()
             raise replay from None
         final = book.engine.cancel(order_id)  # may raise OrderStateError: nothing written
+        updates = [(order_id, final.state.value, final.remaining)]
         try:
-            storage.record_progress(
-                connection=connection,
-                updates=[(order_id, final.state.value, final.remaining)],
-            )
+            storage.record_progress(connection=connection, updates=updates)
             session.commit()
         except BaseException:
             session.rollback()
             books.rebuild([record.order.device_class])
             raise
+        if on_progress is not None:
+            on_progress(updates)
         writer.claim_nonces([(owner, nonce)])
         row = storage.get_order(session=session, order_id=order_id)
     assert row is not None
@@ -73,8 +75,10 @@ def expire(
     open_session: Callable[[], AbstractContextManager[Session]],
     now: int,
     metrics: Metrics,
+    on_progress: Callable[[Iterable[tuple[str, str, int]]], None] | None = None,
 ) -> int:
-    """Expire every live order past `now` in every class, in the writer thread; return how many."""
+    """Expire every live order past `now` in every class, in the writer thread; return how
+    many; tell `on_progress` what changed once committed."""
     total = 0
     for name, book in books.items():
         with book.lock:
@@ -86,16 +90,16 @@ def expire(
             metrics.set_live(name, book.engine)  # here, not on the placement path
             if not expired:
                 continue
+            updates = [(r.order_id, r.state.value, r.remaining) for r in expired]
             with open_session() as session:
                 try:
-                    storage.record_progress(
-                        connection=session.connection(),
-                        updates=[(r.order_id, r.state.value, r.remaining) for r in expired],
-                    )
+                    storage.record_progress(connection=session.connection(), updates=updates)
                     session.commit()
                 except BaseException:
                     session.rollback()
                     books.rebuild([name])
                     raise
+            if on_progress is not None:
+                on_progress(updates)
         total += len(expired)
     return total

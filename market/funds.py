@@ -16,18 +16,23 @@ escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `Funds
   a staked provider made it) or advertised by a registered (so staked) provider; and at most
   `max_live_orders_per_owner` live orders per signer.
 
-Balances and stakes are read from the escrow and cached for `funds_cache_s`; a refusal is
-decided on a figure read for it (a client that just deposited is never refused on a stale one;
-a flood of unfunded orders costs one read each, within the signer's and the IP's rate limits).
-The cached figures the book shows by (`market.bidders`) and a heartbeat may be admitted on are
-refreshed two ways: after each indexer run, `FundsGuard.reread` reads again the figures of the
-accounts whose balance or stake the run's escrow events moved, if they hold something on the
-market (live bids: the balance; live asks or a registration: the stake), at most one read per
-account and figure whatever the events (an account with nothing live costs no read, however
-many deposits it makes); and a backstop pass reads each live bidder's balance again in turn
-(`PayingBidders.refresh`) for anything the events miss.
-What a request reserves is held in memory until its orders are committed (then the database
-shows them), so two requests of one signer racing each other cannot both spend one balance.
+Every figure the check needs is in memory, so admitting an order costs a few dictionary reads
+and no SQL, under a lock held for microseconds: what each signer committed (live orders, its
+live bids' unfilled spend, its live asks' classes, its unopened deals' spend) is kept by
+`market.commitments.Commitments`, changed by the writer as it commits and loaded from SQL at
+start; the classes providers advertise and their last heartbeats are kept as heartbeats come.
+Free balances are kept until an escrow event moves them: after each indexer run,
+`FundsGuard.reread` reads again the figures of the accounts whose balance or stake the run's
+events moved, if they hold something on the market (live bids: the balance; live asks or a
+registration: the stake), at most one read per account and figure whatever the events; the
+kept balance of a moved account holding nothing is dropped (read again if it bids), and its
+deals that opened on chain stop counting. A backstop pass reads each live bidder's balance
+again in turn (`PayingBidders.refresh`) for anything the events miss. Stakes are cached for
+`funds_cache_s`. A refusal is decided on a figure read for it (a client that just deposited is
+never refused on a stale one; a flood of unfunded orders costs one read each, within the
+signer's and the IP's rate limits); an account never read is read once (off the event loop).
+What a request reserves is held in memory until its orders are committed (then the
+commitments count them), so two requests of one signer racing cannot both spend one balance.
 Refusals are `UnfundedError` or `QuotaError` (403), with the figures that decided them.
 
 Admission is not enough: a wallet can withdraw after its bid rests, and a provider's daemon can
@@ -38,12 +43,17 @@ counted again: they are what is filling), and an ask trades only while its provi
 heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an empty wallet's bid
 never fills, and a silent provider's ask matches again once it heartbeats. A match's spend
 stops counting when its deal opens on chain (the escrow locks it) or `unopened_deal_hold_s`
-after the match (it expired unopened).
+after the match (it expired unopened). The gate reads no SQL; for a bid's owner it takes the
+balance kept in memory when the chain head, read once per group (one `eth_blockNumber`), is
+the block the indexer last confirmed every kept balance at (`FundsGuard.confirm`): no block
+since, so no withdrawal unseen. Otherwise (a block since, or no indexer) it reads the owner's
+balance afresh, as it did for every group before.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -54,9 +64,10 @@ from sqlmodel import Session, col, select
 
 from contracts.binding import Escrow
 from market import chain_index, storage
+from market.commitments import Commitments
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
-from market.models import Deal, Order, Provider
+from market.models import Deal, Provider
 from market.verify import CheckedOrder
 
 
@@ -68,6 +79,7 @@ class _Cache:
         self._ttl = ttl
         self._values: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
+        self.raises = 0  # reads that found a figure higher than the one kept (or none kept)
 
     def get(self, address: str) -> tuple[int, bool]:
         """Return the figure of `address` and whether it was read now: the cached one if
@@ -77,6 +89,14 @@ class _Cache:
         if cached is not None and time.monotonic() - cached[1] <= self._ttl:
             return cached[0], False
         return self.read(address), True
+
+    def fresh(self, address: str) -> int | None:
+        """Return the figure of `address` if younger than the cache allows, else None."""
+        with self._lock:
+            cached = self._values.get(address)
+        if cached is None or time.monotonic() - cached[1] > self._ttl:
+            return None
+        return cached[0]
 
     def cached(self, address: str) -> int | None:
         """Return the last figure read for `address`, however old, or None."""
@@ -89,10 +109,18 @@ class _Cache:
         value, read = self.get(address)
         return value if read or value >= need else self.read(address)
 
+    def forget(self, address: str) -> None:
+        """Drop the figure of `address`: the next `get` reads it afresh."""
+        with self._lock:
+            self._values.pop(address, None)
+
     def read(self, address: str) -> int:
         """Read the figure of `address` from the escrow and cache it."""
         value = self._read(address)
         with self._lock:
+            before = self._values.get(address)
+            if before is None or value > before[0]:
+                self.raises += 1
             self._values[address] = (value, time.monotonic())
             if len(self._values) > 100_000:
                 self._values.clear()
@@ -112,6 +140,10 @@ class Reread(NamedTuple):
     done: bool  # every figure was read (False: the chain went down midway)
 
 
+class ReadNeeded(Exception):
+    """Raise when a check cannot be decided on the figures in memory (`reserve(read=False)`)."""
+
+
 class Reservation:
     """What one request's orders hold of their signers' funds until they are committed."""
 
@@ -121,7 +153,7 @@ class Reservation:
         self.held: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders)
 
     def release(self) -> None:
-        """Give the held funds back (the committed orders now count from the database)."""
+        """Give the held funds back (the committed orders now count in `Commitments`)."""
         held, self.held = self.held, {}
         self._guard._release(held)
 
@@ -135,38 +167,52 @@ class FundsGuard:
         read_escrow: Callable[[Callable[[Escrow], Any]], Any],
         session: Callable[[], AbstractContextManager[Session]],
         book_classes: Callable[[], list[str]],
+        commitments: Commitments,
         min_provider_stake: int,
         max_live_orders: int,
         max_classes_per_provider: int,
-        unopened_deal_hold_s: int,
         cache_s: float,
         provider_ttl_s: float = 60.0,
+        head: Callable[[], int] | None = None,
     ) -> None:
-        """Read the escrow with `read_escrow`, the market's records with `session`."""
+        """Read the escrow with `read_escrow` (the chain head with `head`), the market's
+        records with `session`; count commitments in `commitments`."""
         self._session = session
         self._book_classes = book_classes
+        self.commitments = commitments
         self.min_provider_stake = min_provider_stake
         self.max_live_orders = max_live_orders
         self.max_classes_per_provider = max_classes_per_provider
-        self.unopened_deal_hold_s = unopened_deal_hold_s
+        self.unopened_deal_hold_s = commitments.hold_s
         self.provider_ttl_s = provider_ttl_s
-        self.balances = _Cache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), cache_s)
+        self._head = head
+        # Balances are kept until an event moves them (`reread`), not for a time.
+        self.balances = _Cache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), math.inf)
         self.stakes = _Cache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders) in flight
+        self._advertised: set[str] | None = None  # classes registered providers advertise
+        self._seen: dict[str, float] = {}  # provider -> its last heartbeat (market clock)
+        self.confirmed_block: int | None = None  # balances in memory are exact at this head
+        self._returned = 0  # heartbeats of providers that were silent (or new)
 
     # -- orders ---------------------------------------------------------------------------------
 
-    def reserve(self, orders: Sequence[CheckedOrder], now: int) -> Reservation:
+    def reserve(
+        self, orders: Sequence[CheckedOrder], now: int, *, read: bool = True
+    ) -> Reservation:
         """Check `orders` (one request, verified) against their signers' funds and hold what
         they commit; release the reservation once they are committed (or failed). Raise
-        `UnfundedError` or `QuotaError` if they are not covered."""
+        `UnfundedError` or `QuotaError` if they are not covered; with `read` False, raise
+        `ReadNeeded` instead of reading the escrow (the caller retries off the event loop)."""
         by_owner: dict[str, list[CheckedOrder]] = {}
         for checked in orders:
             by_owner.setdefault(checked.order.owner, []).append(checked)
         known = self._known_classes()
         for owner, mine in sorted(by_owner.items()):
-            self._check_asks(owner, [c for c in mine if c.order.side is Side.ASK], now, known)
+            asks = [c for c in mine if c.order.side is Side.ASK]
+            if asks:
+                self._check_asks(owner, asks, now, known, read)
         for checked in orders:
             name = checked.order.device_class
             if checked.order.side is Side.BID and name not in known:
@@ -177,7 +223,7 @@ class FundsGuard:
         reservation = Reservation(self)
         try:
             for owner, mine in sorted(by_owner.items()):
-                reservation.held[owner] = self._reserve(owner, mine, now)
+                reservation.held[owner] = self._reserve(owner, mine, now, read)
         except BaseException:
             reservation.release()
             raise
@@ -192,25 +238,34 @@ class FundsGuard:
                 else:
                     self._reserved[owner] = (left_spend - spend, left_count - count)
 
-    def _known_classes(self) -> set[str]:
-        with self._session() as session:
-            advertised = storage.advertised_classes(session=session)
-        return set(self._book_classes()) | set(advertised)
+    def advertised(self, device_class: str) -> None:
+        """Count `device_class` as advertised by a registered provider (a heartbeat)."""
+        if self._advertised is not None:
+            self._advertised.add(device_class)
 
-    def _check_asks(self, owner: str, asks: list[CheckedOrder], now: int, known: set[str]) -> None:
+    def _known_classes(self) -> set[str]:
+        if self._advertised is None:
+            with self._session() as session:
+                self._advertised = set(storage.advertised_classes(session=session))
+        return set(self._book_classes()) | self._advertised
+
+    def _check_asks(
+        self, owner: str, asks: list[CheckedOrder], now: int, known: set[str], read: bool
+    ) -> None:
         """Refuse asks whose signer lacks the stake they promise, or would hold too many
         device classes; add their classes to `known`."""
-        if not asks:
-            return
         need = max([self.min_provider_stake, *(_quote_stake(c) for c in asks)])
+        if not read:
+            cached = self.stakes.fresh(owner)
+            if cached is None or cached < need:
+                raise ReadNeeded(owner)
         stake = self.stakes.at_least(owner, need)
         if stake < need:
             raise UnfundedError(
                 f"ask signer {owner} has {stake} free stake on the escrow; its asks need "
                 f"{need} (the market's minimum {self.min_provider_stake} and each quote's stake)"
             )
-        with self._session() as session:
-            classes = set(storage.live_ask_classes(session=session, owner=owner, now=now))
+        classes = set(self.commitments.figures(owner, now).ask_classes)
         classes.update(c.order.device_class for c in asks)
         if len(classes) > self.max_classes_per_provider:
             raise QuotaError(
@@ -219,31 +274,36 @@ class FundsGuard:
             )
         known.update(classes)
 
-    def _reserve(self, owner: str, orders: list[CheckedOrder], now: int) -> tuple[int, int]:
+    def _reserve(
+        self, owner: str, orders: list[CheckedOrder], now: int, read: bool
+    ) -> tuple[int, int]:
         """Check one signer's orders of a request against its funds; reserve and return their
-        (spend, count). A shortfall on a cached balance is decided again on a fresh read."""
+        (spend, count). A shortfall on a kept balance is decided again on a fresh read."""
         spend = sum(c.order.price * c.order.quantity for c in orders if c.order.side is Side.BID)
-        balance, read = self.balances.get(owner) if spend else (0, True)
+        balance, fresh = 0, True
+        if spend:
+            cached = self.balances.cached(owner)
+            if cached is None and not read:
+                raise ReadNeeded(owner)
+            balance, fresh = (
+                (self.balances.read(owner), True) if cached is None else (cached, False)
+            )
         for again in (False, True):
             if again:
-                if read:
+                if fresh:
                     break
+                if not read:
+                    raise ReadNeeded(owner)
                 balance = self.balances.read(owner)  # not under the lock: a chain read
+            figures = self.commitments.figures(owner, now)
             with self._lock:  # held across the check and the reservation: no double spend
-                with self._session() as session:
-                    live, committed = storage.commitments(
-                        session=session,
-                        owner=owner,
-                        now=now,
-                        deals_since=now - self.unopened_deal_hold_s,
-                    )
                 flying_spend, flying_count = self._reserved.get(owner, (0, 0))
-                count = live + flying_count + len(orders)
+                count = figures.live + flying_count + len(orders)
                 if count > self.max_live_orders:
                     raise QuotaError(
                         f"{owner} would hold {count} live orders; at most {self.max_live_orders}"
                     )
-                needed = committed + flying_spend + spend
+                needed = figures.bid_spend + figures.deal_spend + flying_spend + spend
                 if needed <= balance or not spend:
                     self._reserved[owner] = (flying_spend + spend, flying_count + len(orders))
                     return spend, len(orders)
@@ -266,15 +326,36 @@ class FundsGuard:
                 f"deals); the market registers providers from {self.min_provider_stake}"
             )
 
+    def seen(self, provider: str, at: float, device_class: str) -> None:
+        """Record a provider's heartbeat at `at` advertising `device_class`."""
+        before = self._seen.get(provider)
+        if before is None or before < at - self.provider_ttl_s:
+            self._returned += 1  # back (or new): its asks the gate held back may trade
+        self._seen[provider] = at
+        self.advertised(device_class)
+
+    def changes(self) -> int:
+        """Return a count that grows whenever what the gate lets trade may have grown: a
+        balance read higher, a deal that stopped counting, a provider back. While it stays,
+        matching the resting orders again finds nothing new."""
+        return self.balances.raises + self.commitments.released + self._returned
+
     # -- figures moved on chain -----------------------------------------------------------------
 
     def reread(self, accounts: Collection[str], now: int) -> Reread:
         """Read again the figures of `accounts` (those indexed escrow events moved) that matter
         to the market at `now`: the free balance of each owner of live bids, the free stake of
         each owner of live asks and of each registered provider. Nothing else is read: at most
-        one read per such account and figure, however many events moved it."""
-        bidders, stakers = self._holders(accounts, now)
-        reads, changed, raised = 0, False, False
+        one read per such account and figure, however many events moved it. The others' kept
+        balances are dropped (read again if they bid), and their deals now open stop counting."""
+        bidders, stakers = self._holders(accounts)
+        opened = self._opened(accounts)
+        if opened:
+            self.commitments.opened(opened)
+        for account in accounts:
+            if account not in bidders:
+                self.balances.forget(account)
+        reads, changed, raised = 0, bool(opened), False
         try:
             for owner in sorted(bidders):
                 before = self.balances.cached(owner)
@@ -289,32 +370,41 @@ class FundsGuard:
                 changed |= after != before
         except ChainUnavailableError:
             return Reread(reads, changed, raised, done=False)
-        return Reread(reads, changed, raised, done=True)
+        return Reread(reads, changed, raised | bool(opened), done=True)
 
-    def _holders(self, accounts: Collection[str], now: int) -> tuple[set[str], set[str]]:
+    def confirm(self, block: int | None) -> None:
+        """Record that every balance kept in memory is exact at chain head `block` (the
+        indexer read every event up to it and `reread` what they moved); None: not known."""
+        self.confirmed_block = block
+
+    def _holders(self, accounts: Collection[str]) -> tuple[set[str], set[str]]:
         """Return which of `accounts` own live bids, and which own live asks or are
         registered providers."""
+        bidders, stakers = self.commitments.holders(accounts)
         listed = sorted(accounts)
-        bidders: set[str] = set()
-        stakers: set[str] = set()
         with self._session() as session:
             for start in range(0, len(listed), HOLDERS_PER_QUERY):
                 chunk = listed[start : start + HOLDERS_PER_QUERY]
-                live = session.exec(
-                    select(Order.owner, Order.side)
-                    .where(
-                        col(Order.owner).in_(chunk),
-                        col(Order.state).in_(storage.LIVE_STATES),
-                        Order.expiry > now,
-                    )
-                    .distinct()
-                ).all()
-                for owner, side in live:
-                    (bidders if side == Side.BID.value else stakers).add(owner)
                 stakers.update(
                     session.exec(select(Provider.address).where(col(Provider.address).in_(chunk)))
                 )
         return bidders, stakers
+
+    def _opened(self, accounts: Collection[str]) -> list[str]:
+        """Return the ids of counted deals of `accounts` now open on chain (indexed)."""
+        counted = self.commitments.unopened_deals(accounts)
+        opened: list[str] = []
+        with self._session() as session:
+            for start in range(0, len(counted), HOLDERS_PER_QUERY):
+                chunk = counted[start : start + HOLDERS_PER_QUERY]
+                opened.extend(
+                    session.exec(
+                        select(Deal.deal_id).where(
+                            col(Deal.deal_id).in_(chunk), col(Deal.chain_deal_id).is_not(None)
+                        )
+                    )
+                )
+        return opened
 
     # -- matching -------------------------------------------------------------------------------
 
@@ -331,31 +421,40 @@ class FundsGuard:
             cached = self.balances.cached(owner)
             return 0 if cached is None else cached
 
+    def head_confirmed(self) -> bool:
+        """Return whether the chain head, read now, is the block the kept balances are exact
+        at (no block since: no withdrawal the market has not seen)."""
+        if self._head is None or self.confirmed_block is None:
+            return False
+        try:
+            return self._head() == self.confirmed_block
+        except ChainUnavailableError:
+            return False
+
     def provider_live(self, provider: str, now: int) -> bool:
         """Return whether `provider` heartbeated within `provider_ttl_s` of `now`."""
-        with self._session() as session:
-            seen = session.exec(
-                select(Provider.last_seen).where(Provider.address == provider)
-            ).first()
-        return seen is not None and seen >= now - self.provider_ttl_s
+        seen = self._seen.get(provider)
+        if seen is None:
+            with self._session() as session:
+                stored = session.exec(
+                    select(Provider.last_seen).where(Provider.address == provider)
+                ).first()
+            if stored is None:
+                return False
+            seen = self._seen.setdefault(provider, stored)
+        return seen >= now - self.provider_ttl_s
 
     def unopened_spend(self, client: str, now: int) -> int:
         """Return the spend of `client`'s deals matched within `unopened_deal_hold_s` of `now`
         and not open on chain."""
-        with self._session() as session:
-            deals = session.exec(
-                select(Deal.price, Deal.quantity).where(
-                    Deal.client == client,
-                    col(Deal.chain_deal_id).is_(None),
-                    Deal.created_at >= now - self.unopened_deal_hold_s,
-                )
-            ).all()
-        return sum(int(price) * int(quantity) for price, quantity in deals)
+        return self.commitments.unopened_spend(client, now)
 
 
 class MatchGate:
-    """What may trade in one group commit (see the module): budgets and liveness, each read
-    once per owner and kept for the group, whose fills are not in the database yet."""
+    """What may trade in one group commit (see the module): budgets and liveness, each found
+    once per owner and kept for the group, whose fills are not counted yet. A bid owner's
+    balance is the one kept in memory when the chain head is the block it is exact at (one
+    head read per group), else read afresh."""
 
     def __init__(self, guard: FundsGuard, now: int) -> None:
         """Answer for orders matched at `now`."""
@@ -363,6 +462,7 @@ class MatchGate:
         self._now = now
         self._budgets: dict[str, int] = {}
         self._live: dict[str, bool] = {}
+        self._confirmed: bool | None = None
 
     def ask_live(self, owner: str) -> bool:
         """Return whether `owner`'s provider heartbeated within its TTL."""
@@ -376,7 +476,12 @@ class MatchGate:
         (after its unopened deals and this group's fills), and count them as spent."""
         budget = self._budgets.get(owner)
         if budget is None:
-            budget = self._guard.balance_now(owner) - self._guard.unopened_spend(owner, self._now)
+            guard = self._guard
+            if self._confirmed is None:
+                self._confirmed = guard.head_confirmed()
+            kept = guard.balances.cached(owner) if self._confirmed else None
+            balance = guard.balance_now(owner) if kept is None else kept
+            budget = balance - guard.unopened_spend(owner, self._now)
         take = max(0, min(units, budget // price))
         self._budgets[owner] = budget - take * price
         return take

@@ -132,6 +132,9 @@ class Indexer:
         if total:
             self.service.changed()
         self._reread()
+        # Every balance the events up to `head` moved is read again: the kept ones are exact
+        # there, and the match gate trusts them while the head stays (`FundsGuard.confirm`).
+        self.service.funds.confirm(None if self._unread else head)
         return total
 
     def _reread(self) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -28,6 +28,7 @@ from market.auth import RateLimiter
 from market.bidders import BIDDERS_PER_PASS, PayingBidders
 from market.books import Books
 from market.checkpoint import Checkpointer
+from market.commitments import Commitments
 from market.errors import (
     AuthError,
     DuplicateOrderError,
@@ -39,7 +40,7 @@ from market.errors import (
     SignatureExpiredError,
 )
 from market.escrow_reader import EscrowReader
-from market.funds import FundsGuard, Reservation
+from market.funds import FundsGuard, ReadNeeded, Reservation
 from market.metrics import Metrics
 from market.models import (
     CancelCreate,
@@ -54,7 +55,7 @@ from market.models import (
     QuoteAttach,
     QuoteIn,
 )
-from market.placement import Placed
+from market.placement import Placed, Rows
 from market.presenters import order_public, place_results, place_summaries, provider_public
 from market.reads import MarketReads
 from market.settings import Settings
@@ -93,24 +94,30 @@ class MarketService(MarketReads):
             min_challenge_window=self.escrow.min_challenge_window,
         )
         self._attach_lock = threading.Lock()
-        self.funds = FundsGuard(
-            read_escrow=self.escrow.read,
-            session=self.session,
-            book_classes=lambda: self.books.names(),
-            min_provider_stake=settings.min_provider_stake,
-            max_live_orders=settings.max_live_orders_per_owner,
-            max_classes_per_provider=settings.max_classes_per_provider,
-            unopened_deal_hold_s=settings.unopened_deal_hold_s,
-            cache_s=settings.funds_cache_s,
-            provider_ttl_s=settings.provider_offline_after_s,
-        )
-        self.bidders = PayingBidders(
-            self.funds, session=self.session, now=self.now, changed=self.changed
-        )
+        self._rematched_at = -1  # `FundsGuard.changes()` at the last rematch
         self.db = database.make_engine(
             url=database.database_url(data_dir=settings.data_dir, url=settings.database_url)
         )
         database.init_db(engine=self.db)
+        with self.db.connect() as connection:  # what each signer committed (`market.funds`)
+            self.commitments = Commitments.load(
+                connection, self.now(), settings.unopened_deal_hold_s
+            )
+        self.funds = FundsGuard(
+            read_escrow=self.escrow.read,
+            session=self.session,
+            book_classes=lambda: self.books.names(),
+            commitments=self.commitments,
+            min_provider_stake=settings.min_provider_stake,
+            max_live_orders=settings.max_live_orders_per_owner,
+            max_classes_per_provider=settings.max_classes_per_provider,
+            cache_s=settings.funds_cache_s,
+            provider_ttl_s=settings.provider_offline_after_s,
+            head=self.escrow.head if self.escrow.known() else None,
+        )
+        self.bidders = PayingBidders(
+            self.funds, session=self.session, now=self.now, changed=self.changed
+        )
         self.address_limiter = RateLimiter(
             rate=settings.rate_per_address, burst=settings.burst_per_address
         )
@@ -120,8 +127,15 @@ class MarketService(MarketReads):
         self.books = Books(self.db, self.now)
         for name, book in self.books.items():
             self.metrics.set_live(name, book.engine)
-        gate = self.funds.gate if self.guards_funds() else None  # what may trade (market.funds)
-        self.writer = Writer(books=self.books, db=self.db, on_commit=self._committed, gate=gate)
+        guards = self.guards_funds()
+        gate = self.funds.gate if guards else None  # what may trade (market.funds)
+        self.writer = Writer(
+            books=self.books,
+            db=self.db,
+            on_commit=self._committed,
+            gate=gate,
+            on_rows=self._count_rows if guards else None,
+        )
         self.checkpointer = (
             Checkpointer(self.db, lambda: self._version)
             if self.db.dialect.name == "sqlite"
@@ -203,13 +217,15 @@ class MarketService(MarketReads):
         self.changed()
         return public
 
-    def _reserve(self, checked: Sequence[CheckedOrder], now: int) -> Reservation | None:
+    def _reserve(
+        self, checked: Sequence[CheckedOrder], now: int, *, read: bool = True
+    ) -> Reservation | None:
         """Check verified orders' funds (`market.funds`) and hold them; None when funds are not
-        required."""
+        required. With `read` False, raise `ReadNeeded` rather than read the escrow."""
         if not self.guards_funds():
             return None
         try:
-            return self.funds.reserve(checked, now)
+            return self.funds.reserve(checked, now, read=read)
         except MarketError as exc:
             self.metrics.rejected.labels(type(exc).__name__).inc()
             raise
@@ -263,8 +279,11 @@ class MarketService(MarketReads):
         else:
             checked, now, started = await asyncio.to_thread(self._verify, orders_in)
         reservation = None
-        if self.guards_funds():
-            reservation = await asyncio.to_thread(self._reserve, checked, now)
+        if self.guards_funds():  # in memory (O(1)) on the loop; a chain read in a thread
+            try:
+                reservation = self._reserve(checked, now, read=False)
+            except ReadNeeded:
+                reservation = await asyncio.to_thread(self._reserve, checked, now)
         try:
             placed = await self.writer.submit_async(checked, now)
         finally:
@@ -306,6 +325,15 @@ class MarketService(MarketReads):
         self.metrics.place_seconds.observe(time.perf_counter() - started)
         return placed
 
+    def _count_rows(self, rows: Rows) -> None:
+        """Count a committed write's orders, progress and deals in the commitments (writer)."""
+        self.commitments.apply(rows.orders, rows.updates, rows.deals)
+
+    def _progress(self, updates: Iterable[tuple[str, str, int]]) -> None:
+        """Count committed cancels and expiries in the commitments, when the funds are checked."""
+        if self.guards_funds():
+            self.commitments.progress(updates)
+
     def _committed(self, results: list[list[Placed]]) -> None:
         """Count a committed group's orders and fills (runs in the writer thread)."""
         self.metrics.count_committed(results)
@@ -330,7 +358,13 @@ class MarketService(MarketReads):
         order_id = cancel_in.order_id.lower()
         row = self.writer.call(
             lambda: book_writes.cancel(
-                self.books, self.writer, self.session, order_id, owner, cancel_in.nonce
+                self.books,
+                self.writer,
+                self.session,
+                order_id,
+                owner,
+                cancel_in.nonce,
+                self._progress,
             )
         )
         self.changed()
@@ -339,7 +373,9 @@ class MarketService(MarketReads):
     def expire_orders(self) -> int:
         """Expire every live order past its expiry, in every class; return how many."""
         total = self.writer.call(
-            lambda: book_writes.expire(self.books, self.session, self.now(), self.metrics)
+            lambda: book_writes.expire(
+                self.books, self.session, self.now(), self.metrics, self._progress
+            )
         )
         if total:
             self.metrics.expired.inc(total)
@@ -395,6 +431,7 @@ class MarketService(MarketReads):
             session.add(row)
             session.commit()
             sums = chain_index.provider_clients(session=session, providers=[provider])
+        self.funds.seen(provider, now, advert.device_class)
         self.changed()
         if back:  # its asks the gate held back trade now, against the bids resting
             self.rematch()
@@ -413,6 +450,11 @@ class MarketService(MarketReads):
         that deposited) and commit their fills; return how many (`Writer.rematch`)."""
         if not self.guards_funds():
             return 0
+        changes = self.funds.changes()
+        self.commitments.figures("", self.now())  # deals past the hold stop counting now
+        if changes == self._rematched_at and self.funds.changes() == changes:
+            return 0  # nothing the gate answers grew since the last pass: nothing new trades
+        self._rematched_at = self.funds.changes()
         fills = self.writer.rematch(self.now(), self.clock())
         if fills:
             self.metrics.rematched.inc(fills)

@@ -132,10 +132,14 @@ class Writer:
         db: Engine,
         on_commit: Callable[[list[list[Placed]]], None],
         gate: Callable[[int], Gate] | None = None,
+        on_rows: Callable[[Rows], None] | None = None,
     ) -> None:
-        """Start the writer thread; `on_commit` gets each committed group's results; `gate(now)`
-        (if given) says what may trade in each group (`market.engine.gate`)."""
+        """Start the writer thread; `on_commit` gets each committed group's results, `on_rows`
+        (if given) the rows of every committed placement and rematch (the funds check counts
+        commitments from them, `market.commitments`); `gate(now)` (if given) says what may
+        trade in each group (`market.engine.gate`)."""
         self._books = books
+        self._on_rows = on_rows
         self._gate = gate
         self._db = db
         self._on_commit = on_commit
@@ -213,6 +217,8 @@ class Writer:
                         self._books.rebuild([name])
                     raise
                 self._fill_seq = fill_seq
+                if self._on_rows is not None:
+                    self._on_rows(rows)
                 total += len(fills)
         return total
 
@@ -409,6 +415,8 @@ class Writer:
             for r in live:
                 for c in r.orders:
                     claim(c.order.owner, c.nonce, c.order.expiry)
+            if self._on_rows is not None:  # counted before any request is answered
+                self._on_rows(rows)
         for request, placed in zip(live, results, strict=True):
             request.future.set_result(placed)
         self._on_commit(results)
