@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from client.ledger import DealLedger
-from client.ledger_records import OPEN_STATES, ChainState, TaskRecord, TaskState
+from client.ledger_records import ChainState, TaskRecord, TaskState
 from client.provider_http import TaskView
 from client.tasks import TaskOutcome, TaskSpec
 from contracts.messages import TaskRequest
@@ -108,15 +108,25 @@ def outcome_from(ledger: DealLedger, record: TaskRecord, spec: TaskSpec) -> Task
 
 
 def resumable_records(ledger: DealLedger, run: int) -> dict[WorkKey, list[TaskRecord]]:
-    """Return earlier tasks run ``run`` takes over, by work key: those never resolved (sent
-    or acked) and those a crashed run verified but did not finish."""
-    unfinished = set(ledger.unfinished_runs()) - {run}
+    """Return the earlier tasks run ``run`` takes over instead of sending their inputs again,
+    by work key (kind, program, inputs, max price).
+
+    A rerun is idempotent by inputs, whatever was looked at in between (``job status``,
+    ``--fetch`` and ``job refund`` record the chain's state; they never make a rerun forget):
+    an input sent once is not sent as a new task while its earlier task was or can still be
+    delivered, paid or refunded. Every earlier task is taken over (acked ones collected,
+    verified ones reused, one the provider claimed counts as paid for its input: its result
+    is fetched, never sent or vouched again), except one the provider refused or one refunded
+    on chain: neither was paid, nor can be.
+    """
     found: dict[WorkKey, list[TaskRecord]] = {}
     for _, record in sorted(ledger.tasks.items()):
-        if record.run == run or record.chain is not None:
+        if record.run == run or not open_for_rerun(record):
             continue
-        if record.state in OPEN_STATES or (
-            record.state == TaskState.VERIFIED and record.run in unfinished
-        ):
-            found.setdefault(work_key(record.request), []).append(record)
+        found.setdefault(work_key(record.request), []).append(record)
     return found
+
+
+def open_for_rerun(record: TaskRecord) -> bool:
+    """Return whether a run with ``record``'s inputs takes it over (``resumable_records``)."""
+    return record.state != TaskState.REFUSED and record.chain != ChainState.REFUNDED

@@ -136,9 +136,10 @@ class JobRunner:
     ) -> list[TaskResult]:
         """Submit the plan's tasks (at most ``concurrency`` at once), verify, and record them.
 
-        Tasks whose inputs match unresolved tasks of an earlier, unfinished run are taken
-        over instead of sent again. Return once every task is resolved, or at once after a
-        second ``interrupt`` (whatever is in flight stays pending in the ledger).
+        Tasks whose inputs match an earlier task that can still be delivered, paid or
+        refunded (``client.job_records.resumable_records``) are taken over instead of sent
+        again: the same inputs are never paid twice. Return once every task is resolved, or
+        at once after a second ``interrupt`` (whatever is in flight stays pending).
         """
         self._run = self.ledger.start_run()
         earlier = set(self.ledger.unfinished_runs()) - {self._run}
@@ -209,7 +210,7 @@ class JobRunner:
         skipped = [TaskResult(t, skipped=True) for t in plan.skipped]
         self.results += results + skipped
         if not self.abandon.is_set():
-            for run in earlier:
+            for run in earlier:  # crashed runs whose tasks this run took over
                 if not any(
                     t.run == run and t.state in OPEN_STATES for t in self.ledger.tasks.values()
                 ):
@@ -288,6 +289,15 @@ class JobRunner:
             self.ledger.update(outcome.index, state=TaskState.UNDELIVERED)
 
     def _resume_task(self, result: TaskResult, record: TaskRecord, wait_s: float) -> None:
+        if record.state != TaskState.VERIFIED and record.chain in (
+            ChainState.CLAIMED,
+            ChainState.VOUCHED,
+        ):
+            # Paid on chain for these inputs (the provider claimed it): its result is fetched
+            # and verified, never sent again nor paid by a voucher.
+            record = self.refresh(record.index) or record
+            result.outcome = self.outcome_of(record, result.task.spec)
+            return
         outcome = self.outcome_of(record, result.task.spec)
         result.outcome = outcome
         if record.state == TaskState.VERIFIED:
