@@ -22,7 +22,8 @@ from client.vouchers import VoucherBook
 from contracts.chain import rpc
 from contracts.messages import KIND_INFERENCE, Plan, TaskRequest
 from contracts.program import ProgramEnvelope
-from tests.e2e.stack import Provider, Stack, spin_inputs, spin_model, stack, wait_until
+from tests.e2e.stack import Provider, Stack, spin_inputs, spin_model, stack
+from tests.polling import wait_until
 
 PLAN = Plan(compile_price=2_000, inference_price=1_000)
 
