@@ -38,6 +38,7 @@ from contracts.binding import (
     indexed_topic,
 )
 from contracts.errors import ChainError, ContractRevert
+from contracts.messages import TaskRequest
 from contracts.reverts import EscrowChallengeWindowClosed
 
 LOG_CHUNK_BLOCKS = 10_000
@@ -51,6 +52,9 @@ Recheck = Callable[[int], TaskRecord | None]
 Say = Callable[[str], None]
 EscrowBlock = Callable[[], int | None]
 """Tell the escrow's deployment block (e.g. :func:`market_escrow_block`); None when unknown."""
+Evidence = Callable[[int, int, Mapping[int, TaskRequest | None]], bool]
+"""Hand a disputed batch's programs to the arbiter (deal, batch, index -> signed request or None)
+(e.g. :class:`client.dispute_evidence.ProgramEvidence`); True once all are there."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,7 @@ class ClaimWatcher:
     say: Say | None = None
     lowest_block: int = 0  # the escrow's deployment block, when known
     escrow_block: EscrowBlock | None = None  # asked when lowest_block is 0 (e.g. the market)
+    evidence: Evidence | None = None  # hands a disputed batch's programs to the arbiter
 
     @property
     def escrow(self) -> Escrow:
@@ -270,6 +275,12 @@ class ClaimWatcher:
             if batch.verdict != "disputed" or batch.outcome is not None:
                 continue
             state = self.escrow.get_batch(ledger.deal_id, batch_id)
+            if state.status == BATCH_DISPUTED and now < state.deadline and self.evidence:
+                requests = {
+                    i: (r.request if (r := ledger.tasks.get(i)) is not None else None)
+                    for i in batch.tasks
+                }
+                self.evidence(ledger.deal_id, batch_id, requests)
             if state.status == BATCH_DISPUTED and now >= state.deadline:
                 try:
                     self.escrow.lapse_dispute(self.account.key, ledger.deal_id, batch_id)
