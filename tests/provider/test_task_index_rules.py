@@ -6,6 +6,8 @@ A real daemon (tiered plan) on the shared anvil with the real escrow, over its H
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,7 @@ from contracts.pricing import price, tiered
 from contracts.program import ProgramEnvelope
 from provider.api import create_app
 from provider.daemon import Daemon
+from provider.errors import RejectedError
 from provider.sandbox import Sandbox
 from provider.task_index import MAX_TASKS
 from tests.provider.daemon_support import (
@@ -223,3 +226,43 @@ def test_client_with_a_7702_delegation_is_accepted(
 
     assert reply.status_code == 200, reply.text
     assert reply.json()["ack"]["price"] == 500
+
+
+def test_concurrent_submissions_take_each_index_once_and_in_order(
+    chain_world: ChainWorld, daemon: Daemon, envelope: ProgramEnvelope
+) -> None:
+    world = chain_world
+    deal_id = world.open_deal(plan=TIERED)
+    deadline = world.chain_time() + SLO_S + 60
+    tasks = [
+        sign_task(world, world.client, deal_id, i, envelope, deadline=deadline) for i in range(8)
+    ]
+    refused: list[int] = []
+    created: list[int] = []
+    lock = threading.Lock()
+
+    def submit_until_acked(task: SignedTask) -> None:
+        header = json.dumps(task.request.to_json())
+        while True:  # every thread at once: the daemon's lock decides who takes each index
+            try:
+                answer = daemon.service.submit(header, "0x" + task.signature.hex(), None, task.body)
+            except RejectedError as exc:
+                assert exc.code == "task_index_out_of_order", exc
+                with lock:
+                    refused.append(task.request.task_index)
+                continue
+            with lock:
+                if answer.created:
+                    created.append(task.request.task_index)
+            return
+
+    threads = [threading.Thread(target=submit_until_acked, args=(t,)) for t in reversed(tasks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert created == list(range(8))  # each index acked once, each after the one before
+    book = daemon.journal.deal(deal_id)
+    assert book is not None
+    assert {i: a.ack.price for i, a in book.acks.items()} == {i: tier_price(i) for i in range(8)}
