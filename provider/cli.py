@@ -1,8 +1,9 @@
 """``tpumarket provider run --config FILE``: serve the daemon's API with uvicorn.
 
 The operator's other commands (``stake``, ``unstake``, ``ask``, ``asks``, ``deals``,
-``earnings``, ``status``) live in :mod:`provider.operator`; ``verify-journal`` in
-:mod:`provider.journal.command`.
+``earnings``, ``status``) live in :mod:`provider.operator`; ``balance`` and ``withdraw`` (the
+provider's money in the escrow, and taking its earnings out) in :mod:`provider.wallet_cli`;
+``verify-journal`` in :mod:`provider.journal.command`.
 
 Registered through the ``tpumarket.commands`` entry point ``provider = "provider.cli:register"``;
 ``python -m provider.cli run ...`` works without it.
@@ -19,7 +20,7 @@ from provider.errors import ProviderError
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``tpumarket provider ...``."""
-    from provider import operator
+    from provider import operator, wallet_cli
     from provider.journal import command as journal_command
 
     provider = commands.add_parser("provider", help="run and operate the provider daemon")
@@ -33,6 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     run.set_defaults(handler=_run)
     operator.register(actions)
+    wallet_cli.register(actions)
     journal_command.register(actions)
 
 
