@@ -9,8 +9,9 @@ answering "valid" would make the provider's voucher redemptions and claims rever
 refuses the tasks of such a client (``counterparty_has_code``) unless its operator allows it,
 accepting that risk.
 
-Reads are cached per address for ``ttl_s`` and made again for every new deal, so a task's hot
-path makes no RPC call within the TTL of its deal's first read.
+Reads are cached per address for ``ttl_s`` and made again for every new deal; past the TTL a
+deal's cached answer keeps serving (up to ``STALE_FACTOR`` TTLs) while a thread reads it
+again, so a task's hot path makes no RPC call but a new deal's first.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ log = logging.getLogger("provider.counterparty")
 
 DELEGATION_PREFIX: Final = b"\xef\x01\x00"
 """EIP-7702: a delegated account's code is this prefix and the 20-byte delegate address."""
+STALE_FACTOR: Final = 5
+"""Past its TTL, a known address's kind serves up to this many TTLs while it is read again."""
 HAS_CODE: Final = "counterparty_has_code"
 """Refusal code: the counterparty is a contract wallet whose signatures could be withdrawn."""
 
@@ -86,19 +89,29 @@ class CounterpartyCode:
         self._clock = clock
         self._seen: dict[str, _Seen] = {}
         self._lock = threading.Lock()
+        self._refreshing: set[str] = set()
         self.reads = 0
 
     def kind(self, address: str, deal_id: int) -> CodeKind:
         """Return the kind of ``address``'s code: cached, read again past the TTL or when
         ``deal_id`` is a deal not seen with this address before."""
+        seen = self._seen.get(address.lower())
+        if seen is not None and deal_id in seen.deals:
+            age = self._clock() - seen.read_at
+            if age < self._ttl_s:
+                return seen.kind
+            if age < STALE_FACTOR * self._ttl_s:  # served while a thread reads it again
+                self._refresh_in_background(address, deal_id)
+                return seen.kind
+        return self._read(address, deal_id)
+
+    def _read(self, address: str, deal_id: int) -> CodeKind:
         key = address.lower()
-        seen = self._seen.get(key)
         now = self._clock()
-        if seen is not None and deal_id in seen.deals and now - seen.read_at < self._ttl_s:
-            return seen.kind
         kind = code_kind(bytes(self._get_code(address)))
-        deals = frozenset({deal_id}) if seen is None else seen.deals | {deal_id}
         with self._lock:
+            seen = self._seen.get(key)
+            deals = frozenset({deal_id}) if seen is None else seen.deals | {deal_id}
             self.reads += 1
             self._seen[key] = _Seen(kind, now, deals)
         if kind is CodeKind.DELEGATED and (seen is None or seen.kind is not kind):
@@ -107,6 +120,25 @@ class CounterpartyCode:
                 extra={"address": address, "deal": deal_id},
             )
         return kind
+
+    def _refresh_in_background(self, address: str, deal_id: int) -> None:
+        key = address.lower()
+        with self._lock:
+            if key in self._refreshing:
+                return
+            self._refreshing.add(key)
+
+        def refresh() -> None:
+            try:
+                self._read(address, deal_id)
+            except (OSError, ValueError, Web3Exception) as exc:
+                log.warning("cannot read a counterparty's code", extra={"error": str(exc)})
+                self._seen.pop(key, None)  # the next task reads (and reports) it
+            finally:
+                with self._lock:
+                    self._refreshing.discard(key)
+
+        threading.Thread(target=refresh, daemon=True).start()
 
     def check(
         self, address: str, deal_id: int, reject: Callable[[str, str], RejectedError]

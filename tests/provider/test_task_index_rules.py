@@ -21,10 +21,12 @@ from contracts.messages import KIND_INFERENCE, STATUS_SUCCESS, address_of
 from contracts.pricing import price, tiered
 from contracts.program import ProgramEnvelope
 from provider.api import create_app
+from provider.counterparty import CodeKind, CounterpartyCode, chain_code
 from provider.daemon import Daemon
 from provider.errors import RejectedError
 from provider.sandbox import Sandbox
 from provider.task_index import MAX_TASKS
+from tests.polling import wait_until
 from tests.provider.daemon_support import (
     PLAN,
     SLO_S,
@@ -266,3 +268,27 @@ def test_concurrent_submissions_take_each_index_once_and_in_order(
     book = daemon.journal.deal(deal_id)
     assert book is not None
     assert {i: a.ack.price for i, a in book.acks.items()} == {i: tier_price(i) for i in range(8)}
+
+
+def test_counterparty_code_is_cached_per_address_and_read_again_for_a_new_deal(
+    chain_world: ChainWorld,
+) -> None:
+    world = chain_world
+    address = "0x" + "76" * 20
+    now = [0.0]
+    code = CounterpartyCode(chain_code(world.chain.w3), ttl_s=30, clock=lambda: now[0])
+    reject = RejectedError  # the refusal as the task checks make it
+
+    assert code.check(address, 1, reject) is CodeKind.NONE
+    set_code(world, address, bytes.fromhex("600160005260206000f3"))
+    assert code.check(address, 1, reject) is CodeKind.NONE  # within the TTL: no read
+    assert code.reads == 1
+    with pytest.raises(RejectedError) as refused:  # a new deal reads it again
+        code.check(address, 2, reject)
+    assert refused.value.code == "counterparty_has_code" and code.reads == 2
+    set_code(world, address, b"")
+    now[0] = 31.0  # past the TTL: the cached answer serves while a thread reads it again
+    with pytest.raises(RejectedError):
+        code.check(address, 2, reject)
+    wait_until(lambda: code.reads == 3, 30, "the background read")
+    assert code.check(address, 2, reject) is CodeKind.NONE
