@@ -31,6 +31,9 @@ class SandboxLimits:
     # nothing of anyone's; every program it passes is parsed again by the executing worker,
     # which is retired at its first parser refusal.
     validator_refusals: int = 8
+    # Start workers whose measured walls fall short of full isolation (no bubblewrap, root,
+    # capabilities, no syscall allowlist, sockets): only where the operator says so.
+    weak_isolation: bool = False
 
     def __post_init__(self) -> None:
         """Reject limits that cannot work."""

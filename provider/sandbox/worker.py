@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from provider.diagnosis import Stage
 from provider.sandbox.limits import SandboxLimits
@@ -52,6 +53,21 @@ def _limit_cpu(limits: SandboxLimits) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def confine(channel_fd: int, limits: SandboxLimits) -> dict[str, Any]:
+    """Set the rlimits, priority and syscall allowlist; return the walls measured after.
+
+    The allowlist goes in before JAX is imported, so every thread JAX starts inherits it.
+    """
+    limit_resources(limits)
+    if limits.nice:
+        os.nice(limits.nice)
+    from provider.sandbox.seccomp import install_filter
+    from provider.sandbox.walls import measure
+
+    filtered = install_filter()
+    return measure(channel_fd, filtered)
+
+
 def main(argv: list[str]) -> None:
     """Start a worker from its command line (see the module docstring)."""
     fd, limits_json, cache_root = argv
@@ -66,12 +82,7 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env)
     started = time.perf_counter()
-    limit_resources(limits)
-    if limits.nice:
-        os.nice(limits.nice)
-    from provider.sandbox.seccomp import install_filter
-
-    filtered = install_filter()
+    walls = confine(conn.fileno(), limits)
     from provider.sandbox.runtime import WorkerRuntime
 
     runtime = WorkerRuntime(limits, None if cache_root is None else Path(cache_root))
@@ -85,7 +96,8 @@ def worker_main(
                 "start_s": time.perf_counter() - started,
                 "platform": str(runtime.local_device.platform),
                 "device_kind": runtime.local_kind,
-                "seccomp": filtered,
+                "seccomp": walls["seccomp"] == "allowlist",
+                "walls": walls,
             }
         )
     )

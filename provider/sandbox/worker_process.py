@@ -3,22 +3,46 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Pipe
 from pathlib import Path
+from typing import IO, Any
 
 from provider.errors import WorkerStartError
-from provider.sandbox.isolation import IsolationMode, host_pid, worker_command
+from provider.sandbox.isolation import (
+    FORCE_VARIABLE,
+    IsolationMode,
+    host_pid,
+    worker_command,
+)
 from provider.sandbox.limits import SandboxLimits, limits_to_json
+from provider.sandbox.walls import shortfalls
 from provider.sandbox.wire import FrameError, pack, unpack
 
 WORKER_MODULE = "provider.sandbox.worker"
 FRAME_OVERHEAD = 1 << 20
 """Bytes a frame may hold beyond its payload (the header)."""
+OUTPUT_LINE_BYTES = 4096
+"""A worker's output line is logged up to this many bytes."""
+_log = logging.getLogger("provider.sandbox.worker")
+
+
+def _relay(stream: IO[bytes], launcher_pid: int) -> None:
+    """Log each line a worker (or its launcher) writes, as that worker's, until it exits.
+
+    A worker never holds the daemon's stdout, stderr or log file: it could read or forge them.
+    """
+    with stream:
+        for line in stream:
+            text = line[:OUTPUT_LINE_BYTES].decode("utf-8", "replace").rstrip()
+            if text:
+                _log.info("worker %d: %s", launcher_pid, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +55,7 @@ class WorkerInfo:
     device_kind: str
     isolation: str = IsolationMode.RLIMITS.value
     seccomp: bool = False
+    walls: dict[str, Any] = field(default_factory=dict)  # measured inside (provider.sandbox.walls)
 
 
 class Launcher:
@@ -86,19 +111,36 @@ class WorkerProcess:
         argv = [str(fd), limits_to_json(limits), "-" if cache_root is None else str(cache_root)]
         if cache_root is not None:
             cache_root.mkdir(parents=True, exist_ok=True)
-        command, child_env, mode = worker_command(module, argv, env, cache_root)
+        launch = worker_command(module, argv, env, cache_root)
+        mode = launch.mode
+        # A weaker mode the operator forced (TPUMARKET_SANDBOX_ISOLATION) is allowed as well.
+        self.weak_isolation = limits.weak_isolation or bool(os.environ.get(FORCE_VARIABLE))
+        if mode is not IsolationMode.BWRAP and not self.weak_isolation:
+            child_conn.close()
+            self.conn.close()
+            raise WorkerStartError(
+                f"cannot isolate sandbox workers on this host (only {mode.value}: bubblewrap "
+                "with a user namespace is needed); the operator may allow weak isolation"
+            )
         self._spawned_at = time.perf_counter()
         try:
             popen = subprocess.Popen(
-                command,
-                env=child_env,
+                launch.args,
+                env=launch.env,
                 pass_fds=(fd,),
+                close_fds=True,
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
                 cwd="/",
                 start_new_session=True,
             )
         finally:
             child_conn.close()
+        assert popen.stdout is not None
+        threading.Thread(
+            target=_relay, args=(popen.stdout, popen.pid), name="sandbox-output", daemon=True
+        ).start()
         self.process = Launcher(popen, mode)
         self.info: WorkerInfo | None = None
         self.tasks = 0
@@ -122,6 +164,14 @@ class WorkerProcess:
         if header.get("type") != "ready":
             self.kill()
             raise WorkerStartError(f"sandbox worker sent {header.get('type')!r} instead of ready")
+        walls = dict(header.get("walls") or {})
+        lacking = shortfalls(walls)
+        if lacking and not self.weak_isolation:
+            self.kill()
+            raise WorkerStartError(
+                f"sandbox worker is not isolated: {'; '.join(lacking)} (the operator may allow "
+                "weak isolation)"
+            )
         self.process.pid = host_pid(self.process.popen.pid, int(header["pid"]))
         self.info = WorkerInfo(
             pid=self.process.pid,
@@ -130,6 +180,7 @@ class WorkerProcess:
             device_kind=str(header["device_kind"]),
             isolation=self.process.mode.value,
             seccomp=bool(header.get("seccomp", False)),
+            walls=walls,
         )
         return self.info
 

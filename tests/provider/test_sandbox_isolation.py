@@ -1,11 +1,12 @@
 """A compromised worker can read neither the key, nor the data dir or journal, nor the network.
 
-The worker entry point is replaced by :func:`compromised_main` (this module run as ``python -m``),
-which stands for a worker whose parser or kernel an attacker took over: it sets the same rlimits
-and syscall filter as a real worker, then tries to steal the provider's key from its environment
-and from the daemon's ``/proc/<pid>/environ``, to read the journal and list the data dir, to see
-the host's ``/tmp``, to write into the project's code, and to connect to a TCP port the daemon's
-host listens on. It reports what it got; the test asserts it got nothing.
+The worker entry point is replaced by :func:`compromised_main` (this module run as
+``python -m``), which stands for a worker whose parser or kernel an attacker took over: it
+walls itself in as a real worker does (rlimits, the syscall allowlist), then tries to steal
+the provider's key from its environment and from the daemon's ``/proc/<pid>/environ``, to read
+the journal and list the data dir, to see the host's ``/tmp``, to write into the project's
+code, and to connect to a TCP port the daemon's host listens on. It reports what it got; the
+test asserts it got nothing. (:mod:`tests.provider.test_sandbox_escapes` tries the rest.)
 """
 
 from __future__ import annotations
@@ -81,21 +82,18 @@ def compromised_main(argv: list[str]) -> None:
     """A worker entry point taken over by an attacker (see the module docstring)."""
     from multiprocessing.connection import Connection
 
-    from provider.sandbox.seccomp import install_filter
     from provider.sandbox.wire import pack, unpack
-    from provider.sandbox.worker import limit_resources
+    from provider.sandbox.worker import confine
 
     fd, limits_json, _ = argv
     conn = Connection(int(fd))
-    limit_resources(SandboxLimits(**json.loads(limits_json)))
+    walls = confine(conn.fileno(), SandboxLimits(**json.loads(limits_json)))
     ready = {"type": "ready", "pid": os.getpid(), "platform": "cpu", "device_kind": "cpu"}
-    conn.send_bytes(pack({**ready, "seccomp": True}))
+    conn.send_bytes(pack({**ready, "seccomp": walls["seccomp"] == "allowlist", "walls": walls}))
     header, _ = unpack(conn.recv_bytes())
     if header.get("op") != "probe":
         return
-    unfiltered = _attempt(lambda: _connect(int(header["port"])))  # namespaces alone
-    install_filter()
-    conn.send_bytes(pack({"type": "probe", "found": {**_probe(header), "tcp_netns": unfiltered}}))
+    conn.send_bytes(pack({"type": "probe", "found": _probe(header)}))
 
 
 @pytest.fixture
@@ -165,10 +163,9 @@ def test_compromised_worker_reaches_no_key_file_or_network(world: dict[str, Any]
     assert KEY_VAR not in found["env_names"]
     assert not found["daemon_environ"].startswith("ok: True")
     assert found["environs_with_key"] == []
-    for name in ("journal", "key_file", "host_tmp", "write_code", "tcp", "tcp_netns"):
+    for name in ("journal", "key_file", "host_tmp", "write_code", "tcp"):
         assert found[name].startswith("refused"), (name, found[name])
     assert found["tcp"] == "refused: PermissionError"  # the syscall filter
-    assert found["tcp_netns"] == "refused: ConnectionRefusedError"  # a loopback of its own
     assert found["data_dir"] == "ok: ['compile-cache']"  # only the cache is mounted there
     assert found["scratch"].startswith("ok")  # its own /tmp is writable
     assert not (Path(__file__).parent / "planted.py").exists()
@@ -208,7 +205,6 @@ def test_unshare_fallback_still_hides_the_key_and_the_network(
     found = _run_compromised(world, code_dir=world["data_dir"])  # files are writable there
     assert found["info"].isolation == "unshare"
     assert found["env_key"] is None and not found["secret_in_env"]
-    assert found["tcp_netns"].startswith("refused")  # its loopback is down
     assert found["tcp"] == "refused: PermissionError"
     assert found["environs_with_key"] == []  # its /proc shows only its own PID namespace
 

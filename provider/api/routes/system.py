@@ -11,6 +11,7 @@ from contracts.typed_data import schema
 from provider.api.deps import DaemonDep
 from provider.capacity import device_class
 from provider.daemon import Daemon
+from provider.sandbox.walls import summary
 
 router = APIRouter(tags=["system"])
 
@@ -26,13 +27,23 @@ async def health(daemon: DaemonDep) -> dict[str, Any]:
 
 
 def _isolation(daemon: Daemon) -> dict[str, Any]:
-    """How the sandbox walls its workers in, as the live workers report it."""
+    """How the sandbox walls its workers in, as the live workers measured it from inside.
+
+    ``syscalls`` (``allowlist``/``none``), ``user_namespace``, ``uid``, ``capabilities``
+    (``none``/``some``), ``no_new_privs``, ``network`` (``none``: no socket can be made) and
+    ``inherited_fds`` hold for every live worker (a value the workers disagree on reads
+    ``varies``); ``shortfalls`` lists what any of them lacks of full isolation.
+    """
     workers = daemon.sandbox.workers()
     mode = daemon.sandbox.isolation
+    measured = summary([w.walls for w in workers])
+    syscalls = measured.pop("seccomp", "none")
     return {
         "mode": mode,
         "bubblewrap": mode == "bwrap",
         "seccomp": bool(workers) and all(w.seccomp for w in workers),
+        "syscalls": syscalls,
+        **measured,
         "workers": len(workers),
     }
 
