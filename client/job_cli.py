@@ -30,6 +30,9 @@ from client.job_status import job_refund, job_status, job_watch
 FROM_BLOCK_ENV = "TPUMARKET_ESCROW_BLOCK"
 
 
+ARBITER_URL_ENV = "TPUMARKET_ARBITER_URL"
+
+
 def _job_export(args: argparse.Namespace) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from client.models.zoo.silero_vad import export_silero_vad
@@ -53,6 +56,12 @@ def _add_deal_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help=f"the escrow's deployment block: no log is read below it (env {FROM_BLOCK_ENV})",
+    )
+    parser.add_argument(
+        "--arbiter-url",
+        default=os.environ.get(ARBITER_URL_ENV),
+        help="the deal's arbiter: programs are kept as sent and handed to it when a claim is "
+        f"disputed (env {ARBITER_URL_ENV}; without it a disputed task's program is not sent)",
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from client.accounts import ClientAccount
 from client.cli import UsageError, escrow_from, key_from
 from client.deal_cli import resolve_deal, state_dir_of
+from client.dispute_evidence import EnvelopeStore, ProgramEvidence
 from client.errors import ClientError
 from client.jobs import JobRunner
 from client.ledger import DealLedger
@@ -118,8 +119,16 @@ def open_runner(
         expiry=deal.expiry,
         grace_s=getattr(args, "grace_s", 5.0),
     )
+    arbiter_url = getattr(args, "arbiter_url", None)
+    if arbiter_url:
+        store = EnvelopeStore(ledger.path.parent / f"{ledger.path.stem}.envelopes")
+        session.keep_envelope = store.keep
     runner = JobRunner.resume(session, ledger, say=warn)
     runner.lowest_block = start_block(args)
+    if arbiter_url:
+        runner.evidence = ProgramEvidence(
+            arbiter_url=arbiter_url, domain=escrow.domain, key=key, store=store, say=warn
+        )
     return runner, deal_cap
 
 

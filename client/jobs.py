@@ -43,7 +43,7 @@ from client.ledger import DealLedger
 from client.ledger_records import OPEN_STATES, ChainState, TaskRecord, TaskState
 from client.session import POLL_BACKOFF_S, DealSession
 from client.tasks import TaskOutcome, TaskSpec, settle_by
-from client.watch import ClaimWatcher, WatchReport
+from client.watch import ClaimWatcher, Evidence, WatchReport
 from contracts.messages import Voucher
 
 Done = Callable[[TaskResult], None]
@@ -67,6 +67,7 @@ class JobRunner:
     results: list[TaskResult] = field(default_factory=list)
     say: Say | None = None
     lowest_block: int = 0
+    evidence: Evidence | None = None  # hands disputed tasks' programs to the deal's arbiter
     stop_sending: threading.Event = field(default_factory=threading.Event)
     abandon: threading.Event = field(default_factory=threading.Event)
     voucher_error: str | None = None
@@ -457,6 +458,7 @@ class JobRunner:
             recheck=self.refresh,
             say=self.say,
             lowest_block=self.lowest_block,
+            evidence=self.evidence,
         )
         report = watcher.scan()
         for index, record in self.ledger.tasks.items():

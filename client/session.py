@@ -43,6 +43,8 @@ from contracts.messages import (
 from contracts.program import encode_envelope
 
 Progress = Callable[["TaskOutcome"], None]
+KeepEnvelope = Callable[[TaskRequest, bytes, "str | None"], None]
+"""Keep the envelope a request is sent with (``client.dispute_evidence.EnvelopeStore.keep``)."""
 
 LATE_GRACE_S = 5.0
 """How long past its deadline a delivery is still awaited (a provider restart fits in it)."""
@@ -79,6 +81,9 @@ class DealSession:
     expiry: int | None = None
     grace_s: float = LATE_GRACE_S
     on_update: Progress | None = None
+    keep_envelope: KeepEnvelope | None = None
+    """Called with each request and the envelope bytes (and compile target) before they are
+    sent, so the program can be handed to an arbiter if the task is disputed."""
     payments: DealPayments = field(init=False, repr=False)
     _lead: float = 0.0
     _lead_read_at: float = -CHAIN_CLOCK_READ_S
@@ -209,6 +214,8 @@ class DealSession:
         index is acked (see :meth:`_await_turn`).
         """
         envelope = encode_envelope(outcome.spec.envelope)
+        if self.keep_envelope is not None:
+            self.keep_envelope(outcome.request, envelope, outcome.spec.target)
         resigned = False
         while True:
             try:
