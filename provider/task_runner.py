@@ -14,8 +14,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeAlias
 
+from contracts.errors import SignatureError
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
 from contracts.program import ProgramEnvelope
+from contracts.signing import recover_digest
 from provider.errors import SandboxClosedError
 from provider.journal import AckRecord, Journal, Key, ReceiptRecord
 from provider.metrics import ProviderMetrics
@@ -27,6 +29,10 @@ from provider.task_checks import KIND_NAMES
 
 # The task service's logger: its lines and the filters on them stay as they were.
 log = logging.getLogger("provider.service")
+MIN_BUDGET_S = 1.0
+"""The least wall-clock time a task gets on a worker, however close its deadline."""
+CLIENTS_REMEMBERED = 65_536
+"""How many deals' clients the runner remembers (recovered once per deal)."""
 TaskFuture: TypeAlias = Future[ReceiptRecord] | asyncio.Future[ReceiptRecord]
 """A running task: a pool future, or a loop task for inference."""
 
@@ -63,6 +69,33 @@ class TaskRunner:
         """The tasks running now, by key (a task leaves once it delivered)."""
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task")
         self.closed = False
+        self._clients: dict[int, str] = {}
+
+    def client_of(self, record: AckRecord) -> str:
+        """The deal's client, who signed the request (checked before the ack; cached per deal).
+
+        Tasks are queued, cached and bounded per client (see :class:`Sandbox`).
+        """
+        deal = record.request.deal_id
+        client = self._clients.get(deal)
+        if client is None:
+            try:
+                digest = self.signer.digest(record.request_hash)
+                client = recover_digest(digest, record.request_sig).lower()
+            except SignatureError:  # a legacy record: the deal stands for its client
+                client = f"deal:{deal}"
+            if len(self._clients) >= CLIENTS_REMEMBERED:
+                self._clients.clear()
+            self._clients[deal] = client
+        return client
+
+    def budget_s(self, record: AckRecord) -> float:
+        """The task's wall-clock budget on a worker: until its deadline (at least a second).
+
+        A worker still busy at the budget is killed and replaced: the overrun costs only
+        this task, never another client's turn.
+        """
+        return max(MIN_BUDGET_S, float(record.request.deadline) - self._clock())
 
     def start(
         self,
@@ -102,10 +135,13 @@ class TaskRunner:
     ) -> ReceiptRecord:
         request = record.request
         started = self._clock()
+        client, budget = self.client_of(record), self.budget_s(record)
         if request.kind == KIND_COMPILE:
-            outcome: Any = self.sandbox.compile(envelope, record.target or "local")
+            outcome: Any = self.sandbox.compile(
+                envelope, record.target or "local", client=client, budget_s=budget
+            )
         else:
-            outcome = self.sandbox.run(envelope, decoded=decoded)
+            outcome = self.sandbox.run(envelope, decoded=decoded, client=client, budget_s=budget)
         finished = self._clock()
         return self.deliver(record, plan, outcome, started, finished)
 
@@ -113,7 +149,9 @@ class TaskRunner:
         self, record: AckRecord, plan: Plan, envelope: bytes, decoded: ProgramEnvelope | None
     ) -> ReceiptRecord:
         started = self._clock()
-        outcome = await self.sandbox.run_async(envelope, decoded=decoded)
+        outcome = await self.sandbox.run_async(
+            envelope, decoded=decoded, client=self.client_of(record), budget_s=self.budget_s(record)
+        )
         return self.deliver(record, plan, outcome, started, self._clock())
 
     def deliver(

@@ -1,47 +1,42 @@
-"""The on-disk cache of ahead-of-time compile reports (memory, cost, available bytes)."""
+"""Ahead-of-time compile reports (memory, cost, available bytes), as the daemon keeps them.
+
+A report is served as a cache hit (and signed in a receipt) only from the daemon's own store,
+under the client whose worker produced it (:class:`provider.sandbox.compile_store.CompileStore`):
+no worker reads or writes a report file.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from pathlib import Path
 from typing import Any, TypedDict
-
-from provider.sandbox.targets import kind_slug
 
 
 class AotReport(TypedDict):
-    """The figures of one ahead-of-time compile."""
+    """The figures of one ahead-of-time compile, and where they were compiled."""
 
     memory: dict[str, int] | None
     cost: dict[str, float] | None
     available_bytes: int | None
+    platform: str
+    device_kind: str
 
 
-def report_path(cache_root: Path | None, key: tuple[Any, ...], kind: str) -> Path | None:
-    """Where the report for compile ``key`` on device ``kind`` lives; None without a cache."""
-    if cache_root is None:
+def report_digest(key: tuple[Any, ...]) -> str:
+    """The file name (hex digest) of the report for compile ``key``."""
+    return hashlib.sha256(json.dumps([repr(k) for k in key]).encode()).hexdigest()
+
+
+def parse_report(text: str) -> AotReport | None:
+    """A stored report, or None when the text is not one."""
+    try:
+        report = json.loads(text)
+        return {
+            "memory": report["memory"],
+            "cost": report["cost"],
+            "available_bytes": report["available_bytes"],
+            "platform": str(report["platform"]),
+            "device_kind": str(report["device_kind"]),
+        }
+    except (ValueError, KeyError, TypeError):
         return None
-    digest = hashlib.sha256(json.dumps([repr(k) for k in key]).encode()).hexdigest()
-    return cache_root / kind_slug(kind) / "aot-reports" / f"{digest}.json"
-
-
-def read_report(path: Path) -> AotReport | None:
-    """The report stored at ``path``, or None when there is none."""
-    if not path.exists():
-        return None
-    report = json.loads(path.read_text())
-    return {
-        "memory": report["memory"],
-        "cost": report["cost"],
-        "available_bytes": report["available_bytes"],
-    }
-
-
-def write_report(path: Path, report: AotReport) -> None:
-    """Store ``report`` at ``path`` atomically (write a temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report))
-    tmp.replace(path)

@@ -123,6 +123,8 @@ class WorkerPool:
             worker = self._spawner.submit(
                 WorkerProcess, self.limits, self._cache_root, self._env, self._module
             ).result()
+        except WorkerStartError:  # refused before it started (one it cannot isolate)
+            raise
         except RuntimeError as exc:  # the spawner is shut down: the pool is closing
             raise WorkerStartError("the sandbox is closing") from exc
         except OSError as exc:
@@ -253,41 +255,62 @@ class WorkerPool:
             self._all.discard(worker)
 
     def call(
-        self, request: Header, payload: bytes, *, warm: WarmCall | None = None
+        self,
+        request: Header,
+        payload: bytes,
+        *,
+        warm: WarmCall | None = None,
+        budget_s: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """Run one request on a worker; return its reply, or a diagnosis if it died or hung.
 
         With ``warm``, a worker that ran the same program and weights gets the shorter
-        request (execute deadline only); on a ``miss`` it gets the full one.
+        request (execute deadline only); on a ``miss`` it gets the full one. ``budget_s``
+        bounds the whole call once a worker is borrowed: every stage's deadline is cut to
+        it, and a worker still busy at the budget is killed (its stage's timeout).
         """
         worker = self._prefer(self._acquire(), None if warm is None else warm.key)
+        cutoff = None if budget_s is None else time.monotonic() + budget_s
         if warm is not None and warm.key in worker.warm:
-            reply = self._exchange(worker, warm.request, warm.payload, Stage.EXECUTE)
+            reply = self._exchange(worker, warm.request, warm.payload, Stage.EXECUTE, cutoff)
             if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
                 return self._finish(worker, reply)
             worker.warm.discard(warm.key)
-        reply = self._exchange(worker, request, payload, Stage.PARSE)
+        reply = self._exchange(worker, request, payload, Stage.PARSE, cutoff)
         if warm is not None and not isinstance(reply, Diagnosis) and reply[0].get("warm"):
             worker.warm.add(warm.key)
         return self._finish(worker, reply)
 
     async def call_async(
-        self, request: Header, payload: bytes, *, warm: WarmCall | None = None
+        self,
+        request: Header,
+        payload: bytes,
+        *,
+        warm: WarmCall | None = None,
+        budget_s: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """:meth:`call` for an event loop: the loop reads and writes the worker's pipe."""
         worker = self._prefer(await self._acquire_async(), None if warm is None else warm.key)
+        cutoff = None if budget_s is None else time.monotonic() + budget_s
         if warm is not None and warm.key in worker.warm:
-            reply = await self._exchange_async(worker, warm.request, warm.payload, Stage.EXECUTE)
+            reply = await self._exchange_async(
+                worker, warm.request, warm.payload, Stage.EXECUTE, cutoff
+            )
             if isinstance(reply, Diagnosis) or reply[0].get("type") != "miss":
                 return self._finish(worker, reply)
             worker.warm.discard(warm.key)
-        reply = await self._exchange_async(worker, request, payload, Stage.PARSE)
+        reply = await self._exchange_async(worker, request, payload, Stage.PARSE, cutoff)
         if warm is not None and not isinstance(reply, Diagnosis) and reply[0].get("warm"):
             worker.warm.add(warm.key)
         return self._finish(worker, reply)
 
     async def _exchange_async(
-        self, worker: WorkerProcess, request: Header, payload: bytes, stage: Stage
+        self,
+        worker: WorkerProcess,
+        request: Header,
+        payload: bytes,
+        stage: Stage,
+        cutoff: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """:meth:`_exchange` on the event loop, with the same deadlines and outcomes.
 
@@ -298,7 +321,7 @@ class WorkerPool:
         outcome: tuple[Header, bytes] | Diagnosis | None = None
         try:
             with PipeChannel(worker.conn, self.limits.max_output_bytes + FRAME_OVERHEAD) as pipe:
-                outcome = await self._converse(worker, pipe, request, payload, stage)
+                outcome = await self._converse(worker, pipe, request, payload, stage, cutoff)
         finally:
             if outcome is None or isinstance(outcome, Diagnosis):
                 self._retire(worker, kill=True)  # after the pipe is released
@@ -311,11 +334,11 @@ class WorkerPool:
         request: Header,
         payload: bytes,
         stage: Stage,
+        cutoff: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request and follow the stage reports; a diagnosis means: retire it."""
         loop = asyncio.get_running_loop()
-        limit = self._first_limit(stage)
-        deadline = loop.time() + limit
+        limit, deadline = _bounded(self._first_limit(stage), cutoff, loop.time())
         try:
             await pipe.send(pack(request, payload), deadline)
         except TimeoutError:
@@ -342,7 +365,7 @@ class WorkerPool:
                 return crash(stage, None)
             new_limit = self._stage_limit(stage, new_stage)
             if new_limit is not None:
-                limit, deadline = new_limit, loop.time() + new_limit
+                limit, deadline = _bounded(new_limit, cutoff, loop.time())
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
@@ -362,11 +385,15 @@ class WorkerPool:
         return None
 
     def _exchange(
-        self, worker: WorkerProcess, request: Header, payload: bytes, stage: Stage
+        self,
+        worker: WorkerProcess,
+        request: Header,
+        payload: bytes,
+        stage: Stage,
+        cutoff: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request; follow the worker's stage reports under each stage's deadline."""
-        limit = self._first_limit(stage)
-        deadline = time.monotonic() + limit
+        limit, deadline = _bounded(self._first_limit(stage), cutoff, time.monotonic())
         try:
             worker.conn.send_bytes(pack(request, payload))
         except OSError:
@@ -394,7 +421,7 @@ class WorkerPool:
                 return crash(stage, None)
             new_limit = self._stage_limit(stage, new_stage)
             if new_limit is not None:
-                limit, deadline = new_limit, time.monotonic() + new_limit
+                limit, deadline = _bounded(new_limit, cutoff, time.monotonic())
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
@@ -458,3 +485,10 @@ class WorkerPool:
         self._spawner.shutdown(wait=False)
         if waiters is not None:
             waiters.shutdown(wait=False, cancel_futures=True)
+
+
+def _bounded(limit: float, cutoff: float | None, now: float) -> tuple[float, float]:
+    """A stage's limit and deadline, cut to the task's budget (``cutoff``, same clock)."""
+    if cutoff is None or now + limit <= cutoff:
+        return limit, now + limit
+    return max(0.0, cutoff - now), cutoff

@@ -66,6 +66,7 @@ class RanReply(TypedDict):
     platform: str
     device_kind: str
     compile_time_s: float
+    required_bytes: NotRequired[int | None]  # host memory it needs (the parent's admission)
     warm: NotRequired[bool]  # a cold run that left the program warm for the next task
 
 

@@ -25,11 +25,11 @@ from contracts.program import (
     outputs_hash,
 )
 from provider.diagnosis import Category, Stage
-from provider.sandbox.aot_reports import read_report, report_path, write_report
 from provider.sandbox.argcheck import argument_specs, check_result_dtypes
+from provider.sandbox.cache_wire import CacheSection, CacheWireError, unpack_request
 from provider.sandbox.checks import RejectedProgram, VersionRanges, parse_version
 from provider.sandbox.device_memory import DeviceMemory
-from provider.sandbox.figures import cost_figures, memory_figures
+from provider.sandbox.figures import cost_figures, memory_figures, total_bytes
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.replies import (
     CompiledReply,
@@ -44,10 +44,10 @@ from provider.sandbox.targets import (
     EXPORT_PLATFORM_ALIASES,
     Target,
     aot_devices,
-    kind_slug,
     parse_target,
     platform_refusal,
 )
+from provider.sandbox.task_cache import TaskCache, attach_entries, install
 from provider.sandbox.validation import ProgramValidator
 from provider.sandbox.wire import Header
 
@@ -76,14 +76,17 @@ class _Warm:
     count: int
 
 
-WarmKey = tuple[bytes, bytes | None]
+WarmKey = tuple[str, bytes, bytes | None]
 
 
 class WorkerRuntime:
     """Holds a worker's JAX state: version ranges, compiled executables, cache settings."""
 
-    def __init__(self, limits: SandboxLimits, cache_root: Path | None) -> None:
-        """Import JAX, read this host's ranges and turn on the per-kind persistent cache."""
+    def __init__(self, limits: SandboxLimits, cache_root: Path | None = None) -> None:
+        """Import JAX, read this host's ranges and install the daemon-fed compile cache.
+
+        ``cache_root`` is not read: the persistent cache is the daemon's, sent per task.
+        """
         import importlib
         from importlib.metadata import version
 
@@ -118,12 +121,10 @@ class WorkerRuntime:
         self.local_device = jax.devices()[0]
         self.local_kind = str(self.local_device.device_kind)
         self.validator = ProgramValidator(jax, limits, self.ranges, self.local_device)
-        if cache_root is not None:
-            cache_dir = cache_root / kind_slug(self.local_kind) / "xla"
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            jax.config.update("jax_compilation_cache_dir", str(cache_dir))
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        self.cache = TaskCache()
+        install(jax, self.cache)
+        self._client = ""  # the tenant of the task in progress (from the daemon)
+        self._allowance: int | None = None  # host memory the daemon reserved for this task
 
     def warm_up(self) -> None:
         """Exercise export, lowering and compile once so the first task pays no start-up."""
@@ -162,7 +163,9 @@ class WorkerRuntime:
         """Compile (or reuse); return the compiled program, whether a cache served it, and
         the seconds this call spent compiling."""
         jax = self._jax
-        key = (envelope.program_sha256, target.name, tuple(specs), jax.__version__)
+        # Keyed by the tenant too: an executable one client's cache entries gave this worker
+        # never serves another client.
+        key = (self._client, envelope.program_sha256, target.name, tuple(specs), jax.__version__)
         cached = self._compiled.get(key)
         if cached is not None:
             self._compiled.move_to_end(key)
@@ -170,23 +173,6 @@ class WorkerRuntime:
         devices = self._devices_for(target)
         device = devices[0]
         kind = str(device.device_kind)
-        path = None if executable_needed else report_path(self.cache_root, key, kind)
-        report = None if path is None or not target.is_aot else read_report(path)
-        if report is not None:
-            return (
-                _Compiled(
-                    executable=None,
-                    compile_time_s=0.0,
-                    platform=str(device.platform),
-                    device_kind=kind,
-                    memory=report["memory"],
-                    cost=report["cost"],
-                    available_bytes=report["available_bytes"],
-                    devices=devices,
-                ),
-                True,
-                0.0,
-            )
         sharding = jax.sharding.SingleDeviceSharding(device)
         arg_specs = [
             jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for shape, dtype in specs
@@ -200,19 +186,20 @@ class WorkerRuntime:
         progress(Stage.COMPILE)
         hits_before = self._cache_hits
         started = time.perf_counter()
-        if target.is_aot:
-            jax.config.update("jax_enable_compilation_cache", False)
+        active = self.cache.active
+        self.cache.active = active and not target.is_aot  # AOT executables are not cached
         try:
             lowered = jax.jit(flat_call).lower(*arg_specs)
             executable = lowered.compile()
         finally:
-            if target.is_aot:
-                jax.config.update("jax_enable_compilation_cache", True)
+            self.cache.active = active
         compile_time = time.perf_counter() - started
         cache_hit = self._cache_hits > hits_before
         memory = memory_figures(executable)
         cost = cost_figures(executable)
         available = self.memory.available_bytes(target, device)
+        if self._allowance is not None and available is not None and not target.is_aot:
+            available = min(available, self._allowance)  # the host's share the daemon gave
         compiled = _Compiled(
             executable=None if target.is_aot else executable,
             compile_time_s=compile_time,
@@ -226,8 +213,6 @@ class WorkerRuntime:
         self.memory.check_fits(
             memory, available, outputs_checked=executable_needed, kind=kind, target=target
         )
-        if path is not None and target.is_aot:
-            write_report(path, {"memory": memory, "cost": cost, "available_bytes": available})
         if not target.is_aot:
             self._compiled[key] = compiled
             while len(self._compiled) > self.limits.compiled_cache_entries:
@@ -236,7 +221,45 @@ class WorkerRuntime:
 
     # ---- task entry points ------------------------------------------------------------
 
+    def _enter(self, payload: bytes) -> bytes:
+        """Take the daemon's cache section off ``payload``: the tenant, its entries."""
+        section: CacheSection | None
+        section, envelope = unpack_request(payload)
+        self._client = "" if section is None else section.client
+        self._allowance = None if section is None else section.memory_allowance
+        if section is not None:
+            self.cache.begin(section.entries)
+        return envelope
+
+    def _leave(self) -> dict[str, bytes]:
+        self._client, self._allowance = "", None
+        return self.cache.end()
+
     def compile(
+        self, target_name: str, payload: bytes, progress: Progress
+    ) -> tuple[CompiledReply | FailedReply, bytes]:
+        """Validate and compile a program for a target; report its figures and new entries."""
+        try:
+            envelope = self._enter(payload)
+            reply, body = self._compile_task(target_name, envelope, progress)
+        except CacheWireError as exc:
+            return failure(exc, Stage.PARSE, None, 0.0), b""
+        finally:
+            new = self._leave()
+        return reply, attach_entries(reply, body, new)
+
+    def run(self, payload: bytes, progress: Progress) -> tuple[RanReply | FailedReply, bytes]:
+        """Validate, compile (or reuse) and execute; the reply lists the new cache entries."""
+        try:
+            envelope = self._enter(payload)
+            reply, body = self._run_task(envelope, progress)
+        except CacheWireError as exc:
+            return failure(exc, Stage.PARSE, None, 0.0), b""
+        finally:
+            new = self._leave()
+        return reply, attach_entries(reply, body, new)
+
+    def _compile_task(
         self, target_name: str, payload: bytes, progress: Progress
     ) -> tuple[CompiledReply | FailedReply, bytes]:
         """Validate and compile a program for a target; report its figures."""
@@ -315,7 +338,7 @@ class WorkerRuntime:
             return reply, b""
         return {"type": "valid", "program_sha256": envelope.program_sha256.hex()}, b""
 
-    def run(self, payload: bytes, progress: Progress) -> tuple[RanReply | FailedReply, bytes]:
+    def _run_task(self, payload: bytes, progress: Progress) -> tuple[RanReply | FailedReply, bytes]:
         """Validate, compile (or reuse) and execute a program on the local devices.
 
         A success keeps the executable and the weights on the device under (program hash,
@@ -368,6 +391,7 @@ class WorkerRuntime:
         reply["warm"] = True
         weights = decode_arrays(envelope.weights, envelope.array_format) if envelope.weights else {}
         key = (
+            self._client,
             envelope.program_sha256,
             None if envelope.weights is None else _sha256(envelope.weights),
         )
@@ -400,6 +424,7 @@ class WorkerRuntime:
         try:
             weights_hex = header.get("weights")
             key = (
+                str(header.get("client", "")),
                 bytes.fromhex(str(header["program"])),
                 None if weights_hex is None else bytes.fromhex(str(weights_hex)),
             )
@@ -425,13 +450,13 @@ class WorkerRuntime:
             reply, outputs = self._execute(
                 warm.compiled,
                 flat,
-                key[0],
+                key[1],
                 bytes.fromhex(str(header["inputs_sha256"])),
                 True,
                 0.0,
             )
         except Exception as exc:
-            return failure(exc, Stage.EXECUTE, key[0], time.perf_counter() - started), b""
+            return failure(exc, Stage.EXECUTE, key[1], time.perf_counter() - started), b""
         return reply, outputs
 
     def _execute(
@@ -462,6 +487,7 @@ class WorkerRuntime:
             "platform": compiled.platform,
             "device_kind": compiled.device_kind,
             "compile_time_s": compile_time,
+            "required_bytes": None if compiled.memory is None else total_bytes(compiled.memory),
         }, outputs
 
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import functools
-import hashlib
-import json
 import os
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from contracts.program import (
     ProgramEnvelope,
@@ -21,21 +18,21 @@ from contracts.program import (
     encode_envelope,
 )
 from provider.capacity import Capacity, capacity_from_wire
-from provider.diagnosis import HINT_SETS, Category, Diagnosis, Stage, diagnose
+from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
+from provider.sandbox.answers import bad_reply, compiled_of, ran_of, reply_of
+from provider.sandbox.compile_store import client_id
+from provider.sandbox.fair import FairGate
+from provider.sandbox.host_memory import Admission, HostMemory
 from provider.sandbox.isolation import isolation_mode, worker_env
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.pool import StageObserver, WarmCall, WorkerPool
-from provider.sandbox.results import (
-    CompileResult,
-    CostFigures,
-    InferenceResult,
-    MemoryFigures,
-    TaskFailure,
-)
+from provider.sandbox.results import CompileResult, InferenceResult, TaskFailure
 from provider.sandbox.targets import parse_target, platform_refusal
+from provider.sandbox.tenancy import Tenancy
+from provider.sandbox.warm_requests import metadata_digest, warm_call
 from provider.sandbox.wire import Header
-from provider.sandbox.worker_process import WorkerInfo
+from provider.sandbox.worker_process import WORKER_MODULE, WorkerInfo
 
 Envelope = ProgramEnvelope | bytes
 VALIDATOR_NICE = 19
@@ -48,6 +45,12 @@ class Sandbox:
     """Validate, compile and run untrusted programs in a pool of spawned JAX workers.
 
     Never raises because of a blob: every failure comes back as a :class:`TaskFailure`.
+    Every task names its client (``client``, the deal's client address; None for direct
+    users): its compile cache entries and reports are that client's alone
+    (:class:`provider.sandbox.tenancy.Tenancy`), and its turn on the workers and validators
+    comes from per-client queues served round-robin, at most ``client_share`` of the
+    workers (at least one) and one validator per client in flight
+    (:class:`provider.sandbox.fair.FairGate`).
     """
 
     def __init__(
@@ -59,14 +62,21 @@ class Sandbox:
         jax_platforms: str | None = None,
         on_stage: StageObserver | None = None,
         spares: int | None = None,
+        client_share: float = 0.5,
+        validators: int = 2,
+        worker_module: str = WORKER_MODULE,
+        host_memory: HostMemory | None = None,
     ) -> None:
         """Start ``pool_size`` workers; ``jax_platforms`` sets their ``JAX_PLATFORMS``.
 
         ``spares`` ready workers more stand by to replace one retired after a crash or a
-        timeout (default: enough for two ready workers in all). Apart from them, a validator
-        (and a spare) parses and checks every program not seen before, on the CPU at a
-        lower priority: a malformed program retires a validator, never a worker that holds
-        other clients' warm programs, and its replacement starts off the task path.
+        timeout (default: enough for two ready workers in all). Apart from them,
+        ``validators`` (and a spare) parse and check every program not seen before, on the
+        CPU at a lower priority: a malformed program retires a validator, never a worker that
+        holds other clients' warm programs, and its replacement starts off the task path.
+        ``cache_dir`` holds the daemon's per-client compile store; no worker mounts it.
+        ``host_memory`` is the ledger every task's memory is admitted against (default: 80%
+        of this host's RAM; :mod:`provider.sandbox.host_memory`).
         """
         self.limits = limits or SandboxLimits()
         env = {} if jax_platforms is None else {"JAX_PLATFORMS": jax_platforms}
@@ -75,17 +85,22 @@ class Sandbox:
             # libtpu only compiles ahead of time here and opens no chip, so several workers and
             # daemons on one host may load it; its single-process lockfile would refuse them.
             env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+        self.tenancy = Tenancy(cache_dir)
+        self.gate = FairGate(pool_size, max(1, int(pool_size * client_share)))
+        self.validator_gate = FairGate(validators, 1)
+        self.admission = Admission(host_memory or HostMemory.of_host())
         self._pool = WorkerPool(
             pool_size,
             self.limits,
-            cache_dir,
+            None,  # the compile cache is the daemon's: sent per task, never mounted
             worker_env(env),
             on_stage,
+            module=worker_module,
             spares=max(0, 2 - pool_size) if spares is None else spares,
         )
         try:
             self._validators = WorkerPool(
-                1,
+                validators,
                 dataclasses.replace(self.limits, nice=VALIDATOR_NICE, warm_up=False),
                 None,
                 worker_env({"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}),
@@ -125,6 +140,11 @@ class Sandbox:
         """How many tasks found no ready worker (or validator) while replacements started."""
         return self._pool.start_waits + self._validators.start_waits
 
+    @property
+    def cache_cross_reads(self) -> int:
+        """Cache entries of one client found offered to another (never served; 0)."""
+        return self.tenancy.cross_reads
+
     def validators(self) -> list[WorkerInfo]:
         """Return the pid, start time and devices of each live validator."""
         return self._validators.worker_infos()
@@ -162,20 +182,19 @@ class Sandbox:
             )
         return data
 
-    def _validation_key(
+    def _decoded(
         self, payload: bytes, decoded: ProgramEnvelope | None
-    ) -> bytes | TaskFailure:
-        """Return what names a program as validated: its hash and its stated metadata."""
-        if decoded is None:
-            try:
-                decoded = decode_envelope(payload, max_bytes=self.limits.max_envelope_bytes)
-            except ProgramFormatError as exc:
-                return TaskFailure(
-                    diagnosis=diagnose(Category.MALFORMED_INPUT, str(exc), stage=Stage.PARSE),
-                    program_sha256=None,
-                    elapsed_s=0.0,
-                )
-        return decoded.program_sha256 + _metadata_digest(decoded)
+    ) -> ProgramEnvelope | TaskFailure:
+        if decoded is not None:
+            return decoded
+        try:
+            return decode_envelope(payload, max_bytes=self.limits.max_envelope_bytes)
+        except ProgramFormatError as exc:
+            return TaskFailure(
+                diagnosis=diagnose(Category.MALFORMED_INPUT, str(exc), stage=Stage.PARSE),
+                program_sha256=None,
+                elapsed_s=0.0,
+            )
 
     def _validate_request(self, request: Header) -> Header:
         """Ask a validator to check a program for where ``request`` will run it."""
@@ -196,16 +215,28 @@ class Sandbox:
         self, key: bytes, reply: tuple[Header, bytes] | Diagnosis, started: float
     ) -> TaskFailure | None:
         """Record a validator's verdict; return the failure to answer, or None: go on."""
-        answer = _reply(reply, started)
+        answer = reply_of(reply, started)
         if isinstance(answer, TaskFailure):
             return answer
         if answer[0].get("type") != "valid":
-            return _bad_reply(ValueError(f"validator answered {answer[0].get('type')!r}"))
+            return bad_reply(ValueError(f"validator answered {answer[0].get('type')!r}"))
         with self._validated_lock:
             self._validated[key] = None
             while len(self._validated) > VALIDATED_ENTRIES:
                 self._validated.popitem(last=False)
         return None
+
+    def _prepare(
+        self, envelope: Envelope, decoded: ProgramEnvelope | None
+    ) -> tuple[bytes, ProgramEnvelope, bytes] | TaskFailure:
+        """The payload, the decoded envelope and the validation key of a task."""
+        payload = self._payload(envelope)
+        if isinstance(payload, TaskFailure):
+            return payload
+        checked = self._decoded(payload, decoded)
+        if isinstance(checked, TaskFailure):
+            return checked
+        return payload, checked, checked.program_sha256 + metadata_digest(checked)
 
     def _call(
         self,
@@ -213,20 +244,37 @@ class Sandbox:
         envelope: Envelope,
         warm: WarmCall | None = None,
         decoded: ProgramEnvelope | None = None,
+        *,
+        client: str | None = None,
+        budget_s: float | None = None,
     ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
-        payload = self._payload(envelope)
-        if isinstance(payload, TaskFailure):
-            return payload
-        key = self._validation_key(payload, decoded)
-        if isinstance(key, TaskFailure):
-            return key
+        prepared = self._prepare(envelope, decoded)
+        if isinstance(prepared, TaskFailure):
+            return prepared
+        payload, checked, key = prepared
+        tenant = client_id(client)
         if not self._is_validated(key):
-            verdict = self._validators.call(self._validate_request(request), payload)
+            with self.validator_gate.held(tenant):
+                verdict = self._validators.call(self._validate_request(request), payload)
             failure = self._validated_now(key, verdict, started)
             if failure is not None:
                 return failure
-        return _reply(self._pool.call(request, payload, warm=warm), started)
+        program, need = checked.program_sha256, None if warm is None else warm.key
+        with self.gate.held(tenant):
+            held, retried = self.admission.start(need), False
+            while True:
+                allowance = None if held is None else held.amount
+                framed = self.tenancy.request(client, program, payload, allowance)
+                reply = self._pool.call(request, framed, warm=warm, budget_s=budget_s)
+                reply = self.tenancy.absorb(client, program, reply)
+                more = None if retried else self.admission.retry_need(reply, held)
+                self.admission.finish(need, reply, held)
+                if more is None or self.admission.memory is None:
+                    break
+                retried = True
+                held = self.admission.memory.reserve(more)  # wait until the host has it
+        return reply_of(reply, started)
 
     async def _call_async(
         self,
@@ -234,20 +282,44 @@ class Sandbox:
         envelope: Envelope,
         warm: WarmCall | None = None,
         decoded: ProgramEnvelope | None = None,
+        *,
+        client: str | None = None,
+        budget_s: float | None = None,
     ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
-        payload = self._payload(envelope)
-        if isinstance(payload, TaskFailure):
-            return payload
-        key = self._validation_key(payload, decoded)
-        if isinstance(key, TaskFailure):
-            return key
+        prepared = self._prepare(envelope, decoded)
+        if isinstance(prepared, TaskFailure):
+            return prepared
+        payload, checked, key = prepared
+        tenant = client_id(client)
         if not self._is_validated(key):
-            verdict = await self._validators.call_async(self._validate_request(request), payload)
+            await self.validator_gate.enter_async(tenant)
+            try:
+                validate = self._validate_request(request)
+                verdict = await self._validators.call_async(validate, payload)
+            finally:
+                self.validator_gate.leave(tenant)
             failure = self._validated_now(key, verdict, started)
             if failure is not None:
                 return failure
-        return _reply(await self._pool.call_async(request, payload, warm=warm), started)
+        program, need = checked.program_sha256, None if warm is None else warm.key
+        await self.gate.enter_async(tenant)
+        try:
+            held, retried = await self.admission.start_async(need), False
+            while True:
+                allowance = None if held is None else held.amount
+                framed = self.tenancy.request(client, program, payload, allowance)
+                reply = await self._pool.call_async(request, framed, warm=warm, budget_s=budget_s)
+                reply = self.tenancy.absorb(client, program, reply)
+                more = None if retried else self.admission.retry_need(reply, held)
+                self.admission.finish(need, reply, held)
+                if more is None or self.admission.memory is None:
+                    break
+                retried = True
+                held = await asyncio.to_thread(self.admission.memory.reserve, more)
+        finally:
+            self.gate.leave(tenant)
+        return reply_of(reply, started)
 
     def target_refusal(self, target: str) -> str | None:
         """Say why this host cannot compile for ``target`` (None: it can).
@@ -267,8 +339,18 @@ class Sandbox:
                 return refusal
         return None
 
-    def compile(self, envelope: Envelope, target: str = "local") -> CompileResult | TaskFailure:
-        """Validate and compile a program for ``target`` (``local`` or e.g. ``v5e:1x1``)."""
+    def compile(
+        self,
+        envelope: Envelope,
+        target: str = "local",
+        *,
+        client: str | None = None,
+        budget_s: float | None = None,
+    ) -> CompileResult | TaskFailure:
+        """Validate and compile a program for ``target`` (``local`` or e.g. ``v5e:1x1``).
+
+        An AOT target's report is served as a cache hit only from ``client``'s own reports.
+        """
         refusal = self.target_refusal(target)
         if refusal is not None:
             return TaskFailure(
@@ -277,49 +359,66 @@ class Sandbox:
                 elapsed_s=0.0,
             )
         decoded = envelope if isinstance(envelope, ProgramEnvelope) else None
-        reply = self._call({"op": "compile", "target": target}, envelope, decoded=decoded)
-        if isinstance(reply, TaskFailure):
-            return reply
-        header, _ = reply
-        try:
-            memory = header["memory"]
-            cost = header["cost"]
-            return CompileResult(
-                program_sha256=bytes.fromhex(header["program_sha256"]),
-                target=str(header["target"]),
-                platform=str(header["platform"]),
-                device_kind=str(header["device_kind"]),
-                compile_time_s=float(header["compile_time_s"]),
-                cache_hit=bool(header["cache_hit"]),
-                memory=None if memory is None else MemoryFigures(**memory),
-                cost=None if cost is None else CostFigures(**cost),
-                available_bytes=_opt_int(header["available_bytes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            return _bad_reply(exc)
+        aot = parse_target(target).is_aot
+        payload = self._payload(envelope)
+        if aot and not isinstance(payload, TaskFailure):
+            checked = self._decoded(payload, decoded)
+            if isinstance(checked, TaskFailure):
+                return checked
+            decoded = checked
+            hit = self.tenancy.cached_report(client, checked, parse_target(target).name)
+            if hit is not None:
+                return hit
+        reply = self._call(
+            {"op": "compile", "target": target},
+            envelope,
+            decoded=decoded,
+            client=client,
+            budget_s=budget_s,
+        )
+        result = compiled_of(reply)
+        if aot and decoded is not None and isinstance(result, CompileResult):
+            self.tenancy.keep_report(client, decoded, result)
+        return result
 
     def run(
-        self, envelope: Envelope, *, decoded: ProgramEnvelope | None = None
+        self,
+        envelope: Envelope,
+        *,
+        decoded: ProgramEnvelope | None = None,
+        client: str | None = None,
+        budget_s: float | None = None,
     ) -> InferenceResult | TaskFailure:
         """Validate, compile (or reuse) and execute a program on this host's devices.
 
         ``decoded`` is ``envelope`` already decoded and hash-checked by the caller (the
         daemon does it to check the signed request): a worker that ran the same program with
-        the same weights is then sent only the inputs.
+        the same weights for the same client is then sent only the inputs. ``budget_s``
+        bounds the task's wall-clock time on a worker (its stages included): at the budget
+        the worker is killed and replaced, and the task fails as a timeout.
         """
         if isinstance(envelope, ProgramEnvelope):
             decoded = envelope
-        warm = None if decoded is None else _warm(decoded)
-        return _ran(self._call({"op": "run"}, envelope, warm, decoded))
+        warm = None if decoded is None else warm_call(decoded, client)
+        reply = self._call({"op": "run"}, envelope, warm, decoded, client=client, budget_s=budget_s)
+        return ran_of(reply)
 
     async def run_async(
-        self, envelope: Envelope, *, decoded: ProgramEnvelope | None = None
+        self,
+        envelope: Envelope,
+        *,
+        decoded: ProgramEnvelope | None = None,
+        client: str | None = None,
+        budget_s: float | None = None,
     ) -> InferenceResult | TaskFailure:
         """:meth:`run` from an event loop, which reads and writes the worker's pipe itself."""
         if isinstance(envelope, ProgramEnvelope):
             decoded = envelope
-        warm = None if decoded is None else _warm(decoded)
-        return _ran(await self._call_async({"op": "run"}, envelope, warm, decoded))
+        warm = None if decoded is None else warm_call(decoded, client)
+        reply = await self._call_async(
+            {"op": "run"}, envelope, warm, decoded, client=client, budget_s=budget_s
+        )
+        return ran_of(reply)
 
     def capacity(
         self, *, benchmark: bool = True, aot_targets: tuple[str, ...] = ("v5e:1x1",)
@@ -334,112 +433,3 @@ class Sandbox:
         if header.get("type") != "capacity":
             raise SandboxError(f"capacity discovery failed: {header}")
         return capacity_from_wire(header["capacity"])
-
-
-def _reply(
-    reply: tuple[Header, bytes] | Diagnosis, started: float
-) -> tuple[Header, bytes] | TaskFailure:
-    if isinstance(reply, Diagnosis):
-        return TaskFailure(
-            diagnosis=reply, program_sha256=None, elapsed_s=time.perf_counter() - started
-        )
-    header, body = reply
-    if header.get("type") == "failed":
-        return _failure_from_wire(header)
-    return header, body
-
-
-def _ran(reply: tuple[Header, bytes] | TaskFailure) -> InferenceResult | TaskFailure:
-    if isinstance(reply, TaskFailure):
-        return reply
-    header, body = reply
-    try:
-        return InferenceResult(
-            program_sha256=bytes.fromhex(header["program_sha256"]),
-            inputs_sha256=bytes.fromhex(header["inputs_sha256"]),
-            outputs=body,
-            outputs_sha256=bytes.fromhex(header["outputs_sha256"]),
-            device_time_s=float(header["device_time_s"]),
-            compile_time_s=float(header["compile_time_s"]),
-            cache_hit=bool(header["cache_hit"]),
-            platform=str(header["platform"]),
-            device_kind=str(header["device_kind"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        return _bad_reply(exc)
-
-
-def _warm(envelope: ProgramEnvelope) -> WarmCall:
-    """The short request for a worker that ran this program with these weights and this
-    metadata: an envelope stating other producer versions or platforms is checked in full
-    (a version refused by a cold worker is refused by a warm one too)."""
-    weights = envelope.weights_sha256  # set when the envelope was checked
-    if weights is None and envelope.weights is not None:
-        weights = hashlib.sha256(envelope.weights).digest()
-    return WarmCall(
-        key=envelope.program_sha256
-        + _metadata_digest(envelope)
-        + (b"" if weights is None else weights),
-        request={
-            "op": "run_warm",
-            "program": envelope.program_sha256.hex(),
-            "weights": None if weights is None else weights.hex(),
-            "array_format": envelope.array_format.value,
-            "inputs_sha256": envelope.inputs_sha256.hex(),
-        },
-        payload=envelope.inputs,
-    )
-
-
-def _metadata_digest(envelope: ProgramEnvelope) -> bytes:
-    """Hash what an envelope states about its program besides its bytes."""
-    producer = envelope.producer
-    return _metadata_hash(
-        producer.jax, producer.jaxlib, producer.calling_convention, tuple(envelope.platforms)
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _metadata_hash(
-    jax: str, jaxlib: str, calling_convention: int, platforms: tuple[str, ...]
-) -> bytes:
-    # Every task of a warm program states the same few values: hashed once, not twice a task.
-    metadata = [jax, jaxlib, calling_convention, list(platforms)]
-    return hashlib.sha256(json.dumps(metadata).encode()).digest()
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _failure_from_wire(header: Header) -> TaskFailure:
-    try:
-        wire = header["diagnosis"]
-        category = Category(wire["category"])
-        stage = None if wire["stage"] is None else Stage(wire["stage"])
-        diagnosis = diagnose(
-            category,
-            str(wire["message"]),
-            stage=stage,
-            op=None if wire["op"] is None else str(wire["op"]),
-            required_bytes=_opt_int(wire["required_bytes"]),
-            available_bytes=_opt_int(wire["available_bytes"]),
-            hints=HINT_SETS.get(str(wire.get("hints"))),
-        )
-        sha = header["program_sha256"]
-        return TaskFailure(
-            diagnosis=diagnosis,
-            program_sha256=None if sha is None else bytes.fromhex(sha),
-            elapsed_s=float(header["elapsed_s"]),
-            compile_time_s=float(header.get("compile_time_s", 0.0)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        return _bad_reply(exc)
-
-
-def _bad_reply(exc: Exception) -> TaskFailure:
-    return TaskFailure(
-        diagnosis=diagnose(Category.WORKER_CRASH, f"worker sent a malformed reply: {exc}"),
-        program_sha256=None,
-        elapsed_s=0.0,
-    )
