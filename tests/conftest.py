@@ -45,6 +45,8 @@ LAUNCHERS = re.compile(
     r"|\bsubprocess\.(?:run|Popen|call|check_call|check_output)\b|\bPopen\("
     r"|\bprocesses\.spawn\(|\bspawn\(|\buvicorn\.|HTTPServer\b|\bcreate_server\("
     r"|\.listen\(|\bmultiprocessing\.Process\b|\bsync_playwright\b|\bchromium\b"
+    r"|\bisolation_mode\("  # the sandbox's probe of bubblewrap runs it once
+    r"|\bexport_xla\(|\btorch-xla\b"  # the torch_xla export worker, in .venv-xla
 )
 COMPONENT_PARAMS = frozenset({"postgresql"})
 """Parameters that give a test a real component its fixture starts for them alone (the
@@ -146,16 +148,27 @@ def _module_starts(path: Path) -> str | None:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError):
         return None
-    skipped = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
-    for statement in tree.body:
-        if isinstance(statement, skipped):
-            continue
-        for node in ast.walk(statement):  # what it calls, not the text it holds
-            if isinstance(node, ast.Call):
-                found = LAUNCHERS.search(ast.unparse(node.func) + "(")
+    for node in _import_time(tree.body):
+        for call in ast.walk(node):  # what it calls, not the text it holds
+            if isinstance(call, ast.Call):
+                found = LAUNCHERS.search(ast.unparse(call.func) + "(")
                 if found is not None:
                     return found.group(0)
     return None
+
+
+def _import_time(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """Yield what a module runs when imported: its statements, the decorators and defaults of
+    its functions and classes, a class's own statements; not the bodies of functions."""
+    for statement in body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from statement.decorator_list
+            yield from statement.args.defaults
+        elif isinstance(statement, ast.ClassDef):
+            yield from statement.decorator_list
+            yield from _import_time(statement.body)
+        elif not isinstance(statement, ast.Import | ast.ImportFrom):
+            yield statement
 
 
 def _long_run(item: pytest.Item) -> int:
@@ -184,7 +197,8 @@ def slow_reason(item: pytest.Item) -> str | None:
                     return f"fixture {name} starts {what}"
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
-        started = sorted(str(v) for v in callspec.params.values() if v in COMPONENT_PARAMS)
+        params = callspec.params.values()
+        started = sorted(v for v in params if isinstance(v, str) and v in COMPONENT_PARAMS)
         if started:
             return f"parameter {started[0]}"
     test = getattr(item, "obj", None)
@@ -229,6 +243,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _fast_set(config: pytest.Config) -> bool:
     """Return whether this run is the fast set (`-m "not slow"`)."""
     return "not slow" in (config.getoption("markexpr", "") or "")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the fast set, leave unimported a test module that starts a component at import."""
+    module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    if module and _fast_set(config) and _module_starts(collection_path):
+        return True
+    return None
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:

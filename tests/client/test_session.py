@@ -25,6 +25,7 @@ from client.vouchers import VoucherBook
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
 from contracts.program import ProgramEnvelope
 from tests.e2e.stack import UNIT, Provider, Stack, spin_inputs, spin_model, stack, wait_until
+from tests.polling import hang_ceiling_s
 
 PLAN = Plan(compile_price=2_000, inference_price=1_000)
 SLO_MS = 2_000
@@ -87,10 +88,10 @@ def test_session_pays_verified_work_and_refunds_what_was_late_or_wrong(
     specs = [TaskSpec(KIND_INFERENCE, _envelope(1_000, seed), 10_000) for seed in range(4)]
     specs.append(TaskSpec(KIND_COMPILE, _envelope(1_000, 9), 10_000, target="local"))
     sent_at = time.time()
-    outcomes = session.run(specs, concurrency=2, wait_s=30)
+    outcomes = session.run(specs, concurrency=2, wait_s=hang_ceiling_s(30))
     for outcome in outcomes:  # the deadline the client signed: now + ceil(SLO) + 2 s
         assert outcome.request.deadline - int(sent_at) in range(
-            math.ceil(SLO_MS / 1000) + 2, math.ceil(SLO_MS / 1000) + 2 + 30
+            math.ceil(SLO_MS / 1000) + 2, math.ceil(SLO_MS / 1000) + 2 + int(hang_ceiling_s(30))
         )
         assert outcome.ack is not None and outcome.ack.request_hash == outcome.request.struct_hash()
     assert [o.verified for o in outcomes] == [True, True, False, True, True]
@@ -108,7 +109,7 @@ def test_session_pays_verified_work_and_refunds_what_was_late_or_wrong(
     )
 
     late = session.submit(TaskSpec(KIND_INFERENCE, _envelope(LATE_STEPS, 5), 10_000))
-    session.await_delivery(late, wait_s=30)
+    session.await_delivery(late, wait_s=hang_ceiling_s(30))
     wait_until(
         lambda: (
             session.collect(late, wait_s=5).view is not None
