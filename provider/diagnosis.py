@@ -136,8 +136,14 @@ OUTPUT_DTYPE_HINTS: Final = (
     "integers widened to int8.",
 )
 """Hints of a program whose results have a dtype the outputs' format cannot carry."""
+SORT_COMPARATOR_HINTS: Final = (
+    "Give sort a strict comparator (a < b or a > b, as jnp.sort and lax.sort's own are): "
+    "XLA's CPU sort reads outside its buffer when comp(a, a) is true.",
+)
+"""Hints of a sort refused for a comparator that is no strict weak order."""
 HINT_SETS: Final[dict[str, tuple[str, ...]]] = {
     "op_count": OP_COUNT_HINTS,
+    "sort_comparator": SORT_COMPARATOR_HINTS,
     "f64_on_tpu": F64_ON_TPU_HINTS,
     "output_dtype": OUTPUT_DTYPE_HINTS,
 }

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from provider.diagnosis import OP_COUNT_HINTS, Category
+from provider.diagnosis import OP_COUNT_HINTS, SORT_COMPARATOR_HINTS, Category
 from provider.errors import ProviderError
 
 ARTIFACT_MAGIC: Final = b"ML\xefR"
@@ -161,6 +161,39 @@ def check_op(name: str, custom_call_target: str | None) -> None:
                 "kernels, GPU solver kernels and other opaque targets are not accepted)",
                 op=target or name,
             )
+
+
+NON_STRICT_DIRECTIONS = frozenset({"LE", "GE", "EQ", "NE"})
+"""Comparisons that are no strict weak order: ``a <= a`` holds, and ``!=`` is symmetric."""
+
+
+def check_sort_comparator(chain: Sequence[tuple[str, str]]) -> None:
+    """Reject a sort whose comparator is, where it can be told, not a strict weak order.
+
+    ``chain`` names what the comparator returns: the op that makes the value and its detail
+    (a compare's direction, a constant's value), then the op that makes that op's first
+    operand. Refused: a single ``compare`` LE/GE/EQ/NE, a constant ``true``, and the negation
+    of a ``compare`` LT/GT (which is GE/LE).
+    """
+    if not chain:
+        return
+    name, detail = chain[0]
+    said = ""
+    if name == "stablehlo.compare" and detail in NON_STRICT_DIRECTIONS:
+        said = f"a single compare {detail}"
+    elif name == "stablehlo.constant" and "true" in detail:
+        said = "a constant true"
+    elif name == "stablehlo.not" and len(chain) > 1:
+        inner, direction = chain[1]
+        if inner == "stablehlo.compare" and direction in ("LT", "GT"):
+            said = f"the negation of a compare {direction}"
+    if said:
+        raise RejectedProgram(
+            Category.UNSUPPORTED_OP,
+            f"sort comparator is not a strict weak order (it returns {said})",
+            op="stablehlo.sort",
+            hints=SORT_COMPARATOR_HINTS,
+        )
 
 
 def check_op_count(count: int, limit: int, *, counted_all: bool = True) -> None:

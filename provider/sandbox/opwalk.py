@@ -12,6 +12,7 @@ from provider.sandbox.checks import (
     check_custom_call,
     check_op,
     check_op_count,
+    check_sort_comparator,
 )
 
 
@@ -93,6 +94,8 @@ def _check(op: Any, ir: Any) -> None:
         except (KeyError, ValueError):
             target = None
     check_op(name, target)
+    if name == "stablehlo.sort":
+        check_sort_comparator(_comparator_result(op))
     if name == "stablehlo.custom_call":
         check_custom_call(
             target or "",
@@ -100,6 +103,35 @@ def _check(op: Any, ir: Any) -> None:
             [_tensor_type(v.type, ir) for v in op.results],
             _backend_config(op),
         )
+
+
+_DIRECTION = re.compile(r"comparison_direction\s+(\w+)")
+
+
+def _comparator_result(sort: Any) -> list[tuple[str, str]]:
+    """Return what a sort's comparator returns: (op, detail) of the value, then of its maker."""
+    try:
+        block = sort.regions[0].blocks[0]
+        value = list(block.operations)[-1].operation.operands[0]
+    except (IndexError, AttributeError):
+        return []
+    chain: list[tuple[str, str]] = []
+    while len(chain) < 2:
+        owner = getattr(value.owner, "operation", value.owner)
+        name = getattr(owner, "name", None)
+        if not isinstance(name, str):
+            break  # a block argument: the comparator returns one of its inputs
+        detail = ""
+        if name == "stablehlo.compare" and "comparison_direction" in owner.attributes:
+            found = _DIRECTION.search(str(owner.attributes["comparison_direction"]))
+            detail = found.group(1) if found else ""
+        elif name == "stablehlo.constant" and "value" in owner.attributes:
+            detail = str(owner.attributes["value"])
+        chain.append((name, detail))
+        if not len(owner.operands):
+            break
+        value = owner.operands[0]
+    return chain
 
 
 def _tensor_type(value_type: Any, ir: Any) -> TensorType:
