@@ -112,6 +112,8 @@ def test_sandbox_when_attacker_queues_endless_loops_then_honest_scheduled_next(
         failed(outcome, Category.EXECUTE_TIMEOUT)  # killed at its budget
     assert box.replacements >= replaced + 3  # each overrun cost only its own worker
     ran(box.run(honest, client=HONEST))
+    # New programs: one client holds one validator at most, another is always left.
+    assert box.validator_gate.per_client == 1 < box.validator_gate.slots
 
 
 def test_endless_loop_within_budget_is_killed_and_costs_only_its_task(box: Sandbox) -> None:
