@@ -8,7 +8,8 @@ helpers they call, for the launchers of those components (`LAUNCHERS`). `pytest 
 --collect-only -q` prints why each test is slow. `make check` runs the rest (`-m "not slow"`),
 the pure cores, in a few minutes; in that run starting any process, server or multiprocessing
 child raises an error naming the test (`tests.processes.forbid_components`), so a launcher the
-scan misses fails the fast set instead of slowing it.
+scan misses fails the fast set instead of slowing it; a test module that starts something at
+import (a probe in a `skipif`) is not even imported in that run.
 
 Every real component (anvil, bubblewrap, Chromium, PostgreSQL, libtpu, the models) is installed
 by the set-up, so a skip means a missing install step, not a choice: the run fails and lists
