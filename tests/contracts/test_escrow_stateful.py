@@ -1223,6 +1223,12 @@ class EscrowMachine(RuleBasedStateMachine):
         task.delivered = finished <= deadline and receipt.amount <= min(ack_price, max_price)
         if task.delivered:
             task.price = receipt.amount
+        if not deal.provider_honest and index >= MAX_TASKS - 1:
+            # An adversarial provider claims the edge index at once: 65,535 settles like any
+            # other, 65,536 gets EscrowTaskIndexTooLarge.
+            self._claim(
+                deal, deal.provider, deal.plan, [Claim(receipt, max_price, task.request_sig)]
+            )
 
     # ------------------------------------------------------------------ vouchers
 
