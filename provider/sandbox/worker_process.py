@@ -30,6 +30,8 @@ FRAME_OVERHEAD = 1 << 20
 """Bytes a frame may hold beyond its payload (the header)."""
 OUTPUT_LINE_BYTES = 4096
 """A worker's output line is logged up to this many bytes."""
+OUTPUT_BYTES = 1 << 20
+"""A worker's output is logged up to this many bytes in all (a hostile one cannot flood it)."""
 _log = logging.getLogger("provider.sandbox.worker")
 
 
@@ -38,11 +40,15 @@ def _relay(stream: IO[bytes], launcher_pid: int) -> None:
 
     A worker never holds the daemon's stdout, stderr or log file: it could read or forge them.
     """
+    logged = 0
     with stream:
-        for line in stream:
+        for line in stream:  # read to the end even past the cap: a full pipe would stall it
             text = line[:OUTPUT_LINE_BYTES].decode("utf-8", "replace").rstrip()
-            if text:
+            if text and logged < OUTPUT_BYTES:
+                logged += len(text)
                 _log.info("worker %d: %s", launcher_pid, text)
+                if logged >= OUTPUT_BYTES:
+                    _log.warning("worker %d: further output not logged", launcher_pid)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ TCP, unix and abstract listeners) and a second worker holding a secret in its ``
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ from provider.sandbox import isolation
 from provider.sandbox.isolation import IsolationMode, isolation_mode
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.walls import shortfalls
-from tests.provider.sandbox_attacker import attack, attacker_pool, escapes
+from tests.polling import wait_until
+from tests.provider.sandbox_attacker import attack, attacker_pool, escapes, run_code
 
 pytestmark = pytest.mark.skipif(
     isolation_mode() is not IsolationMode.BWRAP, reason="bwrap is not installed"
@@ -59,5 +61,23 @@ def test_daemon_refuses_a_worker_it_cannot_isolate(monkeypatch: pytest.MonkeyPat
         assert walls["seccomp"] == "allowlist" and walls["network"] == "none"
         assert walls["interfaces"] != ["lo"]  # no network namespace: measured, not claimed
         assert shortfalls(walls)  # /v1/info lists what it lacks
+    finally:
+        pool.close()
+
+
+def test_worker_output_is_logged_as_the_worker_s(caplog: pytest.LogCaptureFixture) -> None:
+    """What a worker writes reaches the daemon's log only as its own lines, never raw."""
+    caplog.set_level(logging.INFO, logger="provider.sandbox.worker")
+    pool = attacker_pool()
+    try:
+        code = "import sys; sys.stderr.write('daemon: key accepted\\n'); sys.stderr.flush()"
+        run_code(pool, code + "; result = 1")
+        wait_until(
+            lambda: any("key accepted" in r.getMessage() for r in caplog.records),
+            30,
+            "the worker's line in the log",
+        )
+        (line,) = [r.getMessage() for r in caplog.records if "key accepted" in r.getMessage()]
+        assert line.startswith("worker ") and line.endswith(": daemon: key accepted")
     finally:
         pool.close()
