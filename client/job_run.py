@@ -9,7 +9,9 @@ that does not fit. A rerun after a crash resumes the crashed run's tasks with th
 Verified outputs are written (``--out``) as soon as the tasks are collected, before the
 settlement steps (voucher, refunds, claims); a step that fails (the chain or the provider not
 answering) does not lose them: the table and the JSON are printed all the same, saying what is
-still pending and how to finish it, and the command exits 1. While nothing moves for a while,
+still pending and how to finish it, and the command exits 1 (so does a voucher the provider
+did not take, and a run that leaves tasks undone: it names them and says to rerun the same
+command, which resumes them by their inputs). While nothing moves for a while,
 the progress says what the run waits for and whether the provider and the chain answer.
 
 Ctrl-C once: no more tasks are sent, those in flight are collected until their deadline plus
@@ -47,12 +49,14 @@ from client.job_files import (
 from client.job_results import TaskResult, save_outputs
 from client.job_status import refund_breaches
 from client.jobs import JobRunner
-from client.ledger_records import OPEN_STATES
+from client.ledger_records import OPEN_STATES, ChainState
 from client.watch import WatchReport
 from contracts.binding import DEAL_OPEN
 from contracts.messages import Plan
 
 INTERRUPTED = 130  # exit code of a run stopped by a second Ctrl-C
+UNDONE_STATES = frozenset({"unknown", "pending", "error"})
+"""Outcomes of work the run was asked to do and left undone: it exits 1 naming them."""
 QUIET_S = 10.0  # after this long with no progress, say what the run waits for
 T = TypeVar("T")
 
@@ -220,6 +224,8 @@ def job_run(args: argparse.Namespace) -> int:
             written = save_outputs(results, Path(args.out)) if args.out else []
             settle = Settlement(waiting)
             voucher = settle.step("voucher", "paying verified tasks (chain, provider)", runner.pay)
+            if runner.voucher_error:  # signed and kept, not handed over: the payment is undone
+                settle.errors.append(f"voucher: {runner.voucher_error}")
             wait = args.wait_refunds and not runner.stop_sending.is_set()
             refunds = settle.step(
                 "refunds",
@@ -282,7 +288,15 @@ def _report(
 ) -> int:
     book, ledger = runner.session.book, runner.ledger
     states = [r.state for r in results]
-    unpaid = sorted(i for i, t in ledger.tasks.items() if t.payable)
+    # Verified and owed, and no voucher the provider took covers them yet.
+    unpaid = sorted(
+        i
+        for i, t in ledger.tasks.items()
+        if t.payable
+        and t.chain != ChainState.VOUCHED
+        and not (ledger.voucher_delivered and i in ledger.last_tasks)
+    )
+    undone = [r for r in results if r.state in UNDONE_STATES]
     summary = {
         "deal_id": args.deal,
         "tasks_sent": sum(r.outcome is not None for r in results),
@@ -306,6 +320,7 @@ def _report(
         "interrupted": 1 if runner.stop_sending.is_set() else 0,
         "cap": cap,
         "settlement_errors": errors,
+        "tasks_undone": [r.task.label for r in undone],
     }
     rows: list[dict[str, Any]] = [
         {
@@ -317,11 +332,12 @@ def _report(
         }
         for r in results
     ]
-    code = 1 if errors else 0
+    code = 1 if errors or undone else 0
     pending = _pending_lines(args, summary)
     if args.json:
         emit_json({"summary": summary, "tasks": rows, "outputs": [str(p) for p in written]})
         _say_pending(pending, errors)
+        _say_undone(undone)
         return code
     print_table(
         ["task", "what", "outcome", "paid", "detail"],
@@ -362,7 +378,25 @@ def _report(
     for path in written:
         print(f"wrote {path}")
     _say_pending(pending, errors)
+    _say_undone(undone)
     return code
+
+
+def _say_undone(undone: list[TaskResult]) -> None:
+    """Name the tasks the run left undone (not known to be acked, not collected, not sent
+    for an error) and how to finish them: the same command resumes them."""
+    if not undone:
+        return
+    named = "; ".join(
+        f"{r.task.label}" + (f" (task {r.index})" if r.index is not None else "") + f": {r.state}"
+        for r in undone
+    )
+    print(
+        f"error: {len(undone)} task(s) left undone: {named}. To finish them, rerun the same "
+        "command: it resumes them by their inputs (nothing is sent or paid twice)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _pending_lines(args: argparse.Namespace, summary: dict[str, Any]) -> list[str]:
