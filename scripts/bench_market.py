@@ -11,9 +11,23 @@ its own key and its own keep-alive connection, send their orders one after anoth
 real HTTP (a small asyncio HTTP/1.1 client in this process, so the load generator's CPU stays
 small next to the server's). `engine_vs_peer` is `bench_market_engine.versus_peer`.
 
+The funded part (`--funded`, on by default) measures the market as it really runs: a real
+anvil with the escrow deployed, every poster a funded client and a staked provider (a deposit,
+a stake, a heartbeat), and the server started with `--rpc-url` and `--escrow` so every bid is
+checked against its signer's escrow balance, every ask against its stake, and matching goes
+through the match gate; the server's jobs run (the chain indexer every 2 s). There, 32 posters
+post single orders (`api_single_funded_orders_per_s`, `api_single_funded_p99_ms_32`), then keep
+posting for `--funded-minutes` (default 1; 10 for the issue's figure):
+`funded_rate_after_10min_ratio` is the rate of the run's last window over its first (windows
+of 60 s when the run lasts 3 minutes or more, else a third of the run). Orders of the long run
+are signed before it, in worker processes. `--server-root` runs the server from another tree
+(an export of an earlier commit), so two versions are measured by one load generator.
+
 Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_per_s",
 "api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
-"api_single_p99_ms_32", "engine_vs_peer"}`.
+"api_single_p99_ms_32", "api_single_server_cpu_us", "engine_vs_peer",
+"api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
+"api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_minutes"}`.
 """
 
 from __future__ import annotations
@@ -22,7 +36,9 @@ import argparse
 import asyncio
 import gc
 import importlib.util
+import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -31,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,8 +101,17 @@ def sign_orders(count: int, seed: int, traders: list[Trader] | None = None) -> l
     return orders
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the market on a free port with SQLite in `data_dir`; wait until it answers."""
+def start_server(
+    data_dir: Path,
+    *,
+    escrow: str = ESCROW,
+    chain: list[str] | None = None,
+    root: Path = ROOT,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the market (the tree at `root`) on a free port with SQLite in `data_dir`; wait
+    until it answers. With `chain` (extra flags: the RPC URL) it checks funds and runs its
+    jobs; without, no chain and no jobs."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -99,17 +125,17 @@ def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
             "--data-dir",
             str(data_dir),
             "--escrow",
-            ESCROW,
+            escrow,
             "--chain-id",
             str(CHAIN_ID),
-            "--no-jobs",
+            *(chain if chain is not None else ["--no-jobs"]),
             "--rate-per-address",
             "0",
             "--rate-per-ip",
             "0",
         ],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": ""},
+        cwd=root,
+        env={**os.environ, "DATABASE_URL": "", "PYTHONPATH": str(root), **(env or {})},
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -178,8 +204,16 @@ def sign_posters(posters: int, per_poster: int, seed: int) -> list[list[bytes]]:
     return bodies
 
 
-async def _poster(host: str, port: int, bodies: list[bytes], latencies: list[float]) -> int:
-    """Post `bodies` one per request on one keep-alive connection; return the failures."""
+async def _poster(
+    host: str,
+    port: int,
+    bodies: list[bytes],
+    latencies: list[float],
+    done_at: list[float] | None = None,
+    until: float = math.inf,
+) -> int:
+    """Post `bodies` one per request on one keep-alive connection (until `until`, a
+    `perf_counter` time); return the failures. Each answer's time goes to `done_at`."""
     reader, writer = await asyncio.open_connection(host, port)
     failures = 0
     head = (
@@ -189,6 +223,8 @@ async def _poster(host: str, port: int, bodies: list[bytes], latencies: list[flo
     try:
         for body in bodies:
             started = time.perf_counter()
+            if started >= until:
+                break
             writer.write(head + str(len(body)).encode() + b"\r\n\r\n" + body)
             status_line = await reader.readline()
             length = 0
@@ -200,7 +236,10 @@ async def _poster(host: str, port: int, bodies: list[bytes], latencies: list[flo
                 if name.strip().lower() == b"content-length":
                     length = int(value)
             answer = await reader.readexactly(length)
-            latencies.append((time.perf_counter() - started) * 1000)
+            finished = time.perf_counter()
+            latencies.append((finished - started) * 1000)
+            if done_at is not None:
+                done_at.append(finished)
             if status_line.split()[1] != b"201":
                 failures += 1
                 if failures == 1:
@@ -210,14 +249,22 @@ async def _poster(host: str, port: int, bodies: list[bytes], latencies: list[flo
     return failures
 
 
-def post_single(url: str, bodies: list[list[bytes]]) -> tuple[float, list[float]]:
-    """Post each poster's bodies one per request, all posters at once; return (seconds,
-    latencies in ms)."""
+def post_single(
+    url: str,
+    bodies: list[list[bytes]],
+    done_at: list[float] | None = None,
+    seconds: float = math.inf,
+) -> tuple[float, list[float]]:
+    """Post each poster's bodies one per request, all posters at once, for at most `seconds`;
+    return (seconds, latencies in ms); each answer's time goes to `done_at`."""
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
+    until = time.perf_counter() + seconds
 
     async def run() -> int:
-        counts = await asyncio.gather(*(_poster(host, int(port), b, latencies) for b in bodies))
+        counts = await asyncio.gather(
+            *(_poster(host, int(port), b, latencies, done_at, until) for b in bodies)
+        )
         return sum(counts)
 
     started = time.perf_counter()
@@ -226,6 +273,109 @@ def post_single(url: str, bodies: list[list[bytes]]) -> tuple[float, list[float]
     if failures:
         raise RuntimeError(f"{failures} single orders failed")
     return seconds, latencies
+
+
+FUNDED_DEPOSIT = 10**14  # each poster's free escrow balance: its bids never run out
+FUNDED_STAKE = 10**7  # each poster's stake: above the market's minimum and its quotes' stake
+FUNDED_ENV = {"TPUMARKET_MARKET_MAX_LIVE_ORDERS_PER_OWNER": "1000000"}  # a long run's book
+
+
+def _sign_funded(job: tuple[str, str, str, int, int, int]) -> list[bytes]:
+    """Sign `count` orders of one poster under the real escrow's domains (a worker process)."""
+    key, escrow, arbiter, count, seed, first_nonce = job
+    trader = Trader(key=key, chain_id=CHAIN_ID, escrow=escrow, arbiter=arbiter)
+    trader.nonces = itertools.count(first_nonce)
+    return [
+        json.dumps(o, separators=(",", ":")).encode() for o in sign_orders(count, seed, [trader])
+    ]
+
+
+def sign_funded(
+    keys: list[str], escrow: str, arbiter: str, per_poster: int, first_nonce: int
+) -> list[list[bytes]]:
+    """Return each poster's `per_poster` signed orders as request bodies, signed in parallel."""
+    jobs = [(k, escrow, arbiter, per_poster, i, first_nonce) for i, k in enumerate(keys)]
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(_sign_funded, jobs))
+
+
+def rate_ratio(done_at: list[float], started: float) -> tuple[float, float, float]:
+    """Return (window s, first window's rate, last window's rate) of answers at `done_at`:
+    windows of 60 s in a run of 3 minutes or more, else a third of the run."""
+    end = max(done_at)
+    window = 60.0 if end - started >= 180 else (end - started) / 3
+    first = sum(1 for t in done_at if t < started + window) / window
+    last = sum(1 for t in done_at if t > end - window) / window
+    return window, first, last
+
+
+def funded(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure single orders with the funds check on (see the module): anvil, the escrow,
+    funded and staked posters, the indexer running; then `args.funded_minutes` of posting."""
+    from contracts.chain import Anvil
+    from contracts.messages import address_of
+    from tests.market.chain import deploy_world
+
+    with Anvil.start(accounts=10) as anvil:
+        world = deploy_world(anvil)
+        rng = random.Random(5)
+        keys = ["0x" + rng.randbytes(32).hex() for _ in range(args.posters)]
+        for key in keys:
+            world.fund(key)
+            world.escrow.deposit(key, FUNDED_DEPOSIT)
+            world.escrow.stake(key, FUNDED_STAKE)
+        escrow, arbiter = world.escrow.address, address_of(world.arbiter)
+        singles = sign_funded(keys, escrow, arbiter, args.single, 1)
+        single_count = sum(len(b) for b in singles)
+        flags = ["--rpc-url", anvil.url, "--provider-ttl", "86400"]
+        with tempfile.TemporaryDirectory(prefix="bench-market-funded-") as tmp:
+            process, url = start_server(
+                Path(tmp), escrow=escrow, chain=flags, root=args.server_root, env=FUNDED_ENV
+            )
+            try:
+                for number, key in enumerate(keys):  # each a live provider of one class
+                    trader = world.trader(key)
+                    name = tuple(CLASSES)[number % len(CLASSES)]
+                    beat = trader.heartbeat(int(time.time()), device_class=name)
+                    reply = httpx.post(url + "/v1/providers/heartbeat", json=beat, timeout=30)
+                    reply.raise_for_status()
+                time.sleep(6)  # the indexer's first runs: the setup's events indexed
+                cpu_before = process_cpu_s(process.pid)
+                load_before = os.getloadavg()[0]
+                seconds, latencies = post_single(url, singles)
+                cpu_us = (process_cpu_s(process.pid) - cpu_before) / single_count * 1e6
+                rate = single_count / seconds
+                print(
+                    f"api single funded: {single_count} orders from {args.posters} posters in "
+                    f"{seconds:.2f}s; server CPU {cpu_us:.0f} us/order; load average "
+                    f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
+                    flush=True,
+                )
+                run_s = args.funded_minutes * 60
+                per_poster = min(20_000, math.ceil(rate * run_s * 1.5 / args.posters))
+                long_bodies = sign_funded(keys, escrow, arbiter, per_poster, 10**9)
+                done_at: list[float] = []
+                started = time.perf_counter()
+                load_before = os.getloadavg()[0]
+                post_single(url, long_bodies, done_at, run_s)
+            finally:
+                os.kill(process.pid, signal.SIGTERM)
+                process.wait(timeout=15)
+    window, first, last = rate_ratio(done_at, started)
+    print(
+        f"funded run: {len(done_at)} orders in {max(done_at) - started:.0f}s; rate "
+        f"{first:.0f}/s in the first {window:.0f}s, {last:.0f}/s in the last; load average "
+        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
+        flush=True,
+    )
+    return {
+        "api_single_funded_orders_per_s": round(rate),
+        "api_single_funded_p50_ms": round(percentile(latencies, 0.50), 2),
+        "api_single_funded_p99_ms_32": round(percentile(latencies, 0.99), 2),
+        "api_single_funded_server_cpu_us": round(cpu_us),
+        "funded_rate_after_10min_ratio": round(last / first, 3),
+        "funded_minutes": args.funded_minutes,
+    }
 
 
 def nonce_memory(orders: int = 1_000_000, rate: int = 1_000, ttl_s: int = 30) -> dict[str, Any]:
@@ -273,44 +423,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both benchmarks and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--orders", type=int, default=20_000, help="signed orders over HTTP")
-    parser.add_argument("--batch", type=int, default=20, help="orders per request")
-    parser.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
-    parser.add_argument("--engine-orders", type=int, default=200_000)
-    parser.add_argument("--skip-engine", action="store_true")
-    parser.add_argument("--posters", type=int, default=32, help="single-order posters")
-    parser.add_argument("--single", type=int, default=375, help="single orders per poster")
-    parser.add_argument(
-        "--nonce-memory", action="store_true", help="only measure the writer's nonce memory"
-    )
-    args = parser.parse_args(argv)
-    if args.nonce_memory:
-        print(json.dumps(nonce_memory()))
-        return 0
-
-    engine = 0.0
-    versus: dict[str, Any] = {"engine_vs_peer": None}
-    if not args.skip_engine:
-        bench = _engine_bench()
-        figures = bench.run(args.engine_orders, 1, 3)
-        engine = float(figures["engine_orders_per_s"])
-        print(f"engine: {json.dumps(figures)}", flush=True)
-        versus = bench.versus_peer()
-        print(f"engine vs lightmatchingengine: {json.dumps(versus)}", flush=True)
-
+def no_chain(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure the market without a chain: batches from 2 clients, then single orders."""
     warmup = sign_orders(1_000, seed=2)
     orders = sign_orders(args.orders, seed=3)
     singles = sign_posters(args.posters, args.single, seed=4)
     single_count = sum(len(b) for b in singles)
-    # The load generator's own heap (the signed bodies, the libraries) out of its collector's
-    # scans: a full collection in this process would pause every poster and count as latency.
-    gc.collect()
-    gc.freeze()
     with tempfile.TemporaryDirectory(prefix="bench-market-") as tmp:
-        process, url = start_server(Path(tmp))
+        process, url = start_server(Path(tmp), root=args.server_root)
         try:
             post_all(url, warmup, batch=args.batch, clients=args.clients)
             cpu_before = process_cpu_s(process.pid)
@@ -340,8 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
         flush=True,
     )
-    result = {
-        "engine_orders_per_s": round(engine),
+    return {
         "api_orders_per_s": round(len(orders) / seconds),
         "api_p50_ms": round(percentile(latencies, 0.50), 2),
         "api_p99_ms": round(percentile(latencies, 0.99), 2),
@@ -349,8 +468,72 @@ def main(argv: list[str] | None = None) -> int:
         "api_single_p50_ms": round(percentile(single_latencies, 0.50), 2),
         "api_single_p99_ms_32": round(percentile(single_latencies, 0.99), 2),
         "api_single_server_cpu_us": round(single_cpu_us),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both benchmarks and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--orders", type=int, default=20_000, help="signed orders over HTTP")
+    parser.add_argument("--batch", type=int, default=20, help="orders per request")
+    parser.add_argument("--clients", type=int, default=2, help="concurrent HTTP clients")
+    parser.add_argument("--engine-orders", type=int, default=200_000)
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--posters", type=int, default=32, help="single-order posters")
+    parser.add_argument("--single", type=int, default=375, help="single orders per poster")
+    parser.add_argument(
+        "--nonce-memory", action="store_true", help="only measure the writer's nonce memory"
+    )
+    parser.add_argument(
+        "--funded",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure with the funds check on (anvil, escrow, indexer)",
+    )
+    parser.add_argument(
+        "--funded-minutes",
+        type=float,
+        default=1.0,
+        help="length of the funded run (10: the issue's)",
+    )
+    parser.add_argument(
+        "--chainless",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the market without a chain (batches, single orders)",
+    )
+    parser.add_argument(
+        "--server-root", type=Path, default=ROOT, help="run the server from this tree"
+    )
+    args = parser.parse_args(argv)
+    if args.nonce_memory:
+        print(json.dumps(nonce_memory()))
+        return 0
+
+    engine = 0.0
+    versus: dict[str, Any] = {"engine_vs_peer": None}
+    if not args.skip_engine:
+        bench = _engine_bench()
+        figures = bench.run(args.engine_orders, 1, 3)
+        engine = float(figures["engine_orders_per_s"])
+        print(f"engine: {json.dumps(figures)}", flush=True)
+        versus = bench.versus_peer()
+        print(f"engine vs lightmatchingengine: {json.dumps(versus)}", flush=True)
+
+    # The load generator's own heap (the signed bodies, the libraries) out of its collector's
+    # scans: a full collection in this process would pause every poster and count as latency.
+    result: dict[str, Any] = {
+        "engine_orders_per_s": round(engine),
         "engine_vs_peer": versus["engine_vs_peer"],
     }
+    if args.chainless:
+        gc.collect()
+        gc.freeze()
+        result.update(no_chain(args))
+    if args.funded:
+        gc.collect()
+        gc.freeze()
+        result.update(funded(args))
     print(json.dumps(result))
     return 0
 
