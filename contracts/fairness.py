@@ -13,8 +13,9 @@ Shared by the market and the provider daemon (their protocol, `contracts.serving
   many slow connections then cannot take the slots a normal client needs.
 - **Requests** (`RequestBudget`): a token bucket per client address.
 - **The Host header** (`host_allowed`): a service bound to a loopback address answers only
-  requests whose ``Host`` names a loopback address, ``localhost`` or a configured name, so a
-  web page on another origin cannot reach it through DNS rebinding.
+  requests whose ``Host`` is an IP literal, a name without a dot (``localhost``), a
+  ``.localhost`` name or a configured name: a web page whose own (dotted) DNS name its author
+  points at 127.0.0.1 (DNS rebinding) is refused.
 """
 
 from __future__ import annotations
@@ -136,17 +137,25 @@ def is_loopback_bind(host: str) -> bool:
 
 
 def host_allowed(host_header: str | None, allowed: Iterable[str] = ()) -> bool:
-    """Return whether a request's ``Host`` names loopback (any port) or an ``allowed`` name."""
+    """Return whether a request's ``Host`` is one a DNS-rebinding page cannot send.
+
+    Such a page's origin is a DNS name its author controls, so it has a dot: an IP literal, a
+    name without a dot (``localhost``, a service name), a ``.localhost`` name or one in
+    ``allowed`` (any port) pass, and every other dotted name is refused.
+    """
     if not host_header:
         return False
     host = host_header.strip().lower()
     if host.startswith("["):  # [::1]:8700
-        name = host[1 : host.find("]")] if "]" in host else host
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    if name in LOOPBACK_NAMES or name in {a.strip().lower() for a in allowed}:
+        return "]" in host
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.rstrip(".")
+    if "." not in name or name.endswith(".localhost") or name in LOOPBACK_NAMES:
+        return True
+    if name in {a.strip().lower().rstrip(".") for a in allowed}:
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        ipaddress.ip_address(name)
     except ValueError:
         return False
+    return True

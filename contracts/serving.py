@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from contracts.fairness import ConnectionBudget, TrustedProxies
+from contracts.fairness import ConnectionBudget, TrustedProxies, host_allowed
 
 RECURSION_LIMIT = 1_000
 """Python's default, put back after eth-account raised it (see the module's docstring)."""
@@ -224,6 +224,75 @@ def guarded_protocol(
             "refusal_bodies": refusal_bodies or {},
         },
     )
+
+
+MARKET_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""The market's pages: scripts, styles, images and fetches from this origin only, no frames."""
+API_CSP = "default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+"""A JSON API's: nothing may load, run or frame."""
+Headers = tuple[tuple[bytes, bytes], ...]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+def security_headers(csp: str) -> Headers:
+    """Return the headers every answer of a service carries: CSP, no sniffing, no framing, no
+    referrer, its own browsing context group."""
+    return (
+        (b"content-security-policy", csp.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cross-origin-opener-policy", b"same-origin"),
+    )
+
+
+def with_headers(send: Send, headers: Headers) -> Send:
+    """Return ``send`` adding ``headers`` to a response's start (keeping any the app set)."""
+
+    async def send_with_headers(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            sent = list(message.get("headers", []))
+            present = {name.lower() for name, _ in sent}
+            message = {**message, "headers": sent + [h for h in headers if h[0] not in present]}
+        await send(message)
+
+    return send_with_headers
+
+
+class HostCheck:
+    """Answer 421 to a request whose ``Host`` a DNS-rebinding page could send
+    (`contracts.fairness.host_allowed`: a dotted name not in ``allowed``).
+
+    For a service bound to a loopback address (`contracts.fairness.is_loopback_bind`): a page
+    of another origin whose name the attacker points at 127.0.0.1 sends its own name as
+    ``Host`` and is refused.
+    """
+
+    def __init__(self, app: Any, allowed: tuple[str, ...], body: bytes) -> None:
+        """Wrap ``app``; ``body`` is the 421's JSON in the service's error shape."""
+        self.app = app
+        self.allowed = allowed
+        self.body = body
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        """Pass the request on, or refuse it."""
+        if scope["type"] in ("http", "websocket"):
+            host = next((v for n, v in scope["headers"] if n == b"host"), b"")
+            if not host_allowed(host.decode("latin-1"), self.allowed):
+                headers = [(b"content-type", b"application/json")]
+                headers.append((b"content-length", str(len(self.body)).encode()))
+                await send({"type": "http.response.start", "status": 421, "headers": headers})
+                await send({"type": "http.response.body", "body": self.body})
+                return
+        await self.app(scope, receive, send)
 
 
 async def read_streamed_body(

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.fairness import TrustedProxies
 from contracts.messages import ZERO_ADDRESS
 from market.errors import MarketConfigError
 
@@ -62,6 +63,14 @@ class Settings(BaseSettings):
     request_read_timeout_s: float = Field(10.0, gt=0)
     max_header_bytes: int = Field(32 << 10, gt=0)
     max_connections: int = Field(4_096, gt=0)
+    # ... of which one client address may hold this many (429 beyond, 503 when all are taken);
+    # the client address is the peer's, or the `X-Forwarded-For` of a peer listed in
+    # `trusted_proxies` (comma-separated addresses or networks; none by default).
+    max_connections_per_ip: int = Field(256, gt=0)
+    trusted_proxies: str = ""
+    # Served on a loopback address, the market refuses a dotted `Host` name not among these
+    # (comma-separated): a page of another origin cannot reach it by DNS rebinding.
+    allowed_hosts: str = ""
     max_streams: int = Field(2_048, ge=0)  # live-update streams (`/v1/stream`) served at once ...
     max_streams_per_ip: int = Field(16, ge=0)  # ... and to one client address
     # Funds behind orders (`market.funds`), when the market knows its escrow: a bid needs its
@@ -103,6 +112,13 @@ class Settings(BaseSettings):
         None, gt=0, validation_alias=_env("orders_retention_days", "MARKET_ORDERS_RETENTION_DAYS")
     )
     retention_every_s: float = Field(3_600.0, gt=0)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        """Refuse an entry that is no address or network (a ValueError naming it)."""
+        TrustedProxies(part for part in value.split(",") if part.strip())
+        return value
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:

@@ -95,6 +95,7 @@ from provider.config_sections import (
     ENV_PREFIX,
     RETIRED_SETTLEMENT_KEYS,
     AskConfig,
+    HttpConfig,
     SettlementConfig,
     check,
     describe,
@@ -157,6 +158,7 @@ class ProviderConfig(BaseSettings):
     ask: AskConfig | None = None
     log_scheduler: bool = False
     keep_alive_s: float = 5.0  # an idle connection (new, or after an answer) closes then
+    http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     request_read_timeout_s: float = 10.0  # a request's headers (and body, at a fair rate) by then
 
     def __init__(self, /, **values: Any) -> None:

@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Self
 from pydantic import (
     BaseModel,
     ConfigDict,
+    NonNegativeFloat,
+    PositiveInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -22,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from contracts.fairness import TrustedProxies
 from provider.errors import ConfigError
 
 ENV_PREFIX = "TPUMARKET_PROVIDER_"
@@ -222,6 +225,42 @@ def to_address(text: str) -> str:
     if not isinstance(text, str) or not is_address(text):
         raise ValueError(f"not an address: {text!r}")
     return str(to_checksum_address(text))
+
+
+class HttpConfig(Section):
+    """Fair use of the task API by client address (``[http]``; ``TPUMARKET_PROVIDER_HTTP_*``).
+
+    At most ``max_connections`` open connections, ``max_connections_per_ip`` of them from one
+    client address (429 beyond, 503 when all are taken, both with ``Retry-After``), and
+    ``rate_per_ip`` requests a second per address (burst ``burst_per_ip``; 0: no limit). The
+    client address is the connection's peer, or the ``X-Forwarded-For`` of a peer listed in
+    ``trusted_proxies`` (addresses or networks; none by default). Bound to loopback, the API
+    refuses a dotted ``Host`` name not in ``allowed_hosts`` (DNS rebinding).
+    """
+
+    SECTION: ClassVar[str] = "http"
+
+    max_connections: PositiveInt = 1_024
+    max_connections_per_ip: PositiveInt = 256
+    rate_per_ip: NonNegativeFloat = 2_000.0
+    burst_per_ip: NonNegativeFloat = 4_000.0
+    trusted_proxies: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+
+    @field_validator("trusted_proxies", "allowed_hosts", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """Read ``"a, b"`` (an environment variable) as ``("a", "b")``."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Refuse an entry that is no address or network."""
+        TrustedProxies(value)  # raises ValueError naming the entry
+        return value
 
 
 class AskConfig(Section):

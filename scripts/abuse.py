@@ -21,7 +21,9 @@ on its own deal, pacing itself, while the attacks run one after the other:
    another deal (its token and signatures) and with zero or replayed signatures;
 9. the victim's task claimed on chain by the provider, its request and signature rebuilt from
    the ``claimReceipts`` calldata and posted to the daemon by the attacker
-   (``scripts/abuse_replay.py``).
+   (``scripts/abuse_replay.py``);
+10. one address holding more slow connections than either service may hold in all while a
+    normal client calls both (``scripts/abuse_flood.py``).
 
 Then 1,000 live-update streams are opened and left idle (the normal client paused) and the
 market's CPU share measured. The last line of stdout is one JSON object: ``unauthorized_reads``
@@ -34,6 +36,7 @@ any of the victim's result: receipt, outputs, report, diagnosis or access token)
 ``secrets_in_responses`` (answers to the attacker that carried the node's URL or a key of the
 run; ``tests/provider/test_api_secrets.py`` and ``tests/market/test_http_secrets.py`` run the
 services with a key in the node's URL while the node errs),
+``normal_refused_under_connection_flood`` (the normal calls of attack 10 that failed),
 ``normal_p99_ms_under_abuse`` (the normal client's order placements, cancels and task
 submissions during the attacks; ``normal_p99_ms_alone``: the same calls in the 30 s before
 them), ``peak_rss_mb`` (VmHWM of market + daemon),
@@ -63,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.abuse_attacks import ATTACKS, Tally  # noqa: E402
+from scripts.abuse_flood import connection_flood  # noqa: E402
 from scripts.abuse_probes import idle_streams, routes_as_stranger  # noqa: E402
 from scripts.abuse_replay import claimed_replay  # noqa: E402
 from scripts.abuse_world import World, build_world, normal_client  # noqa: E402
@@ -119,6 +123,9 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         world.normal.phase = "9_claimed_replay"
         tally.figures["9_claimed_replay"] = claimed_replay(world, tally)
         say(f"claimed replay: {json.dumps(tally.figures['9_claimed_replay'])}")
+        world.normal.phase = "10_connection_flood"
+        tally.figures["10_connection_flood"] = connection_flood(world, tally, quick)
+        say(f"connection flood: {json.dumps(tally.figures['10_connection_flood'])}")
     finally:
         abuse_s = time.monotonic() - started
         stop.set()
@@ -137,6 +144,7 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "server_errors": tally.server_errors,
         "results_read_by_stranger": tally.results_read_by_stranger,
         "secrets_in_responses": tally.secrets_in_responses,
+        "normal_refused_under_connection_flood": tally.normal_refused_under_flood,
         "slow_connections_left_open": tally.slow_connections_left,
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),

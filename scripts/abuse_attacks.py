@@ -36,6 +36,7 @@ class Tally:
     slow_connections_left: int = 0
     results_read_by_stranger: int = 0
     secrets_in_responses: int = 0
+    normal_refused_under_flood: int = 0
     node_secrets: list[str] = field(default_factory=list)
     """The node URL and the keys of the run: in no answer to anyone."""
     figures: dict[str, Any] = field(default_factory=dict)

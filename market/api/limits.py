@@ -4,7 +4,8 @@ Each JSON route caps its own body while reading it (`market.api.body`); `BodySiz
 anything larger than the largest cap on any path (Content-Length or streamed), routes without a
 body included. `SecurityHeaders` adds to every response what a browser needs to keep the web
 order book and the API docs to this origin: a Content-Security-Policy with no external source,
-no framing, no MIME sniffing, no referrer.
+no framing, no MIME sniffing, no referrer (`contracts.serving.security_headers`, the daemon's
+too).
 """
 
 from __future__ import annotations
@@ -14,19 +15,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-)
-"""Scripts, styles, images and fetches from this origin only; nothing inline, no frames."""
+from contracts.serving import MARKET_CSP, security_headers, with_headers
 
-SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-)
+CSP = MARKET_CSP
+"""Scripts, styles, images and fetches from this origin only; nothing inline, no frames."""
+SECURITY_HEADERS = security_headers(CSP)
 
 
 class SecurityHeaders:
@@ -48,16 +41,7 @@ class SecurityHeaders:
 def secured(send: Send) -> Send:
     """Return ``send`` adding `SECURITY_HEADERS` to a response's start (keeping any the app set
     itself)."""
-
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = list(message.get("headers", []))
-            present = {name.lower() for name, _ in headers}
-            headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
-            message = {**message, "headers": headers}
-        await send(message)
-
-    return send_with_headers
+    return with_headers(send, SECURITY_HEADERS)
 
 
 class _TooLarge(Exception):

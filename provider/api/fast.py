@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from math import ceil
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.fairness import RequestBudget
 from contracts.program import ProgramFormatError, check_target_name
-from contracts.serving import read_streamed_body
-from provider.api.errors import rejected_answer
+from contracts.serving import API_CSP, read_streamed_body, security_headers, with_headers
+from provider.api.errors import rejected_answer, render
 from provider.api.models import (
     REQUEST_HEADER,
     SIGNATURE_HEADER,
@@ -32,6 +34,8 @@ from provider.task_checks import CheckedRequest
 from provider.wire import MAX_JSON_DEPTH, json_depth
 
 MAX_WAIT_S = 60.0
+SECURITY_HEADERS = security_headers(API_CSP)
+"""On every answer: nothing of it may load, run or be framed in a browser, nor be sniffed."""
 MAX_SMALL_BODY_BYTES = 64 * 1024
 """The body cap of every route but ``POST /v1/tasks`` (a voucher of 256 bitmap words fits)."""
 _JSON = (b"content-type", b"application/json")
@@ -136,11 +140,20 @@ class FastTasks:
         """Wrap ``app`` (the FastAPI app of ``daemon``)."""
         self.app = app
         self.daemon = daemon
+        http = daemon.config.http
+        self.requests = RequestBudget(http.rate_per_ip, http.burst_per_ip)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Route one ASGI call."""
+        """Route one ASGI call, within its client address's request budget (429 beyond)."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        send = with_headers(send, SECURITY_HEADERS)  # the market's, for a JSON API
+        client = scope.get("client")
+        wait = self.requests.take(client[0] if client else "")
+        if wait > 0:
+            reason = f"too many requests from one client address; retry after {ceil(wait)} s"
+            await _answer(send, *render("too_many_requests", reason, retry_after=ceil(wait)))
         elif scope["method"] == "POST" and scope["path"] == "/v1/tasks":
             await self._submit(scope, receive, send)
         else:

@@ -50,6 +50,7 @@ def test_abuse_when_every_attack_runs_then_no_data_leaks_no_terms_change_nothing
     assert figures["server_errors"] == 0
     assert figures["results_read_by_stranger"] == 0
     assert figures["secrets_in_responses"] == 0
+    assert figures["normal_refused_under_connection_flood"] == 0
     assert attacks_rebuilt(figures) >= 1
     assert figures["attack_calls"] > 200
     attacks = figures["attacks"]

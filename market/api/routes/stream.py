@@ -4,16 +4,21 @@ One task per market (`Changes`) reads the change counter every `STREAM_POLL_S` a
 stream at once through one `asyncio.Event`, on a change or when the shared keep-alive is due
 (every `STREAM_KEEPALIVE_S`); a stream owns no timer and no poll of its own, so an idle one
 costs one keep-alive write per interval. The task stops when the last stream ends. At most
-`max_streams` are served at once, `max_per_ip` to one client address (429 beyond).
+`max_streams` are served at once, `max_per_ip` to one client address (429 beyond): a stream is
+counted by `Changes.admit` in the same step as the check (no await between them, so concurrent
+opens cannot all pass the check before any is counted), and uncounted when its response ends,
+whether or not its body ever started.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from market.api.deps import ServiceDep
 from market.errors import RateLimitedError
@@ -48,6 +53,12 @@ class Changes:
             raise RateLimitedError("live-update streams", STREAM_KEEPALIVE_S)
         if self._by_ip.get(ip, 0) >= self.max_per_ip:
             raise RateLimitedError(f"live-update streams of {ip}", STREAM_KEEPALIVE_S)
+
+    def admit(self, ip: str) -> None:
+        """Check and count a stream of `ip` in one step (no await between); raise
+        `RateLimitedError` when there is no room for it."""
+        self.check(ip)
+        self.enter(ip)
 
     def enter(self, ip: str) -> None:
         """Count a stream of `ip` opened."""
@@ -106,16 +117,37 @@ def _changes(request: Request, service: MarketService) -> Changes:
     return changes
 
 
+class CountedStream(StreamingResponse):
+    """A streaming response that runs ``release`` once when it ends, however it ends."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None], **kw: Any):
+        """Stream ``content``; call ``release`` when done."""
+        super().__init__(content, **kw)
+        self._release: Callable[[], None] | None = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve the stream, then release its count."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Run ``release`` (once)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
 @router.get("/stream", response_class=StreamingResponse)
 async def stream(request: Request, service: ServiceDep) -> StreamingResponse:
     """Server-sent events: an `update` event carrying the version whenever the market changes."""
     changes = _changes(request, service)
     ip = request.client.host if request.client else "unknown"
-    changes.check(ip)
+    changes.admit(ip)  # counted now: a concurrent open sees this one
     loop = asyncio.get_running_loop()
 
     async def events() -> AsyncIterator[str]:
-        changes.enter(ip)  # counted here: a stream never started never ends either
         try:
             ends = loop.time() + STREAM_LIFETIME_S
             seen = service.version
@@ -128,10 +160,12 @@ async def stream(request: Request, service: ServiceDep) -> StreamingResponse:
                 else:
                     yield ": keepalive\n\n"
         finally:
-            changes.leave(ip)
+            response.release()
 
-    return StreamingResponse(
+    response = CountedStream(
         events(),
+        lambda: changes.leave(ip),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+    return response
