@@ -19,9 +19,16 @@
 4. ``stall_ratio_after_malformed``: an honest (warm) task's latency right after 2 malformed
    programs (garbage StableHLO bytecode, acked and diagnosed) over its latency alone, the
    median of ``--stall-rounds`` (7) interleaved rounds, no pause between them (target <= 2.0).
+5. ``cache_cross_reads``: client A compiles a program in a fresh sandbox; client B compiles
+   the same program in a new one over the same store: B's cache hits from A's entries plus
+   the store's count of entries offered across clients (target 0).
+6. ``honest_p50_ratio_under_attack``: an honest client's median latency of sequential warm
+   tasks while an attacker (a second deal) keeps ``--attack-queued`` (6) of the worst valid
+   programs it can build acked and queued ahead (endless while loops, killed at their
+   deadline; heavy compiles) over the same median alone (target <= 3).
 
 Usage: scripts/bench-provider [--tasks N] [--throughput-tasks N] [--clients N] [--rss-tasks N]
-       [--stall-rounds N] [--stall-only]
+       [--stall-rounds N] [--stall-only] [--attack-only] [--attack-tasks N]
 """
 
 from __future__ import annotations
@@ -104,10 +111,17 @@ def raw_call_ms(fn: Any, args: list[Any], calls: int) -> float:
     return statistics.median(samples) * 1000
 
 
-def open_deal(chain: Chain, escrow_address: str, keys: list[str], token_address: str) -> int:
+def open_deal(
+    chain: Chain,
+    escrow_address: str,
+    keys: list[str],
+    token_address: str,
+    client_index: int = 2,
+    nonce: int = 1,
+) -> int:
     escrow = chain.escrow(escrow_address)
     token = chain.token(token_address)
-    deployer, provider, client = keys[0], keys[1], keys[2]
+    deployer, provider, client = keys[0], keys[1], keys[client_index]
     for key in (provider, client):
         token.mint(deployer, address_of(key), 10**15)
         token.approve(key, escrow.address, 2**256 - 1)
@@ -123,7 +137,7 @@ def open_deal(chain: Chain, escrow_address: str, keys: list[str], token_address:
         challenge_window=120,  # settled with room to spare by a daemon's default jobs
         slo_ms=SLO_MS,
         valid_until=now + 600,
-        nonce=1,
+        nonce=nonce,
         plan=PLAN,
     )
     escrow.deposit(client, 10**12)
@@ -225,10 +239,14 @@ class Submitter:
         return http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=60)
 
     def submit(
-        self, conn: http.client.HTTPConnection, headers: dict[str, str], body: bytes
+        self,
+        conn: http.client.HTTPConnection,
+        headers: dict[str, str],
+        body: bytes,
+        wait_s: int = 60,
     ) -> tuple[int, dict[str, Any]]:
-        """Submit one task and wait for its answer."""
-        conn.request("POST", "/v1/tasks?wait=60", body=body, headers=headers)
+        """Submit one task and wait for its answer (``wait_s`` 0: the ack alone)."""
+        conn.request("POST", f"/v1/tasks?wait={wait_s}", body=body, headers=headers)
         reply = conn.getresponse()
         raw = reply.read()
         return reply.status, json.loads(raw)
@@ -465,6 +483,140 @@ def compile_cold_warm_ms() -> tuple[float, float]:
     return times[0], times[1]
 
 
+def cache_cross_reads() -> int:
+    """Client B's cache hits on a program only client A compiled before (target 0)."""
+    from provider.sandbox import Sandbox, SandboxLimits
+    from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
+
+    params = mlp_params(np.random.default_rng(5), 16, 32, 4)
+    exported = export_fn(mlp, *(spec(*p.shape) for p in params), spec(1, 16))
+    envelope = encode_envelope(envelope_for(exported))
+    alice, bob = "0x" + "a1" * 20, "0x" + "b0" * 20
+    with tempfile.TemporaryDirectory() as cache:
+        with Sandbox(1, SandboxLimits(), Path(cache), jax_platforms="cpu", spares=0) as box:
+            box.compile(envelope, client=alice)
+        with Sandbox(1, SandboxLimits(), Path(cache), jax_platforms="cpu", spares=0) as box:
+            result = box.compile(envelope, client=bob)
+            own = box.compile(envelope, client=alice)
+            crossed = int(bool(getattr(result, "cache_hit", False))) + box.cache_cross_reads
+    own_hit = getattr(own, "cache_hit", None)
+    print(f"cache: B's compile of A's program hit={crossed > 0}; A's own hit={own_hit}")
+    return crossed
+
+
+def _attack_programs(count: int) -> list[ProgramEnvelope]:
+    """The worst valid programs an attacker builds: endless loops and heavy compiles."""
+    import jax
+    import jax.numpy as jnp
+
+    from tests.provider.programs import envelope_for, export_fn, spec
+
+    def endless(x: Any) -> Any:
+        return jax.lax.while_loop(lambda c: c[0] == c[0], lambda c: c * 1.5 + 1.0, x)
+
+    programs = []
+    for i in range(count):
+        if i % 2 == 0:
+            programs.append(envelope_for(export_fn(endless, spec(1)), [np.ones(1, np.float32)]))
+            continue
+
+        def heavy(x: Any, salt: float = float(i)) -> Any:
+            for k in range(600):  # ~3,000 ops, under the op cap: a long compile, new each time
+                x = jnp.sin(x @ x.T + salt + k) * 0.5
+            return x
+
+        programs.append(
+            envelope_for(export_fn(heavy, spec(64, 64)), [np.ones((64, 64), np.float32)])
+        )
+    return programs
+
+
+def honest_ratio_under_attack(
+    sub: Submitter,
+    deal_id: int,
+    attacker: Submitter,
+    attacker_deal: int,
+    honest: ProgramEnvelope,
+    tasks: int,
+    connections: int,
+) -> float:
+    """Median honest latency with the attacker sending beside it, over the median alone."""
+    body = encode_envelope(honest)
+    conn = sub.connect()
+
+    def honest_ms() -> float:
+        start = time.perf_counter()
+        sub.run(conn, sub.sign(deal_id, honest, sub.next_index()), body)
+        return (time.perf_counter() - start) * 1000
+
+    programs = _attack_programs(8)
+    stop = threading.Event()
+    answers: dict[str, int] = {}
+
+    def attack(queued: int) -> None:
+        """Keep ``queued`` of the worst programs acked and waiting (in index order)."""
+        link = attacker.connect()
+        i = 0
+        while not stop.is_set():
+            program = programs[i % len(programs)]
+            headers = attacker.sign(attacker_deal, program, attacker.next_index())
+            try:
+                status, data = attacker.submit(link, headers, encode_envelope(program), 0)
+                seen = f"{status} {data.get('state') or data.get('error')}"
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                seen = type(exc).__name__
+                link.close()
+                link = attacker.connect()
+            answers[seen] = answers.get(seen, 0) + 1
+            i += 1
+            if i % queued == 0:
+                stop.wait(30.0)  # the queue is full for a while: top it up later
+        link.close()
+
+    try:
+        for _ in range(5):
+            honest_ms()
+        alone = [honest_ms() for _ in range(tasks)]
+        threads = [threading.Thread(target=attack, args=(connections,), daemon=True)]
+        for thread in threads:
+            thread.start()
+        time.sleep(2.0)  # let the attack fill its share of the workers (load, not sync)
+        under = [honest_ms() for _ in range(tasks)]
+    finally:
+        stop.set()
+        conn.close()
+    print(
+        f"honest alone: median {statistics.median(alone):.1f} ms; under attack "
+        f"(attacker keeps {connections} tasks queued; its answers {answers}): median "
+        f"{statistics.median(under):.1f} ms ({min(under):.1f}-{max(under):.1f})"
+    )
+    return statistics.median(under) / statistics.median(alone)
+
+
+def attack_only(args: argparse.Namespace) -> float:
+    """Start a chain and the daemon with two deals; measure the honest ratio under attack."""
+    envelope, _, _ = mlp_program()
+    with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
+        chain = Chain(anvil.url)
+        deployment = chain.deploy(anvil.keys[0])
+        deal_id = open_deal(chain, deployment.escrow, anvil.keys, deployment.token)
+        evil_deal = open_deal(chain, deployment.escrow, anvil.keys, deployment.token, 4, 2)
+        process, url = start_daemon(
+            anvil, deployment.escrow, anvil.keys[1], Path(tmp), args.workers
+        )
+        try:
+            provider = address_of(anvil.keys[1])
+            sub = Submitter(url, chain, deployment.escrow, anvil.keys[2], provider)
+            evil = Submitter(url, chain, deployment.escrow, anvil.keys[4], provider)
+            settle(process.pid)
+            return honest_ratio_under_attack(
+                sub, deal_id, evil, evil_deal, envelope, args.attack_tasks, args.attack_queued
+            )
+        finally:
+            os.kill(process.pid, signal.SIGKILL)  # attack tasks may still run: no drain
+            process.wait(60)
+
+
 def stall_only(args: argparse.Namespace) -> float:
     """Start a chain and the daemon; measure only the stall after malformed programs."""
     envelope, _, _ = mlp_program()
@@ -494,14 +646,30 @@ def main() -> None:
     parser.add_argument(
         "--stall-only", action="store_true", help="measure stall_ratio_after_malformed alone"
     )
+    parser.add_argument("--attack-tasks", type=int, default=30, help="honest tasks timed")
+    parser.add_argument(
+        "--attack-queued", type=int, default=6, help="attack tasks the attacker keeps queued"
+    )
+    parser.add_argument(
+        "--attack-only", action="store_true", help="measure honest_p50_ratio_under_attack alone"
+    )
     args = parser.parse_args()
     if args.stall_only:
         print(json.dumps({"stall_ratio_after_malformed": round(stall_only(args), 2)}))
+        return
+    if args.attack_only:
+        figures = {
+            "cache_cross_reads": cache_cross_reads(),
+            "honest_p50_ratio_under_attack": round(attack_only(args), 2),
+        }
+        print(json.dumps(figures))
         return
 
     envelope, fn, call_args = mlp_program()
     raw = raw_call_ms(fn, call_args, 2000)
     cold, warm = compile_cold_warm_ms()
+    crossed = cache_cross_reads()
+    attack_ratio = attack_only(args)
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
         chain = Chain(anvil.url)
         deployment = chain.deploy(anvil.keys[0])
@@ -536,6 +704,8 @@ def main() -> None:
         "warm_compile_ms": round(warm, 1),
         "output_rss_growth_mb": round(growth, 1),
         "stall_ratio_after_malformed": round(ratio, 2),
+        "cache_cross_reads": crossed,
+        "honest_p50_ratio_under_attack": round(attack_ratio, 2),
     }
     print(
         f"CPU per sequential task: daemon {per_task[0]:.2f} ms, sandbox worker "
