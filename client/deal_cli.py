@@ -40,12 +40,21 @@ from client.cli import (
 )
 from client.deal_guards import CodeCheck
 from client.errors import ClientError
+from client.market_cli import refusals_exit_2
 from client.market_http import MarketHttpError
 from contracts.binding import DEAL_OPEN
 from contracts.messages import address_of
 
 MARKET_DEAL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*:[1-9][0-9]*$")
 STATE_ENV = "TPUMARKET_CLIENT_STATE"
+UNILATERAL_CLOSE_WINDOWS = 2
+"""Challenge windows past its expiry from which either party closes a deal alone (the escrow's
+``closeDeal``: ``expiry + 2 * challengeWindow``; tests/test_docs_claims.py reads the contract)."""
+
+
+def closes_alone_at(expiry: int, challenge_window: int) -> int:
+    """Return the first instant (unix s) at which either party may close a deal alone."""
+    return expiry + UNILATERAL_CLOSE_WINDOWS * challenge_window
 
 
 def state_dir_of(args: argparse.Namespace) -> Path:
@@ -146,9 +155,17 @@ def _open(args: argparse.Namespace) -> int:
             note(f"waiting for the provider's quote for deal {args.deal_id} ({seconds:.0f} s)")
 
     try:
-        record = wait_for_quote(
-            market, account.address, args.deal_id, timeout_s=args.quote_wait_s, on_wait=waiting
-        )
+        try:
+            record = wait_for_quote(
+                market, account.address, args.deal_id, timeout_s=args.quote_wait_s, on_wait=waiting
+            )
+        except MarketHttpError as exc:
+            if exc.status == 404:
+                raise UsageError(
+                    f"the market knows no deal {args.deal_id}: `tpumarket client deals` lists "
+                    "yours, `tpumarket client bid` makes one"
+                ) from exc
+            raise
         # A provider with contract code could withdraw its acks' signatures (ERC-1271).
         w3 = account.escrow.tx.w3
         check = CodeCheck(lambda a: bytes(w3.eth.get_code(w3.to_checksum_address(a))))
@@ -215,7 +232,7 @@ def _close(args: argparse.Namespace) -> int:
         "closed": closed,
         "returned": returned,
         "expiry": after.expiry,
-        "settles_alone_after": after.expiry + after.challenge_window,
+        "closes_alone_from": closes_alone_at(after.expiry, after.challenge_window),
     }
     if args.json:
         emit_json(summary)
@@ -224,11 +241,13 @@ def _close(args: argparse.Namespace) -> int:
         print(f"deal {deal_id} closed: {tokens(returned)} tokens back to your free balance")
     else:
         alone = time.strftime(
-            "%Y-%m-%d %H:%M:%S UTC", time.gmtime(after.expiry + after.challenge_window)
+            "%Y-%m-%d %H:%M:%S UTC",
+            time.gmtime(closes_alone_at(after.expiry, after.challenge_window)),
         )
         print(
             f"deal {deal_id}: you agreed to close (tx {result.tx_hash}); it closes when the "
-            f"provider agrees too (its daemon does), or by either party alone after {alone}"
+            f"provider agrees too (its daemon does) while your agreement is in force (two "
+            f"challenge windows), or by either party alone from {alone}"
         )
     return 0
 
@@ -237,7 +256,7 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
     """Add `deals`, `open` and `close` to `tpumarket client`."""
     deals = actions.add_parser("deals", parents=[common], help="the client's deals on the market")
     deals.add_argument("--limit", type=positive_int, default=50, help="at most this many")
-    deals.set_defaults(handler=guarded(_deals))
+    deals.set_defaults(handler=guarded(refusals_exit_2(_deals)))
 
     open_ = actions.add_parser(
         "open", parents=[common], help="open a matched deal on chain with the provider's quote"
@@ -268,10 +287,10 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
         "acks) could be withdrawn after the fact, losing breach refunds",
     )
     open_.add_argument("--state-dir", default=None, help="deal ledgers (as for `tpumarket job`)")
-    open_.set_defaults(handler=guarded(_open))
+    open_.set_defaults(handler=guarded(refusals_exit_2(_open)))
 
     close = actions.add_parser(
         "close", parents=[common], help="agree to close a deal; unspent tokens come back"
     )
     close.add_argument("deal_id", help="the chain deal id (7) or the market's (cpu:1)")
-    close.set_defaults(handler=guarded(_close))
+    close.set_defaults(handler=guarded(refusals_exit_2(_close)))

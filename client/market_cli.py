@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
+from client.accounts import DEFAULT_MIN_CHALLENGE_WINDOW
 from client.amounts import tokens
 from client.cli import (
     Progress,
+    UsageError,
     emit_json,
     escrow_from,
     guarded,
@@ -31,12 +34,58 @@ from client.cli import (
     print_table,
 )
 from client.errors import ClientError
-from client.market_http import MarketHttp
+from client.market_http import MarketHttp, MarketHttpError
 from contracts.messages import address_of
 from contracts.orders import Bid, market_domain, order_id
 
 PLANS = ("flat", "metered", "outcome", "tiered", "reserved")
 DEFAULT_SLO_MS = 60_000  # a bid's SLO when no offer is there to take one from
+
+
+REFUSAL_HINTS = {
+    401: "the market refused the signature: check --key and this machine's clock",
+    403: "the market does not allow it (funds, stake or a quota: see `tpumarket client "
+    "balances` and `tpumarket client orders`)",
+    404: "no such record on the market: see `tpumarket client orders` and `tpumarket client deals`",
+    409: "it conflicts with what the market holds (a nonce used before, an order no longer "
+    "live): pass a new --nonce or see `tpumarket client orders`",
+    413: "the request is larger than the market accepts",
+    415: "the market takes JSON bodies only",
+    422: "the market found the request invalid",
+    429: "the market limits this caller's rate: retry after the wait it names",
+    503: "the market cannot read the chain now: retry in a few seconds",
+}
+"""What each status the market documents (`market.api.errors.DESCRIPTIONS`) asks of the user."""
+
+
+def refusal(exc: MarketHttpError) -> UsageError:
+    """Return the one-line error (exit 2) for a market's error answer: its status, its reason
+    and what to do about it."""
+    status = exc.status or 0
+    if exc.__class__.__name__ == "OrderNotCancelled":
+        return UsageError(" ".join(str(exc).split()))
+    hint = REFUSAL_HINTS.get(status) or (
+        "the market failed to answer: retry later" if status >= 500 else "the market refused it"
+    )
+    detail = " ".join(str(exc.detail or "").split())[:300]
+    return UsageError(f"{hint} (HTTP {status}{': ' + detail if detail else ''})")
+
+
+def refusals_exit_2(
+    handler: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command's handler: an error status the market answers becomes one line, exit 2
+    (the market could not be reached stays a remote failure, exit 1)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except MarketHttpError as exc:
+            if exc.status is None:
+                raise
+            raise refusal(exc) from exc
+
+    return run
 
 
 def _reliability(value: Any) -> str:
@@ -116,6 +165,65 @@ def _terms(args: argparse.Namespace, market: MarketHttp) -> tuple[str, int]:
     return plan, slo_ms
 
 
+def _classes_sold(market: MarketHttp) -> set[str]:
+    """Return the device classes someone sells: those of live asks and of providers' adverts."""
+    sold = {str(o["device_class"]) for o in market.offers(limit=500)}
+    sold.update(str(p["device_class"]) for p in market.providers() if p.get("device_class"))
+    return sold
+
+
+def _check_class(device_class: str, market: MarketHttp) -> None:
+    """Refuse (exit 2) a bid in a class no provider sells, naming the classes sold and the one
+    that does what was asked (a compile check of a TPU class is sold as `compile-<chip>`)."""
+    sold = _classes_sold(market)
+    if device_class in sold:
+        return
+    listed = ", ".join(sorted(sold)) if sold else "none (no provider advertises yet)"
+    why = f"no provider sells device class {device_class!r} on this market; classes sold: {listed}"
+    chip = device_class.split("-", 1)[1] if "-" in device_class else ""
+    compile_class = f"compile-{chip}"
+    if chip and compile_class in sold and device_class != compile_class:
+        why += (
+            f". Compile checks for {chip} (what a host without that chip sells) are "
+            f"{compile_class}: --device-class {compile_class}"
+        )
+    elif sold:
+        why += ": pick one with --device-class"
+    raise UsageError(why)
+
+
+def _check_windows(args: argparse.Namespace, market: MarketHttp, plan: str, slo_ms: int) -> None:
+    """Refuse (exit 2) a bid that would match an ask whose challenge window is below the
+    client's minimum: `client open` would refuse the deal after the match."""
+    offers = market.offers(
+        device_class=args.device_class,
+        plan=plan,
+        max_slo_ms=slo_ms,
+        min_memory=args.memory or None,
+        max_price=args.price,
+        sort="price",
+        limit=500,
+    )
+    short: list[tuple[int, int, str]] = []
+    for provider in sorted({str(o["provider"]) for o in offers}):
+        for order in market.orders(provider, device_class=args.device_class, live=True):
+            quote = order.get("quote")
+            if str(order.get("side")) != "ask" or not isinstance(quote, dict):
+                continue
+            window = int(quote.get("challenge_window", 0))
+            fits = int(order["price"]) <= args.price and str(order["plan"]) == plan
+            fits = fits and int(order["slo_ms"]) <= slo_ms and int(order["memory"]) >= args.memory
+            if fits and window < args.min_window:
+                short.append((int(order["price"]), window, provider))
+    if short:
+        price, window, provider = min(short)
+        raise UsageError(
+            f"this bid would match an ask of {provider} at {tokens(price)} whose challenge window "
+            f"is {window} s, below your minimum of {args.min_window} s (`client open` would "
+            f"refuse the deal): bid below {tokens(price)}, or accept it with --min-window {window}"
+        )
+
+
 def _bid(args: argparse.Namespace) -> int:
     key = key_from(args)
     escrow = escrow_from(args)
@@ -131,7 +239,9 @@ def _bid(args: argparse.Namespace) -> int:
     market = market_from(args)
     progress = Progress("bid", 2)
     try:
+        _check_class(args.device_class, market)
         plan, slo_ms = _terms(args, market)
+        _check_windows(args, market, plan, slo_ms)
         domain = market_domain(escrow.domain.chain_id, escrow.address)
         bid = Bid(
             owner=owner,
@@ -294,7 +404,7 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
         help="a field; '-' in front for descending (default price)",
     )
     offers.add_argument("--limit", type=positive_int, default=50, help="at most this many")
-    offers.set_defaults(handler=guarded(_offers))
+    offers.set_defaults(handler=guarded(refusals_exit_2(_offers)))
 
     bid = actions.add_parser("bid", parents=[common], help="place a signed bid on the market")
     bid.add_argument("--device-class", required=True, help="e.g. cpu, tpu-v5e, compile-v5e")
@@ -314,7 +424,14 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
         "--expiry-s", type=positive_int, default=1_800, help="seconds the bid may trade"
     )
     bid.add_argument("--nonce", type=non_negative_int, default=None, help="default: the time")
-    bid.set_defaults(handler=guarded(_bid))
+    bid.add_argument(
+        "--min-window",
+        type=positive_int,
+        default=DEFAULT_MIN_CHALLENGE_WINDOW,
+        help="the shortest challenge window accepted, seconds (as `client open --min-window`): "
+        "an ask below it is refused before the bid is placed",
+    )
+    bid.set_defaults(handler=guarded(refusals_exit_2(_bid)))
 
     orders = actions.add_parser(
         "orders", parents=[common], help="your orders on the market: resting, filled, cancelled"
@@ -322,8 +439,8 @@ def register(actions: argparse._SubParsersAction, common: argparse.ArgumentParse
     orders.add_argument("--device-class", default=None, help="one class (default: every class)")
     orders.add_argument("--live", action="store_true", help="resting orders only")
     orders.add_argument("--limit", type=positive_int, default=50, help="at most this many")
-    orders.set_defaults(handler=guarded(_orders))
+    orders.set_defaults(handler=guarded(refusals_exit_2(_orders)))
 
     cancel = actions.add_parser("cancel", parents=[common], help="cancel one of your orders")
     cancel.add_argument("order_id", type=_order_id, help="the order's id (0x and 64 hex digits)")
-    cancel.set_defaults(handler=guarded(_cancel))
+    cancel.set_defaults(handler=guarded(refusals_exit_2(_cancel)))

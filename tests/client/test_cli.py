@@ -330,7 +330,7 @@ def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
     assert [(lv.price, lv.quantity) for lv in _book(market).bids] == [(1_000, 3)]
 
     other = world.anvil.new_funded_key()
-    assert _cli(world, "cancel", mine, key=other, market=market) == 1
+    assert _cli(world, "cancel", mine, key=other, market=market) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot cancel order {mine}: it belongs to another owner")
     assert _book(market).bids
@@ -340,11 +340,11 @@ def test_cancel_removes_a_bid_and_refuses_a_second_or_foreign_cancel(
     assert cancelled == {"order_id": mine, "state": "cancelled", "remaining": 3, "filled": 0}
     assert _book(market).bids == ()
 
-    assert _cli(world, "cancel", mine, key=client_key, market=market) == 1
+    assert _cli(world, "cancel", mine, key=client_key, market=market) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot cancel order {mine}: it ")
     unknown = "0x" + "ab" * 32
-    assert _cli(world, "cancel", unknown, key=client_key, market=market) == 1
+    assert _cli(world, "cancel", unknown, key=client_key, market=market) == 2
     assert "it is not on the market" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:
         _cli(world, "cancel", "0x12", key=client_key, market=market)
