@@ -227,13 +227,14 @@ def _bwrap_prefix(
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
+    binds = {*_python_roots(), *read_only, *([] if writable is None else [str(writable)])}
+    # bwrap makes the directories above a bind 0700: the worker, not root, must enter them.
+    above = _ancestors(sorted({*binds, *_ETC_FILES, *_SYS_PATHS}))
+    args += [arg for path in above for arg in ("--perms", "0755", "--dir", path)]
     for path in _ETC_FILES:
         args += ["--ro-bind-try", path, path]
     for path in _SYS_PATHS:
         args += ["--ro-bind-try", path, path]
-    binds = sorted({*_python_roots(), *read_only, *([] if writable is None else [str(writable)])})
-    # bwrap makes the directories above a bind 0700: the worker, not root, must enter them.
-    args += [arg for path in _ancestors(binds) for arg in ("--perms", "0755", "--dir", path)]
     for path in sorted({*_python_roots(), *read_only}):
         args += ["--ro-bind", path, path]
     args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]

@@ -65,6 +65,19 @@ def test_daemon_refuses_a_worker_it_cannot_isolate(monkeypatch: pytest.MonkeyPat
         pool.close()
 
 
+def test_worker_reads_what_the_runtime_needs() -> None:
+    """The unprivileged worker can still read what XLA and libtpu read (CPU count, loader)."""
+    pool = attacker_pool()
+    try:
+        code = (
+            "result = [len(open(p, 'rb').read(4)) for p in ('/sys/devices/system/cpu/possible', "
+            "'/sys/devices/system/cpu/online', '/etc/ld.so.cache', '/etc/passwd')]"
+        )
+        assert all(run_code(pool, code))
+    finally:
+        pool.close()
+
+
 def test_worker_output_is_logged_as_the_worker_s(caplog: pytest.LogCaptureFixture) -> None:
     """What a worker writes reaches the daemon's log only as its own lines, never raw."""
     caplog.set_level(logging.INFO, logger="provider.sandbox.worker")
