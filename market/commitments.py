@@ -11,8 +11,9 @@ account's history: a check is a few dictionary reads.
 The figures equal a from-scratch recomputation over the stored rows (`Commitments.load` on a
 fresh instance; tested by a stateful property test): an order counts while its stored state is
 live (an order past its expiry counts until the expiry job records it, at most
-`expire_every_s`, which only errs on refusing), a deal while it is unopened and younger than
-`hold_s`.
+`expire_every_s`, which only errs on refusing), a cancelled order counts against its owner's
+live-order quota until its expiry (the market remembers it until then), a deal while it is
+unopened and younger than `hold_s`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy.engine import Connection
 LIVE = frozenset(("open", "partially_filled"))
 
 # Positions in a stored `orders` row as the writer builds it (`market.storage.ORDER_COLUMNS`).
-_SIDE, _ID, _OWNER, _CLASS, _PRICE, _STATE, _REMAINING = 0, 1, 2, 3, 5, 12, 13
+_SIDE, _ID, _OWNER, _CLASS, _PRICE, _EXPIRY, _STATE, _REMAINING = 0, 1, 2, 3, 5, 9, 12, 13
 # Positions in a `deals` row (`market.storage.DEAL_COLUMNS`).
 _DEAL_ID, _CLIENT, _DEAL_PRICE, _DEAL_QUANTITY, _DEAL_CREATED = 0, 4, 6, 7, 9
 
@@ -38,16 +39,18 @@ class _Live(NamedTuple):
     price: int
     remaining: int
     device_class: str
+    expiry: int
 
 
 class Figures(NamedTuple):
     """One account's commitments: live orders, live bids' unfilled spend, unopened deals' spend,
-    live asks' device classes."""
+    live asks' device classes, cancelled orders whose expiry has not passed."""
 
     live: int
     bid_spend: int
     deal_spend: int
     ask_classes: frozenset[str]
+    cancelled: int
 
 
 class Commitments:
@@ -65,6 +68,8 @@ class Commitments:
         self._deal_spend: dict[str, int] = {}  # client -> spend of its unopened deals
         self._client_deals: dict[str, set[str]] = {}  # client -> ids of its unopened deals
         self._due: list[tuple[float, str]] = []  # (created_at + hold_s, deal id)
+        self._cancelled: dict[str, int] = {}  # owner -> cancelled orders not yet past expiry
+        self._cancel_due: list[tuple[int, str]] = []  # (expiry, owner) of cancelled orders
         self.released = 0  # deals that stopped counting (opened, aged out): bids may trade now
 
     # -- loading and recomputing ------------------------------------------------------------
@@ -76,14 +81,20 @@ class Commitments:
         from-scratch figure the incremental one must equal."""
         commitments = cls(hold_s)
         orders = connection.exec_driver_sql(
-            "SELECT order_id, owner, side, price, remaining, device_class FROM orders "
+            "SELECT order_id, owner, side, price, remaining, device_class, expiry FROM orders "
             "WHERE state IN ('open', 'partially_filled')"
         )
-        for order_id, owner, side, price, remaining, device_class in orders:
+        for order_id, owner, side, price, remaining, klass, expiry in orders:
             commitments._add(
-                order_id, owner, side == "bid", int(price), int(remaining), device_class
+                order_id, owner, side == "bid", int(price), int(remaining), klass, int(expiry)
             )
         mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+        cancelled = connection.exec_driver_sql(
+            f"SELECT owner, expiry FROM orders WHERE state = 'cancelled' AND expiry > {mark}",
+            (int(now),),
+        )
+        for owner, expiry in cancelled:
+            commitments._cancel(owner, int(expiry))
         deals = connection.exec_driver_sql(
             "SELECT deal_id, client, price, quantity, created_at FROM deals "
             f"WHERE chain_deal_id IS NULL AND created_at >= {mark}",
@@ -113,6 +124,7 @@ class Commitments:
                         int(row[_PRICE]),  # type: ignore[call-overload]
                         int(row[_REMAINING]),  # type: ignore[call-overload]
                         str(row[_CLASS]),
+                        int(row[_EXPIRY]),  # type: ignore[call-overload]
                     )
             for order_id, state, remaining in updates:
                 self._progress(order_id, state, remaining)
@@ -144,6 +156,7 @@ class Commitments:
                 self._bid_spend.get(owner, 0),
                 self._deal_spend.get(owner, 0),
                 frozenset(classes) if classes else frozenset(),
+                self._cancelled.get(owner, 0),
             )
 
     def committed(self, owner: str, now: float) -> int:
@@ -178,7 +191,7 @@ class Commitments:
         """Return every account's figures at `now` (accounts with nothing left out)."""
         with self._lock:
             self._age(now)
-            owners = set(self._live) | set(self._deal_spend)
+            owners = set(self._live) | set(self._deal_spend) | set(self._cancelled)
         return {o: self.figures(o, now) for o in sorted(owners)}
 
     def __len__(self) -> int:
@@ -188,11 +201,18 @@ class Commitments:
     # -- under the lock ---------------------------------------------------------------------
 
     def _add(
-        self, order_id: str, owner: str, is_bid: bool, price: int, remaining: int, klass: str
+        self,
+        order_id: str,
+        owner: str,
+        is_bid: bool,
+        price: int,
+        remaining: int,
+        klass: str,
+        expiry: int,
     ) -> None:
         if order_id in self._orders:
             return
-        self._orders[order_id] = _Live(owner, is_bid, price, remaining, klass)
+        self._orders[order_id] = _Live(owner, is_bid, price, remaining, klass, expiry)
         self._live[owner] = self._live.get(owner, 0) + 1
         if is_bid:
             self._bid_spend[owner] = self._bid_spend.get(owner, 0) + price * remaining
@@ -215,11 +235,19 @@ class Commitments:
             return
         del self._orders[order_id]
         _set(self._live, owner, self._live[owner] - 1)
+        if state == "cancelled":
+            self._cancel(owner, held.expiry)
         if not held.is_bid:
             classes = self._ask_classes[owner]
             _set(classes, held.device_class, classes[held.device_class] - 1)
             if not classes:
                 del self._ask_classes[owner]
+
+    def _cancel(self, owner: str, expiry: int) -> None:
+        """Count a cancelled order against its owner's quota until its expiry (it stays
+        remembered until then: a cancel must not be a free way to fill memory)."""
+        self._cancelled[owner] = self._cancelled.get(owner, 0) + 1
+        heapq.heappush(self._cancel_due, (expiry, owner))
 
     def _deal(self, deal_id: str, client: str, spend: int, created_at: float) -> None:
         if deal_id in self._deals:
@@ -242,10 +270,15 @@ class Commitments:
             del self._client_deals[client]
 
     def _age(self, now: float) -> None:
-        """Stop counting deals matched before `now - hold_s` (the SQL figure's cut-off)."""
+        """Stop counting deals matched before `now - hold_s` (the SQL figure's cut-off) and
+        cancelled orders whose expiry passed."""
         due = self._due
         while due and due[0][0] < now:
             self._drop_deal(heapq.heappop(due)[1])
+        cancels = self._cancel_due
+        while cancels and cancels[0][0] <= now:
+            owner = heapq.heappop(cancels)[1]
+            _set(self._cancelled, owner, self._cancelled[owner] - 1)
 
 
 def _set(counts: dict[str, int], key: str, value: int) -> None:

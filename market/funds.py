@@ -298,10 +298,11 @@ class FundsGuard:
             figures = self.commitments.figures(owner, now)
             with self._lock:  # held across the check and the reservation: no double spend
                 flying_spend, flying_count = self._reserved.get(owner, (0, 0))
-                count = figures.live + flying_count + len(orders)
+                count = figures.live + figures.cancelled + flying_count + len(orders)
                 if count > self.max_live_orders:
                     raise QuotaError(
-                        f"{owner} would hold {count} live orders; at most {self.max_live_orders}"
+                        f"{owner} would hold {count} live orders (cancelled ones count until "
+                        f"their expiry); at most {self.max_live_orders}"
                     )
                 needed = figures.bid_spend + figures.deal_spend + flying_spend + spend
                 if needed <= balance or not spend:

@@ -27,7 +27,7 @@ from market.settings import Settings
 from tests.rpc_proxy import RpcProxy
 
 from . import chain as fixtures
-from .chain import MIN_WINDOW, ChainWorld
+from .chain import MIN_WINDOW, ChainWorld, attach, deal_quote, match, open_on_chain
 from .conftest import Clock
 from .signing import Trader
 
@@ -271,3 +271,24 @@ def test_an_account_whose_figure_could_not_be_read_is_read_after_the_next_run(
     finally:
         service.close()
         node.close()
+
+
+def test_a_deal_opened_on_chain_stops_counting_against_its_client_one_indexer_run_later(
+    world: ChainWorld, market: MarketService
+) -> None:
+    """The funds check's commitments (`market.commitments`) follow the indexed DealOpened: the
+    deal's spend counts while it is only matched, and not once the escrow locked it."""
+    provider, client = world.trader(world.providers[0]), world.trader(world.clients[0])
+    indexer = _indexer(world, market)
+    deal_id, terms = match(world, market, provider, client, price=1_000, quantity=10)
+    assert market.commitments.committed(client.address, market.now()) == 10_000
+    quote = deal_quote(provider, terms, client.address, 10_000, market.now() + 600)
+    attach(market, deal_id, quote, provider.key)
+    open_on_chain(world, market, deal_id, client.key, provider.key)
+    assert market.commitments.committed(client.address, market.now()) == 10_000
+    indexer.run_once()
+    assert market.deal(deal_id).chain_deal_id is not None
+    assert market.commitments.committed(client.address, market.now()) == 0
+    # and what is left on the escrow (locked in the deal: 0 free) is read again on its next bid
+    with pytest.raises(UnfundedError):
+        _place(market, client.bid(market.now(), price=PRICE, quantity=1))

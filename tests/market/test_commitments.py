@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -134,7 +135,8 @@ class CommitmentsMachine(RuleBasedStateMachine):
         try:
             [placed] = self.service.place([OrderCreate.model_validate(body)])
         except QuotaError:
-            assert figures.live + 1 > self.service.settings.max_live_orders_per_owner
+            quota = self.service.settings.max_live_orders_per_owner
+            assert figures.live + figures.cancelled + 1 > quota
             return
         except UnfundedError as exc:
             assert not covered, f"a covered bid was refused: {exc}"
@@ -228,3 +230,42 @@ CommitmentsMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_commitments_equal_a_recomputation_and_no_bid_beyond_the_balance = CommitmentsMachine.TestCase
+
+
+def test_quota_when_a_signer_places_and_cancels_then_its_cancels_count_until_their_expiry(
+    tmp_path: Path,
+) -> None:
+    """Cancelled orders stay remembered until their expiry, so they count against the
+    live-order quota until then: placing and cancelling cannot fill memory past it."""
+    escrow = FakeEscrow()
+    clock = Clock(START)
+    market_settings = Settings(
+        data_dir=tmp_path,
+        chain_id=CHAIN_ID,
+        escrow=ESCROW,
+        rpc_url="http://127.0.0.1:9",
+        run_jobs=False,
+        max_live_orders_per_owner=3,
+    )
+    service = MarketService(
+        market_settings, clock=clock, escrow=FakeReader(market_settings, escrow)
+    )
+    try:
+        provider, client = Trader(), Trader()
+        escrow.stakes[provider.address] = STAKE
+        escrow.balances[client.address] = 10**9
+        beat = provider.heartbeat(int(clock()))
+        service.heartbeat(HeartbeatCreate.model_validate(beat), beat["advert"])
+        now = service.now()
+        for _ in range(3):
+            body = client.bid(now, price=1, quantity=1, expiry=now + 60)
+            [placed] = service.place([OrderCreate.model_validate(body)])
+            service.cancel(CancelCreate.model_validate(client.cancel(placed.order.order_id, now)))
+        late = client.bid(now, price=1, quantity=1, expiry=now + 600)
+        with pytest.raises(QuotaError, match="cancelled ones count"):
+            service.place([OrderCreate.model_validate(late)])
+        clock.advance(61)  # the cancelled orders' expiry passed: the market forgot them
+        service.expire_orders()
+        service.place([OrderCreate.model_validate(late)])
+    finally:
+        service.close()
