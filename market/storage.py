@@ -22,7 +22,6 @@ from market.engine.snapshot import RECORD_FIELDS, OrderData
 from market.models import Deal, Fill, NonceUse, Order, Provider
 
 LIVE_STATES = ("open", "partially_filled")
-_LIVE_SQL = "('open', 'partially_filled')"
 
 
 # -- orders -------------------------------------------------------------------------------------
@@ -256,43 +255,6 @@ def list_orders(
     if live_only:
         query = query.where(col(Order.state).in_(("open", "partially_filled")))
     return list(session.exec(query.order_by(col(Order.created_at).desc()).limit(limit)).all())
-
-
-def commitments(*, session: Session, owner: str, now: int, deals_since: float) -> tuple[int, int]:
-    """Return (live orders, committed spend) of `owner` (EIP-55 form): how many of its orders
-    rest in a book, and the unfilled spend of its live bids plus the spend of its deals matched
-    since `deals_since` and not open on chain. Summed in Python: no int64 SQL sum can overflow.
-    """
-    mark = _placeholder(session.connection())
-    rows = session.connection().exec_driver_sql(
-        f"SELECT side, price, remaining FROM orders WHERE owner = {mark} "
-        f"AND state IN {_LIVE_SQL} AND expiry > {mark}",
-        (owner, now),
-    )
-    live = 0
-    spend = 0
-    for side, price, remaining in rows:
-        live += 1
-        if side == "bid":
-            spend += int(price) * int(remaining)
-    deals = session.exec(
-        select(Deal.price, Deal.quantity).where(
-            Deal.client == owner, col(Deal.chain_deal_id).is_(None), Deal.created_at >= deals_since
-        )
-    ).all()
-    spend += sum(int(price) * int(quantity) for price, quantity in deals)
-    return live, spend
-
-
-def live_ask_classes(*, session: Session, owner: str, now: int) -> list[str]:
-    """Return the device classes where `owner` has live asks."""
-    mark = _placeholder(session.connection())
-    rows = session.connection().exec_driver_sql(
-        f"SELECT DISTINCT device_class FROM orders WHERE owner = {mark} "
-        f"AND state IN {_LIVE_SQL} AND expiry > {mark} AND side = 'ask'",
-        (owner, now),
-    )
-    return [name for (name,) in rows]
 
 
 # -- deals --------------------------------------------------------------------------------------
