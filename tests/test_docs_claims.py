@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -27,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 ALL_DOCS = [README, *DOCS]
+SETTLEMENT = ROOT / "docs" / "settlement.md"
+PROVIDER_API = ROOT / "docs" / "provider-api.md"
 TYPED_DATA = json.loads((ROOT / "contracts" / "typed_data.json").read_text())
 GAS = json.loads((ROOT / "contracts" / "gas-snapshot.json").read_text())
 ESCROW_SOL = (ROOT / "contracts" / "sol" / "ComputeEscrow.sol").read_text()
@@ -503,6 +506,60 @@ def _script_sources() -> str:
     return "".join(p.read_text() for p in sorted((ROOT / "scripts").glob("*.py")))
 
 
+# --- what the docs name: files, tests, Python names, the escrow's ABI ----------------------
+
+FILE_SUFFIXES = (".sqlite3", ".json", ".py", ".toml", ".md", ".sol")
+ESCROW_ABI = json.loads((ROOT / "contracts" / "artifacts" / "ComputeEscrow.json").read_text())[
+    "abi"
+]
+ABI_NAMES = frozenset(item["name"] for item in ESCROW_ABI if "name" in item)
+
+
+@functools.cache
+def _test_names() -> frozenset[str]:
+    source = "".join(p.read_text() for p in sorted((ROOT / "tests").rglob("*.py")))
+    return frozenset(re.findall(r"def (test_\w+)", source))
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[i:]:
+                obj = getattr(obj, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def check_references(text: str) -> list[str]:
+    """Every file a doc names in backticks exists, every test it names is defined, every dotted
+    Python name resolves, and every escrow error and `call(` it names is in the escrow's ABI."""
+    problems = []
+    paths = r"`((?:contracts|market|provider|client|scripts|tests|docs)/[\w./*-]+)"
+    for name in sorted(set(re.findall(paths, text))):
+        path = name.split("::")[0].rstrip(".")
+        if not any(ROOT.glob(path)):
+            problems.append(f"no file {path}")
+    for name in sorted(set(re.findall(r"\b(test_\w+)\b(?![*.])", text)) - _test_names()):
+        problems.append(f"no test {name}")
+    dotted = r"`((?:contracts|market|provider|client|tests)\.[A-Za-z_][\w.]*\w)`"
+    for name in sorted(set(re.findall(dotted, text))):
+        if not name.endswith(FILE_SUFFIXES) and not _resolves(name):
+            problems.append(f"no Python name {name}")
+    for name in sorted(set(re.findall(r"`(Escrow[A-Z]\w+)", text)) - ABI_NAMES):
+        problems.append(f"the escrow has no error {name}")
+    calls = set(re.findall(r"`([a-z]+[A-Z]\w*)\(", text)) - {"settleBy"}
+    for name in sorted(calls - ABI_NAMES):
+        problems.append(f"the escrow has no function {name}")
+    return problems
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 Check = Callable[[str], list[str]]
@@ -518,6 +575,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("market settings", check_market_settings, [ROOT / "docs" / "market.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
+    ("files, tests, names", check_references, ALL_DOCS),
 ]
 
 
@@ -648,6 +706,35 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         "client offers --device-class cpu",
         "client offers --device cpu",
     ),
+    (
+        "a renamed test",
+        check_references,
+        SETTLEMENT,
+        "`test_attack_client_opening_for_one_unit_locks_one_unit_of_stake`",
+        "`test_attack_client_opening_for_one_unit_locks_the_stake`",
+    ),
+    (
+        "a moved file",
+        check_references,
+        PROVIDER_API,
+        "(`provider/heartbeat.py`",
+        "(`provider/heartbeats.py`",
+    ),
+    (
+        "a renamed Python name",
+        check_references,
+        PROVIDER_API,
+        "`client.provider_http.ProviderHttp`",
+        "`client.provider_http.ProviderClient`",
+    ),
+    (
+        "a renamed escrow error",
+        check_references,
+        SETTLEMENT,
+        "`EscrowTaskIndexTooLarge`",
+        "`EscrowTaskIndexTooHigh`",
+    ),
+    ("a renamed escrow call", check_references, README, "`openDeal(", "`openDeals("),
 ]
 
 
