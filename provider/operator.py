@@ -160,6 +160,27 @@ def _unstake(args: argparse.Namespace) -> int:
     return _move(args, "unstake")
 
 
+def _now(op: Operator) -> int:
+    """Return the time expiries are judged by: the host's clock, or the chain's when it is
+    ahead (the last block's time alone lags by minutes on a chain that mines on demand)."""
+    return max(int(time.time()), int(op.chain.w3.eth.get_block("latest")["timestamp"]))
+
+
+def _host_class() -> str:
+    """Return the class of this host's devices, the class the daemon's ask goes to when its
+    config's [ask] names none (``cpu`` on a CPU host, ``tpu-v5e`` on a v5e VM)."""
+    from provider.capacity import discover
+
+    device_class = discover(benchmark=False, aot_targets=()).devices.device_class
+    print(
+        f"the config's [ask] names no device_class: asking in this host's class {device_class} "
+        "(as the daemon does; --device-class compile-v5e asks for compile checks)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return device_class
+
+
 def _ask(args: argparse.Namespace) -> int:
     op = connect(args)
     terms = op.config.ask
@@ -173,12 +194,7 @@ def _ask(args: argparse.Namespace) -> int:
     if args.expiry_s is not None:
         changes["expiry_s"] = args.expiry_s
     terms = terms.replace(**changes)
-    device_class = args.device_class or terms.device_class
-    if device_class is None:
-        raise UsageError(
-            "the config's [ask] names no device_class: pass --device-class (the daemon "
-            "posts the class of the devices it runs on)"
-        )
+    device_class = args.device_class or terms.device_class or _host_class()
     problem = op.config.settlement.window_problem(terms.challenge_window)
     if problem is not None:
         raise UsageError(f"the daemon would refuse every fill of this ask: {problem}")
@@ -188,7 +204,7 @@ def _ask(args: argparse.Namespace) -> int:
             f"the free stake ({op.fmt(free)} tokens) cannot cover one deal's stake "
             f"({op.fmt(terms.stake)}): run `tpumarket provider stake` first"
         )
-    now = int(op.chain.w3.eth.get_block("latest")["timestamp"])
+    now = _now(op)
     signed = signed_ask(
         private_key=op.config.private_key,
         terms=terms,
@@ -239,7 +255,7 @@ def _asks(args: argparse.Namespace) -> int:
     op = connect(args)
     if not op.config.market_url:
         raise UsageError("the config names no market: set market_url")
-    now = int(op.chain.w3.eth.get_block("latest")["timestamp"])
+    now = _now(op)
     asks = live_asks(op.config.market_url, op.address)
     if args.json:
         emit_json(
