@@ -560,6 +560,50 @@ def check_references(text: str) -> list[str]:
     return problems
 
 
+# --- README's failure table and plan formula -------------------------------------------------
+
+
+def check_failure_table(text: str) -> list[str]:
+    """README's failure table: one row per category with its code and every hint, in order."""
+    from provider.diagnosis import HINTS, Category
+
+    rows = {}
+    for line in text.splitlines():
+        row = re.match(r"\| (\d+) \| `(\w+)` \| (.*) \|$", line)
+        if row:
+            rows[row.group(2)] = (int(row.group(1)), row.group(3))
+    problems = []
+    for category in Category:
+        if category not in HINTS:
+            continue  # success
+        want = (category.code, " ".join(HINTS[category]))
+        if rows.pop(category.value, None) != want:
+            problems.append(f"failure table row {category.value}: want {want}")
+    return problems + [f"failure table names {name}, no category" for name in sorted(rows)]
+
+
+def check_plan_formula(text: str) -> list[str]:
+    """README's plan formula names only Plan fields (typed_data.json), and its presets exist."""
+    import contracts.pricing
+
+    plan = {f["name"] for f in TYPED_DATA["types"]["Plan"]}
+    section = text[text.index("### Plans") : text.index("## Task programs")]
+    block = re.search(r"```\n(.*?)```", section, re.S)
+    assert block is not None, "README's plan formula block is gone"
+    named = set(re.findall(r"\b([a-z][a-z0-9]*[A-Z]\w*)\b", block.group(1))) - set(
+        FIELDS["Receipt"]
+    )
+    # `tierDiscountBps` stands for either tier's field.
+    unknown = {n for n in named - plan if not {n.replace("tier", f"tier{k}") for k in "12"} <= plan}
+    problems = [f"the plan formula names {n}, no Plan or Receipt field" for n in sorted(unknown)]
+    presets = re.search(r"presets of\s+that struct \((.*?)\)\.", section, re.S)
+    assert presets is not None, "README no longer lists the plan presets"
+    for name in re.findall(r"`(?:contracts\.pricing\.)?(\w+)`", presets.group(1)):
+        if not callable(getattr(contracts.pricing, name, None)):
+            problems.append(f"no preset contracts.pricing.{name}")
+    return problems
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 Check = Callable[[str], list[str]]
@@ -576,6 +620,8 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
     ("files, tests, names", check_references, ALL_DOCS),
+    ("README's failure table", check_failure_table, [README]),
+    ("README's plan formula", check_plan_formula, [README]),
 ]
 
 
@@ -735,6 +781,28 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         "`EscrowTaskIndexTooHigh`",
     ),
     ("a renamed escrow call", check_references, README, "`openDeal(", "`openDeals("),
+    (
+        "a failure hint dropped",
+        check_failure_table,
+        README,
+        " Rematerialize activations (jax.checkpoint) to cut temporaries.",
+        "",
+    ),
+    (
+        "a failure code moved",
+        check_failure_table,
+        README,
+        "| 11 | `execute_error`",
+        "| 12 | `execute_error`",
+    ),
+    (
+        "a plan field renamed",
+        check_plan_formula,
+        README,
+        "tier2 if index >= tier2FromTask",
+        "tier2 if index >= tier2StartTask",
+    ),
+    ("a preset renamed", check_plan_formula, README, "`with_cache_discount`", "`cache_discount`"),
 ]
 
 
