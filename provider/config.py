@@ -1,6 +1,8 @@
 """Daemon configuration: a TOML file, overridden by ``TPUMARKET_PROVIDER_*`` environment variables.
 
-Example ``provider.toml``::
+Every key, with its default, is listed in docs/provider-api.md ("Configuration"; the tables are
+checked against these models by tests/test_docs_claims.py). An example ``provider.toml`` (some
+keys)::
 
     private_key_file = "/etc/tpumarket/provider.key"   # or env TPUMARKET_PROVIDER_PRIVATE_KEY
     rpc_url = "http://127.0.0.1:8545"
