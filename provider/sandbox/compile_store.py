@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from provider.sandbox.aot_reports import AotReport, parse_report
@@ -31,6 +32,8 @@ MAX_ENTRIES_PER_PROGRAM = 16
 MAX_ENTRY_BYTES = 64 << 20
 MAX_SERVED_BYTES = 128 << 20
 """At most this many bytes of entries travel with one request."""
+CLIENT_BYTES = 2 << 30
+"""Default bound on one client's entries on disk: its least recently stored programs go."""
 _OWNER_BYTES = 16
 
 
@@ -43,9 +46,12 @@ def client_id(client: str | None) -> str:
 class CompileStore:
     """Per-client compile cache entries and AOT reports kept by the daemon. Thread-safe."""
 
-    def __init__(self, root: Path) -> None:
-        """Keep the store under ``root`` (created, owner-only)."""
+    def __init__(self, root: Path, client_bytes: int = CLIENT_BYTES) -> None:
+        """Keep the store under ``root`` (created, owner-only), ``client_bytes`` per client."""
         self.root = root
+        self.client_bytes = client_bytes
+        self.evicted = 0
+        self._stamp = 0  # the last store time given to a program folder (ns, increasing)
         (root / "clients").mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cross_reads = 0
         self.stored = 0
@@ -108,7 +114,33 @@ class CompileStore:
             kept += 1
         with self._lock:
             self.stored += kept
+            self._stamp = max(self._stamp + 1, time.time_ns())
+            stamp = self._stamp
+        os.utime(folder, ns=(stamp, stamp))  # when it was last stored: the eviction order
+        self._bound(client)
         return kept
+
+    def _bound(self, client: str | None) -> None:
+        """Drop ``client``'s least recently stored programs until its entries fit its bound."""
+        folders = []
+        total = 0
+        for folder in (self._client_dir(client) / "xla").iterdir():
+            try:
+                size = sum(f.stat().st_size for f in folder.iterdir())
+                stored_at = folder.stat().st_mtime_ns
+            except OSError:
+                continue
+            folders.append((stored_at, size, folder))
+            total += size
+        for _, size, folder in sorted(folders, key=lambda item: item[0]):
+            if total <= self.client_bytes:
+                break
+            for path in folder.iterdir():
+                path.unlink(missing_ok=True)
+            folder.rmdir()
+            total -= size
+            with self._lock:
+                self.evicted += 1
 
     def report(self, client: str | None, digest: str) -> AotReport | None:
         """The AOT report stored for ``client`` under ``digest``, or None."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from provider.sandbox import Sandbox, SandboxLimits, TaskFailure
-from provider.sandbox.compile_store import client_id
+from provider.sandbox.compile_store import CompileStore, client_id
 from tests.provider.cache_attacker import FORGED_KEY, FORGED_TEMP_BYTES
 from tests.provider.helpers import compiled
 from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
@@ -93,3 +93,16 @@ def test_compromised_worker_reads_nothing_and_its_plants_reach_no_other_client(
         honest = compiled(box.compile(envelope, client=ALICE))
         assert honest.cache_hit  # A's real entry, untouched by the attacker
         assert compiled(box.compile(envelope, "local", client=BOB)).cache_hit is False
+
+
+def test_store_when_a_client_stores_past_its_bound_then_its_oldest_programs_go(
+    tmp_path: Path,
+) -> None:
+    store = CompileStore(tmp_path, client_bytes=3 * 1000 + 100)
+    for i in range(5):  # five programs of ~1 kB each from one client
+        store.put_entries(BOB, bytes([i]) * 32, {f"jit_f-{i:02x}": b"x" * 1000})
+    store.put_entries(ALICE, b"\xaa" * 32, {"jit_f-aa": b"y" * 1000})
+    kept = [i for i in range(5) if store.entries(BOB, bytes([i]) * 32)]
+    assert kept == [2, 3, 4] and store.evicted == 2  # the oldest went, within B's bound
+    assert store.entries(ALICE, b"\xaa" * 32) == {"jit_f-aa": b"y" * 1000}  # A untouched
+    assert store.put_entries(BOB, b"\x09" * 32, {"../escape": b"z", "ok-key": b""}) == 0
