@@ -352,6 +352,45 @@ def check_provider_config(text: str) -> list[str]:
     return problems
 
 
+def _toml_blocks(text: str) -> Iterator[str]:
+    """The ```toml blocks of a doc and the provider.toml a shell block writes (a heredoc)."""
+    yield from re.findall(r"^```toml\n(.*?)^```$", text, re.S | re.M)
+    yield from re.findall(r"<<'TOML'\n(.*?)^TOML$", text, re.S | re.M)
+
+
+def check_provider_toml(text: str) -> list[str]:
+    """Every key of every provider.toml a doc shows is a key the daemon's config takes."""
+    import dataclasses
+    import tomllib
+
+    from contracts.messages import Plan
+    from provider.config import ProviderConfig
+    from provider.config_sections import AskConfig, HttpConfig, SettlementConfig
+
+    def keys(model: type[Any]) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    known = {
+        "": keys(ProviderConfig) | {"private_key_file"},
+        "plan": {f.name for f in dataclasses.fields(Plan)},
+        "settlement": keys(SettlementConfig),
+        "http": keys(HttpConfig),
+        "ask": keys(AskConfig),
+    }
+    problems = []
+    for block in _toml_blocks(text):
+        for key, value in tomllib.loads(block).items():
+            tables = value.items() if isinstance(value, dict) else [(key, value)]
+            section = key if isinstance(value, dict) else ""
+            if section not in known:
+                problems.append(f"provider.toml has no [{section}] table")
+                continue
+            for name, _ in tables:
+                if name not in known[section]:
+                    problems.append(f"provider.toml key {section or 'top'}.{name} is no config key")
+    return problems
+
+
 def check_market_settings(text: str) -> list[str]:
     """docs/market.md's settings table: one row per field of market.settings.Settings, its
     variable, default and older names as the model reads them."""
@@ -617,6 +656,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("benchmarks.md's gas table", check_benchmarks_gas, [ROOT / "docs" / "benchmarks.md"]),
     ("provider config keys", check_provider_config, [ROOT / "docs" / "provider-api.md"]),
     ("market settings", check_market_settings, [ROOT / "docs" / "market.md"]),
+    ("provider.toml keys", check_provider_toml, [README, ROOT / "docs" / "provider-api.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
     ("files, tests, names", check_references, ALL_DOCS),
@@ -803,6 +843,14 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         "tier2 if index >= tier2StartTask",
     ),
     ("a preset renamed", check_plan_formula, README, "`with_cache_discount`", "`cache_discount`"),
+    ("a README toml key", check_provider_toml, README, "slo_ms = 60000", "slo = 60000"),
+    (
+        "a docs toml key",
+        check_provider_toml,
+        PROVIDER_API,
+        "claim_batch_max = 200",
+        "claim_max = 200",
+    ),
 ]
 
 
