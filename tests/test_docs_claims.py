@@ -444,6 +444,13 @@ def check_make_check(text: str) -> list[str]:
         problems.append("README's `-m \"not slow\"` and the Makefile's fast target differ")
     if "processes.forbid_components()" not in conftest:
         problems.append("tests/conftest.py no longer arms the guard in the fast run")
+    words = {"two": 2, "three": 3, "four": 4}
+    said = re.search(r"`make test` runs (\w+) test files at a time", flat)
+    workers = re.search(r"^PYTEST_WORKERS \?= (\d+)$", makefile, re.M)
+    if said is None or workers is None or words.get(said.group(1)) != int(workers.group(1)):
+        problems.append("README's test files at a time and the Makefile's PYTEST_WORKERS differ")
+    if "--dist loadfile" not in makefile:
+        problems.append("the Makefile no longer runs whole test files per worker (--dist loadfile)")
     return problems
 
 
@@ -843,6 +850,13 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         "tier2 if index >= tier2StartTask",
     ),
     ("a preset renamed", check_plan_formula, README, "`with_cache_discount`", "`cache_discount`"),
+    (
+        "test files at a time",
+        check_make_check,
+        README,
+        "runs three test files",
+        "runs four test files",
+    ),
     ("a README toml key", check_provider_toml, README, "slo_ms = 60000", "slo = 60000"),
     (
         "a docs toml key",
