@@ -497,9 +497,15 @@ def _command_lines(text: str) -> Iterator[str]:
     """Backticked spans and shell-block lines (continuations joined) that run `tpumarket`."""
     yield from re.findall(r"`([^`\n]*tpumarket [^`\n]*)`", text)
     for block in re.findall(r"^```(?:sh|bash|console)\n(.*?)^```$", text, re.S | re.M):
-        for line in block.replace("\\\n", " ").splitlines():
-            if "tpumarket " in line:
-                yield line.split(" #")[0]
+        command = None  # a synopsis goes on over indented lines
+        for line in [*block.replace("\\\n", " ").splitlines(), ""]:
+            code = line.split(" #")[0]
+            if command is not None and line.startswith(" "):
+                command += " " + code.strip()
+                continue
+            if command is not None:
+                yield command
+            command = code if "tpumarket " in code else None
 
 
 def check_cli_flags(text: str) -> list[str]:
@@ -543,6 +549,29 @@ def check_cli_flags(text: str) -> list[str]:
                 continue
             if f'"{flag}"' not in source and f'"{negated}"' not in source:
                 problems.append(f"{flag} (in `{span}`) is no flag of tpumarket or its script")
+    return problems
+
+
+def check_cli_defaults(text: str) -> list[str]:
+    """In a shell block's synopsis, `[--flag N]` with a number N states the flag's default: it
+    is the parser's (a placeholder, `[--flag T]`, states none)."""
+    root = tpumarket_parser()
+    problems = []
+    for block in re.findall(r"^```(?:sh|bash|console)\n(.*?)^```$", text, re.S | re.M):
+        parser = None
+        for line in block.splitlines():
+            words = re.search(r"tpumarket((?: [a-z][a-z-]*)+)", line)
+            if words is not None:
+                parser = root
+                for word in words.group(1).split():
+                    parser = _subcommands(parser).get(word, parser)
+            if parser is None:
+                continue
+            for flag, value in re.findall(r"\[(--[a-z][a-z0-9-]*) ([0-9][0-9.]*)\]", line):
+                actions = [a for a in parser._actions if flag in a.option_strings]
+                if not actions or float(actions[0].default) != float(value):
+                    default = actions[0].default if actions else "no such flag"
+                    problems.append(f"[{flag} {value}] in a synopsis: the default is {default}")
     return problems
 
 
@@ -666,6 +695,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("provider.toml keys", check_provider_toml, [README, ROOT / "docs" / "provider-api.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
+    ("CLI defaults in synopses", check_cli_defaults, ALL_DOCS),
     ("files, tests, names", check_references, ALL_DOCS),
     ("README's failure table", check_failure_table, [README]),
     ("README's plan formula", check_plan_formula, [README]),
@@ -856,6 +886,20 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         README,
         "runs three test files",
         "runs four test files",
+    ),
+    (
+        "a synopsis default",
+        check_cli_defaults,
+        ROOT / "docs" / "client.md",
+        "[--grace-s 5]",
+        "[--grace-s 10]",
+    ),
+    (
+        "a synopsis flag on a continued line",
+        check_cli_flags,
+        ROOT / "docs" / "client.md",
+        "[--wait-refunds]",
+        "[--wait-refund]",
     ),
     ("a README toml key", check_provider_toml, README, "slo_ms = 60000", "slo = 60000"),
     (
