@@ -134,8 +134,28 @@ def export_torch_model(args: argparse.Namespace) -> int:
     try:
         model = _export(args, inputs, state, platforms)
     except ExportFailed as exc:
-        return _failed(args, exc)
+        return _failed(args, _other_route_if_eager(args, inputs, state, exc))
     return write_program(args, model, args.route)
+
+
+def _other_route_if_eager(
+    args: argparse.Namespace, inputs: list[Array], state: dict[str, Array] | None, exc: Any
+) -> Any:
+    """Return the torch_xla route's generic failure with "try the other route" first when the
+    model runs in eager here (the torchax route checks that itself)."""
+    from client.models.export_diagnosis import ExportCategory, ExportFailed, with_other_route
+    from client.models.from_torch import load_module, runs_in_eager
+
+    diagnosis = exc.diagnosis
+    if args.route != "torch-xla" or diagnosis.category is not ExportCategory.OTHER:
+        return exc
+    try:
+        module = load_module(args.model, state)
+    except ExportFailed:
+        return exc
+    if not runs_in_eager(module, inputs):
+        return exc
+    return ExportFailed(with_other_route(diagnosis), exc.detail)
 
 
 def write_program(args: argparse.Namespace, model: ExportedModel, route: str | None) -> int:

@@ -10,7 +10,7 @@ shape that depends on the data, Python control flow on a tensor's value, and a c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
@@ -44,8 +44,10 @@ HINTS: Final[dict[ExportCategory, tuple[str, ...]]] = {
         "route with batch_dim (a symbolic batch) or export one program per size.",
     ),
     ExportCategory.DATA_DEPENDENT_CONTROL_FLOW: (
-        "Replace Python `if`/`while` on tensor values by torch.where (both branches "
-        "computed) or torch.cond.",
+        "Compute both branches and pick per element with torch.where(condition, a, b) "
+        "instead of a Python `if` on a tensor's value; a loop on a value becomes a fixed "
+        "number of steps, each masked with torch.where.",
+        "torch.cond and torch.while_loop do not export to a task program by either route.",
         "Branch on shapes or on module attributes instead: those are known at export time.",
     ),
     ExportCategory.CUSTOM_OP: (
@@ -61,8 +63,29 @@ HINTS: Final[dict[ExportCategory, tuple[str, ...]]] = {
         "The export environment failed: rebuild it with `make .venv-xla/.installed`, "
         "then export again.",
     ),
-    ExportCategory.OTHER: ("Run the export locally in eager mode and fix the first error.",),
+    ExportCategory.OTHER: (
+        "Run the model in eager PyTorch on the example inputs: if it fails there, fix that "
+        "first error; if it runs, the failure is this route's: try the other route "
+        "(`--from torch-xla` or `--from torchax`).",
+    ),
 }
+OTHER_ROUTE: Final = {"torchax": "torch-xla", "torch_xla": "torchax", "torch-xla": "torchax"}
+"""The route to try when one fails on a model that runs in eager."""
+
+
+def with_other_route(diagnosis: ExportDiagnosis) -> ExportDiagnosis:
+    """Return ``diagnosis`` for a model known to run in eager: its hints lead with the other
+    route (the failure is this route's, not the model's)."""
+    other = OTHER_ROUTE.get(diagnosis.route)
+    if other is None:
+        return diagnosis
+    hint = (
+        f"The model runs in eager PyTorch on these inputs, so the failure is the "
+        f"{diagnosis.route} route's: export it by the other route, `tpumarket job export "
+        f"--from {other} ...`."
+    )
+    kept = tuple(h for h in diagnosis.hints if "try the other route" not in h.lower())
+    return replace(diagnosis, hints=(hint, *kept))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +115,21 @@ class ExportFailed(ModelConversionError):
         super().__init__(f"{subject}: {diagnosis.describe()}" if subject else diagnosis.describe())
 
 
-_BUILTIN: Final = r"(?!aten\b|prims\b|xla\b|quantized\b|_\w+\b)"
+_BUILTIN: Final = r"(?!aten\b|prims\b|xla\b|quantized\b|higher_order\b|_\w+\b)"
+_HIGHER_ORDER: Final = r"(?:cond|while_loop|scan|associative_scan|map_impl|map)"
 # Each rule: a category, what marks it in the text, and where the op's name is (group "op").
 _RULES: Final[tuple[tuple[ExportCategory, re.Pattern[str], re.Pattern[str] | None], ...]] = (
+    (  # torch.cond and its kin: control flow, whatever the route calls them
+        ExportCategory.DATA_DEPENDENT_CONTROL_FLOW,
+        re.compile(
+            rf"higher_order(?:::|\.){_HIGHER_ORDER}\b|"
+            rf"_higher_order_ops[/\\.]{_HIGHER_ORDER}\b"
+        ),
+        re.compile(
+            rf"(?P<op>higher_order(?:::|\.){_HIGHER_ORDER})\b|"
+            rf"_higher_order_ops[/\\.](?P<file>{_HIGHER_ORDER})\b"
+        ),
+    ),
     (
         ExportCategory.CUSTOM_OP,
         re.compile(
@@ -112,10 +147,15 @@ _RULES: Final[tuple[tuple[ExportCategory, re.Pattern[str], re.Pattern[str] | Non
             r"capturable by Pytorch/XLA: aten::(?:nonzero|masked_select|unique|_unique2|"
             r"masked_scatter|repeat_interleave|item)\b|NonConcreteBooleanIndexError|"
             r"boolean indices must be concrete|Could not extract specialized integer from "
-            r"data-dependent|data-dependent output size|dynamic shapes? (?:is|are) not supported",
+            r"data-dependent|data-dependent output size|dynamic shapes? (?:is|are) not supported|"
+            r"specify a concrete value for the size argument|"
+            r"jnp\.(?:unique|nonzero|argwhere|flatnonzero|unique_\w+)\(\)",
             re.IGNORECASE,
         ),
-        re.compile(r"(?P<op>aten::\w+)|target=torch\.ops\.(?P<target>aten\.\w+)"),
+        re.compile(
+            r"(?P<op>aten::\w+)|target=torch\.ops\.(?P<target>aten\.\w+)|"
+            r"(?P<jnp>jnp\.\w+)\(\)"
+        ),
     ),
     (
         ExportCategory.DATA_DEPENDENT_CONTROL_FLOW,
@@ -163,17 +203,29 @@ def first_error_line(text: str) -> str:
 
 
 def diagnose_export(
-    text: str, *, route: str, stage: str | None = None, category: ExportCategory | None = None
+    text: str,
+    *,
+    route: str,
+    stage: str | None = None,
+    category: ExportCategory | None = None,
+    context: str = "",
 ) -> ExportDiagnosis:
-    """Classify the text of an export failure; ``category`` forces one (a load error)."""
+    """Classify the text of an export failure; ``category`` forces one (a load error).
+
+    ``context`` (the traceback, say) is searched by the rules too, never quoted: torch.cond
+    fails on torchax with an error that names only the frames it passed through.
+    """
     op = None
+    searched = f"{text}\n{context}" if context else text
     for rule_category, pattern, op_pattern in _RULES:
-        if category is None and pattern.search(text):
+        if category is None and pattern.search(searched):
             category = rule_category
         if category is rule_category and op_pattern is not None:
-            match = op_pattern.search(text)
+            match = op_pattern.search(searched)
             if match is not None:
                 op = next(g for g in match.groups() if g)
+                if match.groupdict().get("file"):
+                    op = f"torch.{op}"
             break
     category = category or ExportCategory.OTHER
     return ExportDiagnosis(

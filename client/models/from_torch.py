@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from client.errors import ConverterUnavailableError, ModelConversionError, ModelExportError
-from client.models.export_diagnosis import ExportCategory, ExportFailed, diagnose_export
+from client.models.export_diagnosis import (
+    ExportCategory,
+    ExportDiagnosis,
+    ExportFailed,
+    diagnose_export,
+    with_other_route,
+)
 from client.models.jax_export import DEFAULT_PLATFORMS, export_flat
 from client.models.program import ExportedModel
 from client.models.signature import Array
@@ -63,7 +70,7 @@ def export_torch(
             names, states, func = torchax.export.exported_program_to_jax(program, export_raw=True)
     except Exception as exc:  # torch.export raises many error types; all mean "cannot convert"
         text = f"{type(exc).__name__}: {exc}"
-        diagnosis = diagnose_export(text, route="torchax", stage=stage)
+        diagnosis = _diagnosed(text, stage, exc, module, tensors)
         raise ExportFailed(diagnosis, text, subject=type(module).__name__) from exc
     weights = [_to_numpy(torch, state) for state in states]
     labels = list(names) + [f"constant{i}" for i in range(len(weights) - len(names))]
@@ -85,8 +92,39 @@ def export_torch(
     except ModelExportError as exc:
         cause = exc.__cause__ or exc
         text = f"{type(cause).__name__}: {cause}"
-        diagnosis = diagnose_export(text, route="torchax", stage="lower")
+        diagnosis = _diagnosed(text, "lower", cause, module, tensors)
         raise ExportFailed(diagnosis, text, subject=type(module).__name__) from exc
+
+
+def runs_in_eager(module: Any, example_inputs: Sequence[Any]) -> bool:
+    """Whether ``module`` runs in eager PyTorch on ``example_inputs`` (then an export failure is
+    the route's, not the model's)."""
+    torch = _import_torch()
+    tensors = [
+        torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x for x in example_inputs
+    ]
+    try:
+        with torch.no_grad():
+            module.eval()(*tensors)
+    except Exception:  # the user's model may raise anything: it does not run
+        return False
+    return True
+
+
+def _diagnosed(
+    text: str, stage: str, exc: BaseException, module: Any, tensors: Sequence[Any]
+) -> ExportDiagnosis:
+    """Diagnose a torchax failure; a generic one of a model that runs in eager offers the
+    other route."""
+    diagnosis = diagnose_export(text, route="torchax", stage=stage, context=_frames(exc))
+    if diagnosis.category is ExportCategory.OTHER and runs_in_eager(module, tensors):
+        return with_other_route(diagnosis)
+    return diagnosis
+
+
+def _frames(exc: BaseException) -> str:
+    """Return the tracebacks of ``exc`` and its causes as text (the rules read its file names)."""
+    return "".join(traceback.format_exception(exc))
 
 
 def load_module(spec: str, state_dict: Mapping[str, Any] | None = None) -> Any:
