@@ -111,7 +111,16 @@ def _offers(args: argparse.Namespace) -> int:
         emit_json({"offers": offers})
         return 0
     if not offers:
-        print("no offers" + (f" in {args.device_class}" if args.device_class else ""))
+        if args.device_class:
+            market = market_from(args)
+            try:
+                sold = sorted(_classes_sold(market) - {args.device_class})
+            finally:
+                market.close()
+            others = f"; classes sold: {', '.join(sold)}" if sold else ""
+            print(f"no offers in {args.device_class}{others}")
+        else:
+            print("no offers")
         return 0
     rows = [
         [
@@ -166,9 +175,11 @@ def _terms(args: argparse.Namespace, market: MarketHttp) -> tuple[str, int]:
 
 
 def _classes_sold(market: MarketHttp) -> set[str]:
-    """Return the device classes someone sells: those of live asks and of providers' adverts."""
+    """Return the device classes someone sells, as the market counts them for a bid: those of
+    live asks, of providers' adverts and of the books (an ask filled out is posted again)."""
     sold = {str(o["device_class"]) for o in market.offers(limit=500)}
     sold.update(str(p["device_class"]) for p in market.providers() if p.get("device_class"))
+    sold.update(market.classes())
     return sold
 
 

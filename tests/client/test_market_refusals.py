@@ -120,6 +120,9 @@ def test_bid_in_a_class_nobody_sells_names_the_classes_sold_and_the_compile_clas
     assert "--device-class compile-v5e" in line
     assert "the bid rests" not in captured.err and captured.out == ""
 
+    assert _cli(world, "offers", "--device-class", "tpu-v5e", market=market) == 0
+    assert capsys.readouterr().out == "no offers in tpu-v5e; classes sold: compile-v5e\n"
+
     bid[1] = "compile-v5e"  # the fix it names works as printed
     assert _cli(world, "bid", *bid, "--json", key=client_key, market=market) == 0
     assert _last_json(capsys.readouterr().out)["deals"] == ["compile-v5e:1"]
