@@ -113,8 +113,8 @@ HINTS: Final[dict[Category, tuple[str, ...]]] = {
         "Check for loops whose trip count depends on the data.",
     ),
     Category.WORKER_CRASH: (
-        "The program crashed the runtime; remove custom calls and check it runs locally "
-        "on the same JAX version.",
+        "The program crashed the runtime (only its own worker died): export it with jax.export "
+        "from unedited JAX code and check it runs locally on the same JAX version.",
     ),
     Category.EXECUTE_ERROR: (
         "The program raised an error while it ran (the runtime survived): run it locally "

@@ -97,3 +97,11 @@ def test_le_sort_fails_as_the_client_s_refusal_and_the_worker_serves_on(
     assert any("a strict comparator" in hint for hint in failure.diagnosis.hints or ())
     result = ran(sandbox.run(envelope_for(exported, [x])))
     np.testing.assert_array_equal(outputs(result)[0], np.sort(x))
+
+
+def test_a_crash_hint_does_not_blame_custom_calls() -> None:
+    """Custom calls pass an allowlist before anything runs: a crash hint must not blame them."""
+    from provider.diagnosis import diagnose
+
+    (hint,) = diagnose(Category.WORKER_CRASH, "worker killed by signal 11").hints or ()
+    assert "custom call" not in hint and "jax.export" in hint
