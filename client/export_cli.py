@@ -141,21 +141,21 @@ def export_torch_model(args: argparse.Namespace) -> int:
 def _other_route_if_eager(
     args: argparse.Namespace, inputs: list[Array], state: dict[str, Array] | None, exc: Any
 ) -> Any:
-    """Return the torch_xla route's generic failure with "try the other route" first when the
-    model runs in eager here (the torchax route checks that itself)."""
+    """Return a torch_xla failure (generic, or an op it cannot lower) with "export it by
+    torchax" first when torchax, tried here, exports the model (the torchax route offers
+    torch_xla itself, for a model that runs in eager)."""
     from client.models.export_diagnosis import ExportCategory, ExportFailed, with_other_route
-    from client.models.from_torch import load_module, runs_in_eager
+    from client.models.from_torch import export_torch, load_module
 
     diagnosis = exc.diagnosis
-    if args.route != "torch-xla" or diagnosis.category is not ExportCategory.OTHER:
+    tried = (ExportCategory.OTHER, ExportCategory.UNSUPPORTED_OP)
+    if args.route != "torch-xla" or diagnosis.category not in tried:
         return exc
     try:
-        module = load_module(args.model, state)
+        export_torch(load_module(args.model, state), inputs)
     except ExportFailed:
         return exc
-    if not runs_in_eager(module, inputs):
-        return exc
-    return ExportFailed(with_other_route(diagnosis), exc.detail)
+    return ExportFailed(with_other_route(diagnosis, exported=True), exc.detail)
 
 
 def write_program(args: argparse.Namespace, model: ExportedModel, route: str | None) -> int:

@@ -73,17 +73,19 @@ OTHER_ROUTE: Final = {"torchax": "torch-xla", "torch_xla": "torchax", "torch-xla
 """The route to try when one fails on a model that runs in eager."""
 
 
-def with_other_route(diagnosis: ExportDiagnosis) -> ExportDiagnosis:
-    """Return ``diagnosis`` for a model known to run in eager: its hints lead with the other
-    route (the failure is this route's, not the model's)."""
+def with_other_route(diagnosis: ExportDiagnosis, *, exported: bool = False) -> ExportDiagnosis:
+    """Return ``diagnosis`` for a model known to run in eager (or, ``exported``, known to export
+    by the other route): its hints lead with the other route."""
     other = OTHER_ROUTE.get(diagnosis.route)
     if other is None:
         return diagnosis
-    hint = (
-        f"The model runs in eager PyTorch on these inputs, so the failure is the "
-        f"{diagnosis.route} route's: export it by the other route, `tpumarket job export "
-        f"--from {other} ...`."
+    why = (
+        f"The model exports by {other}"
+        if exported
+        else "The model runs in eager PyTorch on these inputs, so the failure is the "
+        f"{diagnosis.route} route's"
     )
+    hint = f"{why}: export it by the other route, `tpumarket job export --from {other} ...`."
     kept = tuple(h for h in diagnosis.hints if "try the other route" not in h.lower())
     return replace(diagnosis, hints=(hint, *kept))
 

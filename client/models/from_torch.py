@@ -114,10 +114,11 @@ def runs_in_eager(module: Any, example_inputs: Sequence[Any]) -> bool:
 def _diagnosed(
     text: str, stage: str, exc: BaseException, module: Any, tensors: Sequence[Any]
 ) -> ExportDiagnosis:
-    """Diagnose a torchax failure; a generic one of a model that runs in eager offers the
-    other route."""
+    """Diagnose a torchax failure; a generic one in torchax's own step (not `torch.export`,
+    which torch_xla runs too) of a model that runs in eager offers the other route."""
     diagnosis = diagnose_export(text, route="torchax", stage=stage, context=_frames(exc))
-    if diagnosis.category is ExportCategory.OTHER and runs_in_eager(module, tensors):
+    generic = diagnosis.category is ExportCategory.OTHER and stage == "lower"
+    if generic and runs_in_eager(module, tensors):
         return with_other_route(diagnosis)
     return diagnosis
 

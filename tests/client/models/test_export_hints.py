@@ -7,7 +7,9 @@ dynamic shape; a generic failure of a model that runs in eager offers the other 
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from client.cli import build_parser
 from client.models import export_torch, run_local
 from client.models.export_diagnosis import ExportCategory, ExportFailed, diagnose_export
 
@@ -93,6 +96,10 @@ def test_a_generic_failure_of_a_model_that_runs_in_eager_offers_the_other_route(
 
     failed = _failure(broken)
     assert not any("--from torch-xla ..." in h for h in failed.diagnosis.hints)
+    # torch.export, the step both routes take, fails on it: no route is offered.
+    shared = _failure(lambda x: x * torch.from_numpy(x.detach().numpy()))
+    assert shared.diagnosis.stage == "export"
+    assert not any("--from torch-xla ..." in h for h in shared.diagnosis.hints)
 
 
 @pytest.mark.parametrize(
@@ -110,3 +117,67 @@ def test_higher_order_ops_are_control_flow_not_custom_ops(text: str) -> None:
         "RuntimeError: target=torch.ops.mylib.fused.default has no lowering", route="torch_xla"
     )
     assert custom.category is ExportCategory.CUSTOM_OP
+
+
+TORCH_XLA_MODELS = """
+import torch
+
+
+class Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()  # torch_xla cannot lower it; torchax can
+
+
+class Cond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+
+class ToNumpy(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.from_numpy(x.detach().numpy())  # runs in eager; exports by neither
+
+
+def make_spectrum():
+    return Spectrum()
+
+
+def make_cond():
+    return Cond()
+
+
+def make_to_numpy():
+    return ToNumpy()
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "offered"), [("make_spectrum", True), ("make_to_numpy", False)]
+)
+def test_a_torch_xla_failure_offers_torchax_only_when_torchax_exports_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], factory: str, offered: bool
+) -> None:
+    source = tmp_path / "models.py"
+    source.write_text(TORCH_XLA_MODELS)
+    argv = ["job", "export", "--from", "torch-xla", f"{source}:{factory}"]
+    argv += ["--example-inputs", "float32[4,4]", "--out", str(tmp_path / "m.tpmp"), "--json"]
+    args = build_parser().parse_args(argv)
+
+    assert args.handler(args) == 1
+    failed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    lead = "The model exports by torchax: export it by the other route, `tpumarket job export "
+    assert failed["hints"][0].startswith(lead) is offered, failed
+    assert not (tmp_path / "m.tpmp").exists()
+
+
+def test_torch_cond_on_torch_xla_is_control_flow_not_a_custom_op(tmp_path: Path) -> None:
+    from client.models.from_torch_xla import export_torch_xla
+
+    source = tmp_path / "models.py"
+    source.write_text(TORCH_XLA_MODELS)
+    with pytest.raises(ExportFailed) as raised:
+        export_torch_xla(f"{source}:make_cond", [X])
+    diagnosis = raised.value.diagnosis
+    assert diagnosis.category is ExportCategory.DATA_DEPENDENT_CONTROL_FLOW, diagnosis
+    assert diagnosis.op == "higher_order.cond"
+    assert "torch.where(condition, a, b)" in diagnosis.hints[0]
