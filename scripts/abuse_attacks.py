@@ -69,7 +69,11 @@ class Tally:
 
     def scan(self, reply: httpx.Response, what: str) -> None:
         """Count an answer whose body or headers carry the node URL or a key of the run."""
-        shown = reply.text + " ".join(f"{k}: {v}" for k, v in reply.headers.items())
+        try:
+            text = reply.text
+        except httpx.ResponseNotRead:  # a stream left open: its headers only
+            text = ""
+        shown = text + " ".join(f"{k}: {v}" for k, v in reply.headers.items())
         found = [s for s in self.node_secrets if s and s in shown]
         if found:
             self.secrets_in_responses += 1
