@@ -17,7 +17,7 @@ from contracts.messages import ZERO_ADDRESS, Domain, Plan, Quote, checksum_of
 from contracts.orders import Ask, Bid, plan_kind, recover_address
 from contracts.orders import digest as order_digest
 from contracts.orders import struct_hash as message_struct_hash
-from contracts.pricing import plan_is_valid
+from contracts.pricing import locked_stake, plan_is_valid
 from market.engine import Order as EngineOrder
 from market.engine import Side
 from market.errors import (
@@ -193,9 +193,16 @@ def check_deal_quote(q: QuoteIn, plan: Plan, deal: Deal, terms: Quote) -> None:
     the ask it matched (`terms`, the ask's quote) with a cap covering the deal's spend."""
     if q.client.lower() != deal.client.lower():
         raise InvalidOrderError("quote.client", q.client, f"must be the deal's {deal.client}")
+    # The fill holds its share of the ask's stake (the ask's stake covers its whole spend):
+    # what opening the deal for its spend locks must cover that share.
+    share = locked_stake(terms.stake, terms.max_spend, min(int(deal.max_spend), terms.max_spend))
+    if (
+        q.max_spend < 1
+        or locked_stake(q.stake, q.max_spend, min(int(deal.max_spend), q.max_spend)) < share
+    ):
+        raise InvalidOrderError("quote.stake", q.stake, f"must lock at least the fill's {share}")
     kept = {
         "arbiter": (q.arbiter.lower(), terms.arbiter.lower()),
-        "stake": (q.stake, terms.stake),
         "penalty": (q.penalty, terms.penalty),
         "duration": (q.duration, terms.duration),
         "challenge_window": (q.challenge_window, terms.challenge_window),

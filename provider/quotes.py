@@ -14,6 +14,15 @@ Refused (logged and counted, never signed): an ask whose terms are not this daem
 provider, a plan it does not serve, an SLO below its own, a challenge window below what its
 settlement jobs need), and a quote whose stake the provider's free stake cannot cover once
 the stakes of its other outstanding quotes (valid, not yet opened) are set aside.
+
+A fill's stake is the ask's stake in proportion to the fill's share of the ask's spend
+(``contracts.pricing.locked_stake``, the rule ``openDeal`` locks by): the ask's stake covers its
+whole quantity, and a bidder that takes one unit holds one unit's share of it, not all of it.
+
+Quotes cost their requester: a quote that expires unopened while the match stands is signed
+anew (the client can still open its deal), at most :data:`MAX_QUOTES_PER_FILL` times; after
+that the fill is abandoned (no stake is held for it any more) and counts against its client,
+whose further fills get no quote once it has abandoned :data:`MAX_ABANDONED_FILLS`.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from client.market_http import MarketHttp, MarketHttpError
 from contracts.binding import Escrow
 from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Plan, Quote, address_of
+from contracts.pricing import locked_stake
 from provider.clock import ChainClock
 from provider.config import SettlementConfig
 from provider.journal import Journal, QuoteRecord
@@ -35,6 +45,10 @@ from provider.metrics import ProviderMetrics
 log = logging.getLogger("provider.quotes")
 _DEALS_PER_POLL = 500
 _REFRESH_BEFORE_S = 30  # a journaled quote this close to its validUntil is signed anew
+MAX_QUOTES_PER_FILL = 3
+"""Quotes signed for one fill before it counts as abandoned by its client."""
+MAX_ABANDONED_FILLS = 3
+"""Abandoned fills after which a client's further fills get no quote."""
 
 
 class QuoteRefused(Exception):
@@ -68,6 +82,8 @@ class QuoteJob:
         self.settlement = settlement
         self.metrics = metrics
         self.clock = clock
+        self._abandoned_by: dict[str, set[str]] = {}
+        """Market deals each client let expire unopened, found since this daemon started."""
 
     def run(self) -> list[QuoteRecord]:
         """Quote every matched deal that lacks a quote naming its client; return those sent."""
@@ -77,18 +93,22 @@ class QuoteJob:
             self.metrics.quotes.labels("market_unreachable").inc()
             log.warning("cannot list the market's deals", extra={"error": str(exc)})
             return []
-        pending = [r for r in records if self._needs_quote(r)]
-        if not pending:
-            return []
         try:
             self.clock.chain_now()  # validUntil is judged by the chain's clock
         except (ChainError, ContractRevert) as exc:
             log.warning("cannot read the chain's clock", extra={"error": str(exc)})
             return []
+        # The host's clock moved up to the chain's: an idle chain mines no block, so its last
+        # block's time alone would never see a quote expire.
+        now = self.clock.now()
+        pending = [r for r in records if self._needs_quote(r, now)]
+        if not pending:
+            return []
         sent = []
         for record in pending:
             deal_id = str(record["deal_id"])
             try:
+                self._check_client(record, now)
                 quote = self._quote_for(record)
             except QuoteRefused as exc:
                 self.metrics.quotes.labels("refused").inc()
@@ -112,14 +132,43 @@ class QuoteJob:
             sent.append(quote)
         return sent
 
-    def _needs_quote(self, record: Mapping[str, Any]) -> bool:
+    def _needs_quote(self, record: Mapping[str, Any], now: float) -> bool:
+        """Whether a deal lacks a live quote naming its client (none, or one expiring)."""
         if str(record.get("provider", "")).lower() != self.address.lower():
             return False
         if record.get("chain_deal_id") is not None:
             return False  # opened on chain already
         quote = record.get("quote")
         client = str(record.get("client", "")).lower()
-        return not (isinstance(quote, dict) and str(quote.get("client", "")).lower() == client)
+        if not (isinstance(quote, dict) and str(quote.get("client", "")).lower() == client):
+            return True
+        try:
+            valid_until = int(quote.get("valid_until", 0))
+        except (TypeError, ValueError):
+            return True
+        # Expired unopened: sign it anew (the market takes a new quote only once the one it
+        # holds expired, so a quote still valid, however close to its end, is left in place).
+        return valid_until <= now
+
+    def _abandoned(self, deal_id: str, client: str, now: float) -> bool:
+        """Whether the client let :data:`MAX_QUOTES_PER_FILL` quotes of this fill expire."""
+        expired = [
+            q
+            for q in self.journal.quotes(deal_id)
+            if q.quote.client.lower() == client.lower() and q.quote.valid_until <= now
+        ]
+        return len(expired) >= MAX_QUOTES_PER_FILL
+
+    def _check_client(self, record: Mapping[str, Any], now: float) -> None:
+        """Refuse an abandoned fill, and every fill of a client that abandoned too many."""
+        deal_id, client = str(record["deal_id"]), str(record["client"])
+        if self._abandoned(deal_id, client, now):
+            self._abandoned_by.setdefault(client.lower(), set()).add(deal_id)
+            raise QuoteRefused(
+                f"fill abandoned: {MAX_QUOTES_PER_FILL} quotes for it expired unopened"
+            )
+        if len(self._abandoned_by.get(client.lower(), ())) >= MAX_ABANDONED_FILLS:
+            raise QuoteRefused(f"client {client} left {MAX_ABANDONED_FILLS} or more fills unopened")
 
     def _quote_for(self, record: Mapping[str, Any]) -> QuoteRecord:
         """Return the journaled quote still valid for this deal, or sign and journal one."""
@@ -132,12 +181,13 @@ class QuoteJob:
             ):
                 return previous
         terms = self._terms(record)
+        max_spend = int(record["max_spend"])
         quote = Quote(
             provider=self.address,
             client=client,
             arbiter=terms.arbiter,
-            max_spend=int(record["max_spend"]),
-            stake=terms.stake,
+            max_spend=max_spend,
+            stake=locked_stake(terms.stake, terms.max_spend, max_spend),
             penalty=terms.penalty,
             duration=terms.duration,
             challenge_window=terms.challenge_window,
@@ -170,6 +220,10 @@ class QuoteJob:
             )
         if int(record["max_spend"]) <= 0:
             raise QuoteRefused("the deal's spend is zero")
+        if int(record["max_spend"]) > terms.max_spend:
+            raise QuoteRefused(
+                f"the deal's spend {record['max_spend']} is above the ask's {terms.max_spend}"
+            )
         problem = self.settlement.window_problem(terms.challenge_window)
         if problem is not None:
             raise QuoteRefused(problem)

@@ -11,6 +11,7 @@ from eth_account import Account
 from fastapi.testclient import TestClient
 
 from contracts.messages import ZERO_ADDRESS, Plan, Quote
+from contracts.pricing import locked_stake
 from contracts.typed_data import schema
 from market.api.app import create_app
 from market.auth import RateLimiter
@@ -331,12 +332,26 @@ def test_attach_quote_when_provider_signs_quote_for_the_fill_then_deal_carries_i
     assert _attach(client, deal_id, bob.signed(fill), 200) == deal  # the same again: idempotent
 
 
+def test_attach_quote_holding_the_fill_s_share_of_the_ask_s_stake_then_accepted(
+    client: TestClient, alice: Trader, bob: Trader
+) -> None:
+    """A fill of 400 out of an ask of 1e9 holds ceil(stake * 400 / 1e9) of the ask's stake:
+    locking a provider's stake costs the bidder in proportion to what it bought."""
+    deal_id, terms = _matched(client, alice, bob)
+    share = locked_stake(terms.stake, terms.max_spend, 400)
+    assert 0 < share < terms.stake
+    fill = bob.fill_quote(
+        terms, client=alice.address, max_spend=400, valid_until=NOW + 600, stake=share
+    )
+    assert Quote.from_json(_attach(client, deal_id, bob.signed(fill), 200)["quote"]).stake == share
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
         ({"client": ZERO_ADDRESS}, "client"),
         ({"client": "0x" + "c1" * 20}, "client"),
-        ({"stake": 1}, "stake"),
+        ({"stake": 0}, "stake"),  # below the fill's share of the ask's stake
         ({"penalty": 1}, "penalty"),
         ({"challenge_window": 61}, "challenge_window"),
         ({"arbiter": "0x" + "a2" * 20}, "arbiter"),
@@ -393,7 +408,7 @@ def test_attach_quote_when_attacker_replays_an_old_or_cheaper_quote_of_the_provi
 ) -> None:
     """Bob signed quotes before: his ask's (no client), one for alice's other fill, and one
     for alice at cheaper terms under an older ask. Anyone can post them; none fits this deal."""
-    old_ask = bob.quote(slo_ms=100, valid_until=NOW + 3_600, penalty=1, stake=1)
+    old_ask = bob.quote(slo_ms=100, valid_until=NOW + 3_600, penalty=1, stake=0)
     cheaper = bob.fill_quote(old_ask, client=alice.address, max_spend=400, valid_until=NOW + 600)
     deal_id, terms = _matched(client, alice, bob)
     other_deal = place(client, alice.bid(NOW, price=100, quantity=4))["fills"][0]["id"]

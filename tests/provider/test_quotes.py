@@ -24,8 +24,10 @@ from client.market_http import MarketHttp
 from contracts.chain import free_port
 from contracts.messages import ZERO_ADDRESS, Quote, address_of
 from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+from contracts.pricing import locked_stake
 from provider.config import SettlementConfig
 from provider.daemon import Daemon
+from provider.quotes import MAX_QUOTES_PER_FILL
 from provider.sandbox import Sandbox
 from tests import processes
 from tests.provider.daemon_support import (
@@ -212,7 +214,9 @@ def test_second_fill_when_free_stake_cannot_cover_both_quotes_then_refused_until
     chain_world: ChainWorld, market_url: str, quoting: Daemon, provider_key: str
 ) -> None:
     world = chain_world
-    post_ask(world, market_url, provider_key, quantity=2)
+    # Two asks of one unit: each fill holds its ask's whole stake, and only one is staked.
+    post_ask(world, market_url, provider_key, quantity=1)
+    post_ask(world, market_url, provider_key, quantity=1)
     first = bid(world, market_url, world.client)
     second = bid(world, market_url, world.other_client)
     assert quoting.quotes is not None
@@ -226,6 +230,70 @@ def test_second_fill_when_free_stake_cannot_cover_both_quotes_then_refused_until
     world.escrow.stake(provider_key, STAKE)
     again = quoting.quotes.run()
     assert len(again) == 1 and again[0].market_deal_id != sent[0].market_deal_id
+
+
+def test_a_fill_of_one_unit_holds_its_share_of_the_ask_s_stake_not_all_of_it(
+    chain_world: ChainWorld, market_url: str, quoting: Daemon, provider_key: str
+) -> None:
+    """Locking a provider's stake costs the locker in proportion: one unit of four holds a
+    quarter of the ask's stake, so four one-unit fills fit the stake of the ask."""
+    world = chain_world
+    post_ask(world, market_url, provider_key, quantity=4)
+    records = [bid(world, market_url, client) for client in (world.client, world.other_client)]
+    assert quoting.quotes is not None
+    sent = quoting.quotes.run()
+    assert sorted(q.market_deal_id for q in sent) == sorted(r["deal_id"] for r in records)
+    assert {q.quote.stake for q in sent} == {locked_stake(STAKE, 4 * PRICE, PRICE)} == {STAKE // 4}
+
+
+def test_an_expired_unopened_quote_is_signed_anew_then_the_fill_counts_as_abandoned(
+    chain_world: ChainWorld,
+    market_url: str,
+    sandbox: Sandbox,
+    provider_key: str,
+    tmp_path: Path,
+) -> None:
+    """A client whose quote expired can still open its match (a new quote), but a client that
+    lets every quote expire holds the stake only MAX_QUOTES_PER_FILL validity periods.
+
+    The market judges a quote's expiry by its own clock, so the quotes here are short-lived
+    (2 s) and the test polls for the daemon's next quote instead of moving the chain's clock.
+    """
+    world = chain_world
+    brief = SettlementConfig(quote_valid_s=2)
+    node = Daemon(
+        provider_config(
+            world, tmp_path, private_key=provider_key, market_url=market_url, settlement=brief
+        ),
+        chain=world.chain,
+        sandbox=sandbox,
+    )
+    try:
+        node.start(schedule=False)
+        post_ask(world, market_url, provider_key, quantity=1)
+        record = bid(world, market_url, world.client)
+        job = node.quotes
+        assert job is not None
+        nonces: list[int] = []
+
+        def next_quote() -> bool:
+            sent = job.run()
+            nonces.extend(q.quote.nonce for q in sent)
+            return bool(sent)
+
+        for _ in range(MAX_QUOTES_PER_FILL):
+            wait_until(next_quote, 120, "a quote for the fill")
+            attached = Quote.from_json(market_deal(market_url, record["deal_id"])["quote"])
+            assert attached.nonce == nonces[-1]
+        assert len(set(nonces)) == MAX_QUOTES_PER_FILL
+
+        def refused() -> bool:
+            assert job.run() == []  # abandoned: never a fourth quote
+            return b'tpumarket_provider_quotes_total{result="refused"}' in node.metrics.render()
+
+        wait_until(refused, 120, "the fill counted as abandoned")
+    finally:
+        node.close()
 
 
 def test_ask_whose_window_is_below_what_the_daemon_needs_then_no_quote(
