@@ -155,12 +155,15 @@ class ProviderConfig(BaseSettings):
     quote_poll_s: float = Field(2.0, gt=0)
     benchmark_on_start: bool = True
     jax_platforms: str | None = None
+    # Start sandbox workers short of full isolation (no bubblewrap, root, sockets, no syscall
+    # allowlist); /v1/info then lists what they lack. Off: such workers are refused.
+    sandbox_weak_isolation: bool = False
     log_level: str = "INFO"
     settlement: SettlementConfig = Field(default_factory=SettlementConfig)
+    http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     ask: AskConfig | None = None
     log_scheduler: bool = False
     keep_alive_s: float = 5.0  # an idle connection (new, or after an answer) closes then
-    http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     request_read_timeout_s: float = 10.0  # a request's headers (and body, at a fair rate) by then
 
     def __init__(self, /, **values: Any) -> None:

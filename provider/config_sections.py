@@ -154,6 +154,7 @@ class SettlementConfig(Section):
     claim_batch_max: int = 200
     quote_valid_s: float = 600.0
     start_block: int = 0
+    arbiter_url: str | None = None
 
     @model_validator(mode="before")
     @classmethod

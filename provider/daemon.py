@@ -21,11 +21,13 @@ from provider.capacity import Capacity, compile_class
 from provider.clock import ChainClock
 from provider.config import LOCK_FILE, AskConfig, ProviderConfig
 from provider.deals import DealCache
+from provider.dispute_evidence import DisputeEvidence
 from provider.errors import ConfigError, RejectedError
 from provider.heartbeat import Heartbeat, build_advert
 from provider.journal import Journal
 from provider.metrics import ProviderMetrics
 from provider.quotes import QuoteJob
+from provider.receipts import canonical_json
 from provider.sandbox import Sandbox, SandboxLimits
 from provider.service import TaskService
 from provider.settlement import SettlementJobs
@@ -126,7 +128,10 @@ class Daemon:
         try:
             self.sandbox = sandbox or Sandbox(
                 config.pool_size,
-                SandboxLimits(max_envelope_bytes=config.max_envelope_bytes),
+                SandboxLimits(
+                    max_envelope_bytes=config.max_envelope_bytes,
+                    weak_isolation=config.sandbox_weak_isolation,
+                ),
                 Path(config.data_dir) / "compile-cache",
                 jax_platforms=config.jax_platforms,
             )
@@ -155,6 +160,7 @@ class Daemon:
         self.market: MarketHttp | None = None
         self.quotes: QuoteJob | None = None
         self.asks: AskJob | None = None
+        self.disputes: DisputeEvidence | None = None
         if config.market_url:
             self.market = MarketHttp(config.market_url)
             self.quotes = QuoteJob(
@@ -270,6 +276,20 @@ class Daemon:
                 self.asks.run()
                 extra.append((self.asks.run, max(5.0, self.config.ask.expiry_s / 10)))
         extra.append((self._journal_upkeep, JOURNAL_UPKEEP_S))
+        if self.config.settlement.arbiter_url:
+            self.disputes = DisputeEvidence(
+                escrow=self.escrow,
+                private_key=self.config.private_key,
+                arbiter_url=self.config.settlement.arbiter_url,
+                outputs=self._delivered_bytes,
+                start_block=self.config.settlement.start_block,
+            )
+            extra.append((self._hand_over_evidence, self.config.settlement.interval_s))
+        else:
+            log.warning(
+                "no settlement.arbiter_url: the outputs of a disputed claim are not handed to "
+                "the arbiter, and a dispute without them is lost"
+            )
         if schedule:
             self.jobs.start(extra)
         log.info(
@@ -283,6 +303,26 @@ class Daemon:
                 "min_challenge_window_s": self.config.settlement.min_window_s(),
             },
         )
+
+    def _delivered_bytes(self, key: tuple[int, int]) -> bytes | None:
+        """Return the bytes a receipt's outputHash commits to (outputs, report or diagnosis)."""
+        record = self.journal.receipt(key)
+        if record is None:
+            return None
+        outputs = self.journal.outputs(key)
+        if outputs:
+            return outputs
+        detail = record.detail
+        body = detail.get("report") if "report" in detail else detail.get("diagnosis")
+        return canonical_json(body) if body is not None else b""
+
+    def _hand_over_evidence(self) -> None:
+        """Hand the outputs of this provider's disputed claims to the arbiter (errors logged)."""
+        try:
+            if self.disputes is not None:
+                self.disputes.run()
+        except Exception:  # a job must never kill the scheduler thread
+            log.exception("handing evidence to the arbiter failed")
 
     def _journal_upkeep(self) -> None:
         """Seal what closed, check the next batch of sealed deals (an error is logged)."""
