@@ -130,3 +130,34 @@ def resumable_records(ledger: DealLedger, run: int) -> dict[WorkKey, list[TaskRe
 def open_for_rerun(record: TaskRecord) -> bool:
     """Return whether a run with ``record``'s inputs takes it over (``resumable_records``)."""
     return record.state != TaskState.REFUSED and record.chain != ChainState.REFUNDED
+
+
+NOT_ACKED = ("not accepted: ", "never sent", "never reached the provider")
+"""Reasons of refused tasks the provider never acked: their index is free again."""
+
+
+def free_indices(ledger: DealLedger) -> list[int]:
+    """Return the indices below the ledger's next one that no provider acked, lowest first.
+
+    The provider acks a deal's indices in order with no gap, so an index left unused (reserved
+    by a run that crashed or stopped before signing there, or refused before any ack) must be
+    taken by the next task: nothing was ever signed there, or what was is refused. Indices of
+    a migrated format-1 ledger are never reused.
+    """
+    legacy = (
+        set(ledger.legacy_paid)
+        | ledger.legacy_settled
+        | set(ledger.legacy_refunded)
+        | set(ledger.legacy_pending)
+    )
+    floor = max(legacy, default=-1) + 1
+    out = []
+    for index in range(floor, ledger.next_index):
+        record = ledger.tasks.get(index)
+        if record is None or (
+            record.state == TaskState.REFUSED
+            and record.ack is None
+            and (record.reason or "").startswith(NOT_ACKED)
+        ):
+            out.append(index)
+    return out

@@ -31,6 +31,7 @@ from client.errors import (
 )
 from client.job_cap import CapPlan
 from client.job_records import (
+    free_indices,
     outcome_from,
     record_outcome,
     resumable_records,
@@ -156,18 +157,21 @@ class JobRunner:
                 adopted.append((result, record))
             else:
                 fresh.append(result)
-        first = self.ledger.reserve(len(fresh)) if fresh else self.ledger.next_index
+        # Indices no provider acked come first (acks go in order, with no gap), then new ones.
+        indices = free_indices(self.ledger)[: len(fresh)]
+        if len(indices) < len(fresh):
+            first = self.ledger.reserve(len(fresh) - len(indices))
+            indices += range(first, self.ledger.next_index)
         self.session.next_index = self.ledger.next_index
+        items: list[tuple[int, TaskResult, int | None, TaskRecord | None]]
+        items = [(i, r, i, None) for i, r in zip(indices, fresh, strict=True)]
+        items += [(rec.index, r, None, rec) for r, rec in adopted]
         work: queue.Queue[tuple[TaskResult, int | None, TaskRecord | None]] = queue.Queue()
         with self._lock:
-            for offset, result in enumerate(fresh):
-                self._labels[first + offset] = result.task.label
-                self._runs[first + offset] = self._run
-                work.put((result, first + offset, None))
-            for result, record in adopted:
-                self._labels[record.index] = result.task.label
-                self._runs[record.index] = self._run
-                work.put((result, None, record))
+            for index, result, new, held in sorted(items, key=lambda item: item[0]):
+                self._labels[index] = result.task.label
+                self._runs[index] = self._run
+                work.put((result, new, held))
         left = [len(results)]
         finished = threading.Event()
         if not results:
@@ -252,7 +256,9 @@ class JobRunner:
                 return
             except ProviderRejected as exc:
                 if exc.status < 500:
-                    self.ledger.update(outcome.index, state=TaskState.REFUSED, reason=str(exc))
+                    self.ledger.update(
+                        outcome.index, state=TaskState.REFUSED, reason=f"not accepted: {exc}"
+                    )
                     result.error = f"not accepted: {exc}"
                     result.outcome = None
                     return

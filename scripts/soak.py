@@ -9,8 +9,10 @@ the run has reported its first task:
 - ``provider_kill``: the deal's daemon is killed with SIGKILL and started again;
 - ``chain_freeze``: anvil is stopped (SIGSTOP) for ``--freeze-s`` seconds, then continued;
 - ``client_kill``: the client run is killed with SIGKILL and stays down until the daemon has
-  claimed every task it delivered on time (the client never vouched for them), then the same
-  command runs again (it must resume, and pay none of them again);
+  claimed every task it delivered on time (the client never vouched for them); every other
+  kill (the first, the third, ...) is then looked at with ``tpumarket job status`` (as the
+  CLI suggests: it records the claims in the client's ledger); then the same command runs
+  again (it must resume, and pay none of them again);
 - ``double_sigint``: the client run gets SIGINT, and SIGINT again once it says it stopped
   sending; the inputs it left open run again.
 
@@ -26,7 +28,9 @@ the daemons' journals, money from the escrow's events and balances.
 
 The last line of stdout is one JSON object: ``tasks_acked``, ``tasks_paid``,
 ``tasks_refunded``, ``tasks_lost``, ``tasks_paid_twice``, ``honest_provider_losses``,
-``honest_client_losses``, ``invariant_ok``, then durations, fault counts and details.
+``honest_client_losses``, ``invariant_ok``, ``inputs_paid_twice`` (inputs of a deal paid under
+more than one task index, from the escrow's events and the requests the daemons journaled),
+then durations, fault counts and details.
 
 Usage: scripts/soak [--tasks N] [--batch N] [--freeze-s S] [--window S] [--rounds N]
                     [--faults F,...] [--work-dir DIR]   (logs and journals are kept there)
@@ -58,7 +62,7 @@ sys.path.insert(0, str(REPO))
 from contracts.messages import ZERO_ADDRESS  # noqa: E402
 from contracts.pricing import flat  # noqa: E402
 from contracts.program import encode_arrays, encode_envelope  # noqa: E402
-from tests.e2e.audit import audit, read_journal  # noqa: E402
+from tests.e2e.audit import audit, read_chain, read_journal  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     UNIT,
     Provider,
@@ -388,10 +392,16 @@ def inject(soak: Soak, fault: str, run: ClientRun, deal: Deal) -> bool:
         pending, latest, _ = settled_on_time(soak, [deal])
         budget = max(0.0, latest - time.time()) + 10
         settled = poll_until(lambda: settled_on_time(soak, [deal])[0] == 0, budget)
+        looked = ""
+        if soak.faults[fault] % 2 == 1:  # the user looks first, as the CLI suggests
+            soak.faults["status_between"] += 1
+            code, _ = soak.start(deal, "status", []).finish()
+            looked = f"; `job status` between (exit {code})"
         say(
             f"  client killed -9; down {time.monotonic() - started:.0f} s while "
             f"{deal.provider.name} claimed {pending} delivered task(s)"
             + ("" if settled else " (not all claimed in time)")
+            + looked
             + "; the same command runs again"
         )
         return True
@@ -481,6 +491,24 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     }
 
 
+def inputs_paid_twice(soak: Soak, journals: list[Path]) -> int:
+    """Return how many inputs of a deal the chain paid under more than one task index.
+
+    Paid tasks are read from the escrow's events (newly vouched, or claimed in a batch that
+    paid out); a task's input is the one of the client's signed request its daemon journaled.
+    """
+    chain = read_chain(soak.st.escrow)
+    tasks = {}
+    for path in journals:
+        tasks.update(read_journal(path))
+    paid = Counter(
+        (key[0], tasks[key].request.input_hash)
+        for key, count in chain.paid.items()
+        if count and key in tasks
+    )
+    return sum(1 for count in paid.values() if count > 1)
+
+
 def client_acks(soak: Soak) -> set[tuple[int, int]]:
     """Return the tasks the client's ledgers hold an ack for (read-only, log replayed)."""
     from client.ledger import DealLedger
@@ -550,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         journals = [work / p.name / JOURNAL for p in st.providers]
         result = audit(st.escrow, st.token, journals, client_acked=client_acks(soak))
         figures = result.figures()
+        figures["inputs_paid_twice"] = inputs_paid_twice(soak, journals)
         figures.update(end)
         figures.update(
             {
@@ -558,6 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                 "chain_freezes": soak.faults["chain_freeze"],
                 "chain_frozen_s": soak.frozen_s,
                 "client_kills": soak.faults["client_kill"],
+                "status_between_crash_and_rerun": soak.faults["status_between"],
                 "double_sigints": soak.faults["double_sigint"],
                 "client_runs": soak.runs["run"],
                 "client_runs_failed": soak.runs["failed"],
