@@ -14,7 +14,8 @@ file, fsync, rename, fsync of the folder) plus an append-only log of task record
 reaches the disk before the client waits for its result, and its result before the client
 pays for it; a torn last line (a crash mid-write) is ignored on open. ``save`` folds the log
 into the snapshot. Indices are reserved (and the snapshot written) before tasks are sent, so
-a crash can waste indices but never reuse one.
+a crash can leave indices unused (the next run takes them: ``client.job_records.free_indices``)
+but never signs other work at an index a provider acked.
 
 One process at a time: ``open`` takes an exclusive lock on ``deal-....lock`` (released by the
 kernel if the process dies), and a second opener gets ``LedgerLocked`` at once.
