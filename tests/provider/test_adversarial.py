@@ -34,6 +34,14 @@ def deliver(api: TestClient, task: SignedTask) -> dict[str, Any]:
     return body
 
 
+def resubmit(api: TestClient, task: SignedTask) -> dict[str, Any]:
+    """Send an acked task again: the answer is its ack alone (anyone could replay the request
+    from a claim's calldata, so a repeat never carries the result)."""
+    body: dict[str, Any] = api.post("/v1/tasks", content=task.body, headers=task.headers()).json()
+    assert body["created"] is False and body["state"] == "acked" and "receipt" not in body, body
+    return body
+
+
 def run_tasks(
     api: TestClient, world: ChainWorld, deal_id: int, indexes: range
 ) -> tuple[list[SignedTask], list[Receipt]]:
@@ -96,7 +104,7 @@ def test_client_stops_vouching_after_delivery_then_every_task_is_claimed_before_
         assert block_time(world, claim.tx_hash) <= settle_at(world, deal_id, first)
     world.advance_to(settle_at(world, deal_id, last) + 1)
     with pytest.raises(EscrowTaskAlreadySettled):  # the client's refund comes too late
-        refund(world, tasks[0], deliver(api, tasks[0]))
+        refund(world, tasks[0], resubmit(api, tasks[0]))
     world.advance_to(max(int(c.data["deadline"]) for c in claimed))
     finalized = list(daemon.jobs.run_all([deal_id]).finalized)
     assert len(finalized) == len(claimed)
@@ -118,7 +126,7 @@ def test_client_refunds_at_settle_by_plus_one_after_a_vouched_delivery_then_the_
     world.advance_to(settle_at(world, deal_id, tasks[0].request.deadline) + 1)
 
     with pytest.raises(EscrowTaskAlreadySettled):
-        refund(world, tasks[0], deliver(api, tasks[0]))
+        refund(world, tasks[0], resubmit(api, tasks[0]))
     assert world.escrow.task_status(deal_id, 0) == TASK_VOUCHED
     assert world.escrow.balance_of(client) == balances[0]
     assert world.escrow.balance_of(provider) == balances[1] + receipts[0].amount
