@@ -20,6 +20,7 @@ from client.market_http import MarketHttp
 from contracts.binding import DEAL_OPEN, Escrow, Token, TxResult
 from contracts.errors import SignatureError
 from contracts.messages import ZERO_ADDRESS, Ack, Quote, TaskRequest, address_of
+from contracts.pricing import locked_stake
 
 DEFAULT_MIN_CHALLENGE_WINDOW = 60
 """The shortest challenge window this client accepts (seconds): its time to dispute a claim."""
@@ -28,7 +29,6 @@ QUOTE_WAIT_S = 60.0
 TERMS = (
     "provider",
     "arbiter",
-    "stake",
     "penalty",
     "duration",
     "challenge_window",
@@ -151,6 +151,11 @@ class ClientAccount:
             )
         if terms is not None:
             changed = [t for t in TERMS if getattr(quote, t) != getattr(terms, t)]
+            # The fill holds its share of the ask's stake (the ask's covers its whole spend):
+            # what opening for ``max_spend`` locks must be at least that share.
+            share = locked_stake(terms.stake, terms.max_spend, min(max_spend, terms.max_spend))
+            if locked_stake(quote.stake, quote.max_spend, max_spend) < share:
+                changed.append("stake")
             if changed:
                 raise DealMismatch(
                     f"{what} changes the terms of the ask it fills: {', '.join(changed)}"

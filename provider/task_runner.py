@@ -29,6 +29,8 @@ from provider.task_checks import KIND_NAMES
 
 # The task service's logger: its lines and the filters on them stay as they were.
 log = logging.getLogger("provider.service")
+LATE_MARGIN_S = 1.0
+"""Seconds past a task's deadline its worker may still run: a receipt finished then is late."""
 MIN_BUDGET_S = 1.0
 """The least wall-clock time a task gets on a worker, however close its deadline."""
 CLIENTS_REMEMBERED = 65_536
@@ -90,12 +92,16 @@ class TaskRunner:
         return client
 
     def budget_s(self, record: AckRecord) -> float:
-        """The task's wall-clock budget on a worker: until its deadline (at least a second).
+        """The task's wall-clock budget on a worker: until a second past its deadline (at least
+        a second).
 
         A worker still busy at the budget is killed and replaced: the overrun costs only
-        this task, never another client's turn.
+        this task, never another client's turn. The task is late by then: its receipt carries
+        the real finish time, past the deadline, so it is never claimable and the client
+        refunds it with the penalty (a breach is the provider's cost, not a billed failure).
         """
-        return max(MIN_BUDGET_S, float(record.request.deadline) - self._clock())
+        late = float(record.request.deadline) + LATE_MARGIN_S
+        return max(MIN_BUDGET_S, late - self._clock())
 
     def start(
         self,

@@ -109,7 +109,7 @@ def _record(world: World, account: ClientAccount, ask: Quote, fill: Quote) -> di
     ("change", "which"),
     [
         ({"penalty": 0}, "penalty"),
-        ({"stake": 1}, "stake"),
+        ({"stake": 0}, "stake"),  # below the fill's share of the ask's stake
         ({"challenge_window": 61}, "challenge_window"),
         ({"duration": 7_200}, "duration"),
     ],
