@@ -139,7 +139,9 @@ def test_job_run_with_the_provider_down_exits_1_naming_the_undone_tasks_and_a_re
     assert "left undone" not in stderr
     again_states = {t["task"].rsplit(" ", 1)[-1]: t["state"] for t in again["tasks"]}
     assert again_states["fast0.safetensors"] == again_states["fast1.safetensors"] == "paid"
-    assert again["summary"]["tasks_resumed"] == 3 and again["summary"]["tasks_undone"] == []
+    # The acked task is always resumed; the two the provider never acked are resumed if the
+    # first run had signed them before it gave up (timing), else sent afresh: either way once.
+    assert 1 <= again["summary"]["tasks_resumed"] <= 3 and again["summary"]["tasks_undone"] == []
     wait_until(
         lambda: st.escrow.get_deal(deal_id).vouched == again["summary"]["voucher_total"],
         60,
