@@ -23,9 +23,8 @@ from collections.abc import Callable
 from typing import Final
 
 from client.errors import ClientError
+from contracts.signer_code import code_kind
 
-DELEGATION_PREFIX: Final = b"\xef\x01\x00"
-"""EIP-7702: a delegated account's code is this prefix and the 20-byte delegate address."""
 OUT_OF_ORDER: Final = "task_index_out_of_order"
 """The provider's refusal code of a task index sent before the indexes below it were acked."""
 CODE_TTL_S: Final = 30.0
@@ -42,15 +41,6 @@ class DealClosing(ClientError):
     """The client agreed to close the deal: it sends no new task on it."""
 
     code = "deal_closing"
-
-
-def code_kind(code: bytes) -> str:
-    """Return ``none``, ``delegated`` (an EIP-7702 designator) or ``contract`` for ``code``."""
-    if not code:
-        return "none"
-    if len(code) == 23 and code.startswith(DELEGATION_PREFIX):
-        return "delegated"
-    return "contract"
 
 
 class CodeCheck:
@@ -106,11 +96,9 @@ def expected_index(reason: str) -> int | None:
 
 __all__ = [
     "CODE_TTL_S",
-    "DELEGATION_PREFIX",
     "OUT_OF_ORDER",
     "CodeCheck",
     "CounterpartyHasCode",
     "DealClosing",
-    "code_kind",
     "expected_index",
 ]

@@ -21,42 +21,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final
 
 from web3 import Web3
 from web3.exceptions import Web3Exception
 
+from contracts.signer_code import CodeKind, code_kind
 from provider.errors import RejectedError
 
 log = logging.getLogger("provider.counterparty")
 
-DELEGATION_PREFIX: Final = b"\xef\x01\x00"
-"""EIP-7702: a delegated account's code is this prefix and the 20-byte delegate address."""
 STALE_FACTOR: Final = 5
 """Past its TTL, a known address's kind serves up to this many TTLs while it is read again."""
 HAS_CODE: Final = "counterparty_has_code"
 """Refusal code: the counterparty is a contract wallet whose signatures could be withdrawn."""
-
-
-class CodeKind(StrEnum):
-    """What an account's code says of the signatures it makes."""
-
-    NONE = "none"
-    """No code: an externally owned account; its ECDSA signatures stand."""
-    DELEGATED = "delegated"
-    """An EIP-7702 delegation: the escrow recovers its ECDSA signatures first; they stand."""
-    CONTRACT = "contract"
-    """Contract code: its ERC-1271 signatures may be withdrawn."""
-
-
-def code_kind(code: bytes) -> CodeKind:
-    """Return what ``code`` (as ``eth_getCode`` returns it) says of its account's signatures."""
-    if not code:
-        return CodeKind.NONE
-    if len(code) == 23 and code.startswith(DELEGATION_PREFIX):
-        return CodeKind.DELEGATED
-    return CodeKind.CONTRACT
 
 
 def chain_code(w3: Web3) -> Callable[[str], bytes]:
@@ -160,10 +138,7 @@ class CounterpartyCode:
 
 
 __all__ = [
-    "DELEGATION_PREFIX",
     "HAS_CODE",
-    "CodeKind",
     "CounterpartyCode",
     "chain_code",
-    "code_kind",
 ]

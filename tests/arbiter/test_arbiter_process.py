@@ -10,9 +10,6 @@ case the escrow's tokens equal what it owes, to the unit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from contracts.binding import BATCH_DISPUTED, BATCH_PAID, BATCH_REJECTED
@@ -27,25 +24,9 @@ from .drill import (
     Job,
     altered,
     dispute,
-    make_job,
     ruled,
     send,
 )
-
-
-@pytest.fixture(scope="module")
-def job() -> Job:
-    return make_job()
-
-
-@pytest.fixture
-def arbiter(world: World, tmp_path: Path) -> Iterator[ArbiterProcess]:
-    process = ArbiterProcess(world, tmp_path / "arbiter")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def test_a_client_that_disputes_a_correct_delivery_loses_and_the_provider_is_paid(

@@ -6,10 +6,7 @@ journal holds for every task of the batch to the deal's arbiter, and only to the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from client.accounts import ClientAccount
 from client.dispute_evidence import EnvelopeStore, ProgramEvidence
@@ -27,26 +24,10 @@ from .drill import (
     ArbiterProcess,
     Job,
     dispute,
-    make_job,
     ruled,
     send,
     signed_delivery,
 )
-
-
-@pytest.fixture(scope="module")
-def job() -> Job:
-    return make_job()
-
-
-@pytest.fixture
-def arbiter(world: World, tmp_path: Path) -> Iterator[ArbiterProcess]:
-    process = ArbiterProcess(world, tmp_path / "arbiter")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def test_the_provider_job_uploads_its_outputs_for_a_disputed_claim(

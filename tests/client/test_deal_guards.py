@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from client.accounts import ClientAccount
-from client.deal_guards import CodeCheck, CounterpartyHasCode, DealClosing, code_kind
+from client.deal_guards import CodeCheck, CounterpartyHasCode, DealClosing
 from client.errors import ProviderRejected
 from client.provider_http import ProviderHttp, TaskView
 from client.session import DealSession
@@ -22,6 +22,7 @@ from client.vouchers import VoucherBook
 from contracts.chain import rpc
 from contracts.messages import KIND_INFERENCE, Plan, TaskRequest
 from contracts.program import ProgramEnvelope
+from contracts.signer_code import code_kind
 from tests.e2e.stack import Provider, Stack, spin_inputs, spin_model, stack
 from tests.polling import wait_until
 

@@ -20,8 +20,9 @@ from contracts.chain import rpc
 from contracts.messages import KIND_INFERENCE, STATUS_SUCCESS, address_of
 from contracts.pricing import price, tiered
 from contracts.program import ProgramEnvelope
+from contracts.signer_code import CodeKind
 from provider.api import create_app
-from provider.counterparty import CodeKind, CounterpartyCode, chain_code
+from provider.counterparty import CounterpartyCode, chain_code
 from provider.daemon import Daemon
 from provider.errors import RejectedError
 from provider.sandbox import Sandbox
