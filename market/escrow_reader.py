@@ -93,6 +93,13 @@ class EscrowReader:
             self._min_window = floor
         return self._min_window
 
+    def chain_time(self) -> int:
+        """Return the latest block's timestamp (0 when the market reads no escrow): the clock
+        the escrow judges a quote's ``validUntil`` by."""
+        if not self.known():
+            return 0
+        return int(self.read(lambda e: e.tx.w3.eth.get_block("latest")["timestamp"]))
+
     def refuse_used_nonce(self, provider: str, nonce: int, what: str) -> None:
         """Raise `ReplayError` if the escrow saw the provider's quote nonce used or cancelled."""
         if self.known() and self.read(lambda e: e.is_nonce_used(provider, nonce)):

@@ -196,7 +196,12 @@ class MarketService(MarketReads):
                 raise SignatureExpiredError(f"quote expired at {q.valid_until} (now {now})")
             if deal.quote_json is not None:
                 held = QuoteIn.model_validate_json(deal.quote_json)
-                if held.valid_until > now:
+                # A held quote gives way once it is past by the market's clock or by block
+                # time (the escrow's; read only on this rare path, a quote replacing another):
+                # a chain ahead of the host's clock has already made it useless.
+                if held.valid_until > now and (
+                    not self.escrow.known() or held.valid_until >= self.escrow.chain_time()
+                ):
                     raise ReplayError(
                         f"deal {deal_id} has a quote valid until {held.valid_until}: one quote "
                         "per deal (another is accepted once it expired unused)"

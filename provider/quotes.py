@@ -94,13 +94,12 @@ class QuoteJob:
             log.warning("cannot list the market's deals", extra={"error": str(exc)})
             return []
         try:
-            self.clock.chain_now()  # validUntil is judged by the chain's clock
+            # validUntil is judged by block time: a quote is past only once the latest block is
+            # later than it (no block can open it then), and only then is it signed anew.
+            now = self.clock.chain_now()
         except (ChainError, ContractRevert) as exc:
             log.warning("cannot read the chain's clock", extra={"error": str(exc)})
             return []
-        # The host's clock moved up to the chain's: an idle chain mines no block, so its last
-        # block's time alone would never see a quote expire.
-        now = self.clock.now()
         pending = [r for r in records if self._needs_quote(r, now)]
         if not pending:
             return []
@@ -146,16 +145,16 @@ class QuoteJob:
             valid_until = int(quote.get("valid_until", 0))
         except (TypeError, ValueError):
             return True
-        # Expired unopened: sign it anew (the market takes a new quote only once the one it
-        # holds expired, so a quote still valid, however close to its end, is left in place).
-        return valid_until <= now
+        # Expired unopened: sign it anew (the market takes a new quote only once no block can
+        # open the one it holds, so a quote still valid, however close to its end, stays).
+        return valid_until < now
 
     def _abandoned(self, deal_id: str, client: str, now: float) -> bool:
         """Whether the client let :data:`MAX_QUOTES_PER_FILL` quotes of this fill expire."""
         expired = [
             q
             for q in self.journal.quotes(deal_id)
-            if q.quote.client.lower() == client.lower() and q.quote.valid_until <= now
+            if q.quote.client.lower() == client.lower() and q.quote.valid_until < now
         ]
         return len(expired) >= MAX_QUOTES_PER_FILL
 
