@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, select
 
+from market.deal_states import DealStatus
 from market.models import ChainDeal, ChainEvent, Deal, IndexerState, ProviderClient
 
 # -- chain indexer ------------------------------------------------------------------------------
@@ -131,6 +132,8 @@ def link_chain_deal(
 def open_deal_stakes(*, session: Session, provider: str) -> int:
     """Return the stake `provider` has locked in its indexed deals not closed on chain."""
     rows = session.exec(
-        select(ChainDeal.stake).where(ChainDeal.provider == provider, ChainDeal.status != "closed")
+        select(ChainDeal.stake).where(
+            ChainDeal.provider == provider, ChainDeal.status != DealStatus.CLOSED
+        )
     ).all()
     return sum(int(stake) for stake in rows)

@@ -36,6 +36,7 @@ from web3 import Web3
 
 from contracts.binding import Chain, Escrow
 from market import chain_index
+from market.deal_states import DealStatus
 from market.errors import MarketError
 from market.escrow_reader import TRANSIENT_CHAIN
 from market.models import INT64, ChainDeal
@@ -359,7 +360,7 @@ def _breach(deal: ChainDeal, pair: Any, args: dict[str, Any]) -> None:
 
 
 def _closed(deal: ChainDeal, _pair: Any, args: dict[str, Any]) -> None:
-    deal.status = "closed"
+    deal.status = DealStatus.CLOSED
     deal.closed_tx = deal.last_tx
     deal.returned_to_client = str(args["returnedToClient"])
     # The escrow closes a deal only once no claim is pending: no batch event can follow, so

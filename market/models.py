@@ -13,6 +13,8 @@ from pydantic import Field as PField
 from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from market.deal_states import DealStatus
+
 INT64 = 2**63 - 1
 UINT256 = 2**256 - 1
 ADDRESS = r"^0x[0-9a-fA-F]{40}$"
@@ -251,7 +253,7 @@ class ChainDeal(SQLModel, table=True):
     expiry: int = Field(sa_type=BigInteger)
     challenge_window: int = Field(sa_type=BigInteger)
     slo_ms: int = Field(sa_type=BigInteger)
-    status: str = Field(default="opened", max_length=16)
+    status: str = Field(default=DealStatus.OPENED, max_length=16)
     opened_tx: str = Field(max_length=66)
     opened_block: int = Field(sa_type=BigInteger)
     last_tx: str = Field(max_length=66)
@@ -310,7 +312,7 @@ class DealPublic(BaseModel):
     quote: dict[str, Any] | None
     quote_signature: str | None
     quote_hash: str | None
-    status: str
+    status: DealStatus
     chain_deal_id: int | None
     tasks_paid: int
     paid: str

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic import Field as PField
 
+from market.deal_states import DealStatus
 from market.levels import AskGroup, Level
 from market.models import (
     ChainDeal,
@@ -310,15 +311,15 @@ def deal_public(deal: Deal, orders: dict[str, Order], chain: ChainDeal | None) -
     bid = order_public(orders[deal.bid_id])
     ask = order_public(orders[deal.ask_id])
     if chain is None:
-        status = "matched"
-    elif chain.status == "closed":
-        status = "closed"
+        status = DealStatus.MATCHED
+    elif chain.status == DealStatus.CLOSED:
+        status = DealStatus.CLOSED
     elif int(chain.paid) or chain.tasks_paid:
-        status = "paid"
+        status = DealStatus.PAID
     elif chain.refunds or chain.disputes_lost:
-        status = "refunded"
+        status = DealStatus.REFUNDED
     else:
-        status = "opened"
+        status = DealStatus.OPENED
     attached = deal.quote_json is not None
     return DealPublic(
         deal_id=deal.deal_id,
