@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import EscrowError
@@ -127,7 +128,17 @@ def register_chain(commands: argparse._SubParsersAction) -> None:  # type: ignor
         help="shortest challenge window (s) a quote may set on this escrow "
         f"(default {DEFAULT_MIN_CHALLENGE_WINDOW})",
     )
+    up.add_argument(
+        "--deployment-out",
+        type=Path,
+        default=None,
+        help="also write the local deployment's file here (read by every component's "
+        "`deployment` setting)",
+    )
     up.set_defaults(handler=_chain_up)
+    from contracts.deploy_cli import register_deploy
+
+    register_deploy(actions)
 
 
 def _dev_accounts(text: str) -> int:
@@ -143,14 +154,19 @@ def _dev_accounts(text: str) -> int:
 def _chain_up(args: argparse.Namespace) -> int:
     from contracts.binding import Chain
     from contracts.chain import Anvil
+    from contracts.deployment import deploy, write_deployment
     from contracts.signing import address_of
 
     if args.min_challenge_window < 1:
         raise InputError("--min-challenge-window must be at least 1 second")
+    if args.deployment_out is not None and args.deployment_out.exists():
+        raise InputError(f"{args.deployment_out} exists; choose a new path for the deployment file")
     with Anvil.start(port=args.port, accounts=args.accounts) as anvil:
         chain = Chain(anvil.url)
         deployer = anvil.keys[0]
-        deployment = chain.deploy(deployer, min_challenge_window=args.min_challenge_window)
+        deployment = deploy(chain, deployer, min_challenge_window=args.min_challenge_window)
+        if args.deployment_out is not None:
+            write_deployment(args.deployment_out, deployment)
         token = chain.token(deployment.token)
         for key in anvil.keys:
             token.mint(deployer, address_of(key), DEV_TOKENS)
@@ -160,6 +176,7 @@ def _chain_up(args: argparse.Namespace) -> int:
             "anvil_pid": anvil.pid,
             "token": deployment.token,
             "escrow": deployment.escrow,
+            "deployment_block": deployment.deployment_block,
             "min_challenge_window": args.min_challenge_window,
             "dev_accounts": [{"address": address_of(k), "private_key": k} for k in anvil.keys],
         }

@@ -26,9 +26,15 @@ SET_CODE_GAS = 100_000
 
 def compile_delegates() -> dict[str, str]:
     """Return each delegate's creation bytecode by name (cached by a hash of the input)."""
+    return compile_test_contracts(SOURCE, DELEGATES)
+
+
+def compile_test_contracts(path: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """Return the creation bytecode of each of `names` in the test source at `path` (compiled
+    with the project's solc, cached by a hash of the input)."""
     source = {
         "language": "Solidity",
-        "sources": {"Delegates.sol": {"content": SOURCE.read_text()}},
+        "sources": {path.name: {"content": path.read_text()}},
         "settings": {
             "evmVersion": compiler.EVM_VERSION,
             "optimizer": {"enabled": True, "runs": 200},
@@ -37,7 +43,7 @@ def compile_delegates() -> dict[str, str]:
     }
     encoded = json.dumps(source, sort_keys=True).encode()
     key = hashlib.sha256(encoded + compiler.SOLC_VERSION.encode()).hexdigest()
-    cached = compiler.cache_dir() / f"test-delegates-{key}.json"
+    cached = compiler.cache_dir() / f"test-{path.stem}-{key}.json"
     if cached.exists():
         output = json.loads(cached.read_text())
     else:
@@ -48,8 +54,8 @@ def compile_delegates() -> dict[str, str]:
             allow_paths=[str(compiler.REPO_ROOT)],
         )
         write_atomically(cached, json.dumps(output))  # parallel workers read this cache
-    built = output["contracts"]["Delegates.sol"]
-    return {name: "0x" + built[name]["evm"]["bytecode"]["object"] for name in DELEGATES}
+    built = output["contracts"][path.name]
+    return {name: "0x" + built[name]["evm"]["bytecode"]["object"] for name in names}
 
 
 def deploy_delegates(world: World) -> dict[str, str]:
