@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.amounts import tokens
+from client.arbiter_choice import check_arbiter, configured_arbiters
 from client.errors import ClientError, DealMismatch, SpendingCapExceeded
 from client.market_http import MarketHttp
 from contracts.binding import DEAL_OPEN, Escrow, Token, TxResult
@@ -81,8 +82,11 @@ class ClientAccount:
         *,
         spending_cap: int | None = None,
         min_challenge_window: int = DEFAULT_MIN_CHALLENGE_WINDOW,
+        arbiters: frozenset[str] | None = None,
     ) -> None:
         self.escrow = escrow
+        # The arbiters this client accepts (lowercase; None: any but nobody and the provider).
+        self.arbiters = configured_arbiters() if arbiters is None else arbiters
         self.token = token
         self.key = private_key
         self.address = address_of(private_key)
@@ -144,6 +148,7 @@ class ClientAccount:
             )
         if quote.arbiter.lower() in (ZERO_ADDRESS.lower(), quote.provider.lower()):
             raise DealMismatch(f"{what} names {quote.arbiter} as arbiter: the provider or nobody")
+        check_arbiter(quote.arbiter, self.arbiters, what)
         if not 0 < max_spend <= quote.max_spend:
             raise DealMismatch(
                 f"{what}: a cap of {tokens(max_spend)} tokens is outside the quote's "

@@ -17,6 +17,7 @@ from contracts.hashing import keccak256
 
 EVIDENCE_TAG = b"tpumarket.arbiter-evidence.v1"
 RULING_READ_TAG = b"tpumarket.arbiter-ruling-read.v1"
+ARBITER_ADVERT_TAG = b"tpumarket.arbiter-advert.v1"
 EVIDENCE_SIGNATURE_HEADER = "X-Tpumarket-Evidence-Signature"
 EVIDENCE_TARGET_HEADER = "X-Tpumarket-Target"
 READ_EXPIRY_HEADER = "X-Tpumarket-Read-Expiry"
@@ -59,6 +60,20 @@ def ruling_read_digest(domain: Domain, deal_id: int, batch_id: int, expiry: int)
         + deal_id.to_bytes(32, "big")
         + batch_id.to_bytes(4, "big")
         + expiry.to_bytes(8, "big")
+    )
+
+
+def arbiter_advert_digest(domain: Domain, advert_hash: bytes, timestamp: int) -> bytes:
+    """Return what an arbiter signs to advertise on a market: its advert (by the keccak256 of
+    its canonical JSON) at ``timestamp``, under the market's domain (one market, chain, escrow).
+
+    ``keccak256(tag || domain separator || advert hash || uint64 timestamp)``: the tag keeps an
+    arbiter's advert from passing as a provider's heartbeat or any other signed message.
+    """
+    if len(advert_hash) != 32:
+        raise ValueError("advert_hash must be 32 bytes")
+    return keccak256(
+        ARBITER_ADVERT_TAG + domain.separator() + advert_hash + timestamp.to_bytes(8, "big")
     )
 
 

@@ -401,6 +401,18 @@ class Provider(ProviderBase, table=True):
     advert_json: str = Field(sa_column=Column(Text, nullable=False))
 
 
+class ArbiterAdvertRow(SQLModel, table=True):
+    """An arbiter's latest signed advert on this market (read and written by `market.arbiters`)."""
+
+    __tablename__ = "arbiters"
+
+    address: str = Field(primary_key=True, max_length=42)
+    advert_ts: int = Field(sa_type=BigInteger)
+    advert_json: str = Field(sa_column=Column(Text, nullable=False))
+    signature: str = Field(max_length=132)
+    last_seen: float
+
+
 class ProviderPublic(ProviderBase):
     """A provider with its reputation from on-chain value (see docs/market.md, "Reputation").
 

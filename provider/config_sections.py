@@ -280,6 +280,7 @@ class AskConfig(Section):
     device_class: str | None = None
     memory: int = 0
     compile_checks: bool = True
+    arbiters: tuple[str, ...] = ()  # the arbiters this provider accepts (empty: `arbiter` only)
 
     @field_validator("price", "quantity", "duration", "expiry_s", "challenge_window")
     @classmethod
@@ -300,3 +301,23 @@ class AskConfig(Section):
             return to_address(value)
         except ValueError:
             raise ValueError("ask.arbiter is not an address (0x and 40 hex digits)") from None
+
+    @field_validator("arbiters")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            return tuple(to_address(v) for v in value)
+        except ValueError:
+            raise ValueError("ask.arbiters holds an entry that is not an address") from None
+
+    @model_validator(mode="after")
+    def _arbiter_accepted(self) -> AskConfig:
+        check(
+            not self.arbiters or self.arbiter.lower() in {a.lower() for a in self.arbiters},
+            "ask.arbiter must be one of ask.arbiters",
+        )
+        return self
+
+    def accepted_arbiters(self) -> frozenset[str]:
+        """Return the arbiters this provider accepts (lowercase)."""
+        return frozenset(a.lower() for a in (self.arbiters or (self.arbiter,)))

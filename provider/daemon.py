@@ -173,6 +173,7 @@ class Daemon:
                 settlement=config.settlement,
                 metrics=self.metrics,
                 clock=self.clock,
+                arbiters=config.ask.accepted_arbiters() if config.ask is not None else None,
             )
 
     @staticmethod

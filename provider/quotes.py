@@ -70,8 +70,11 @@ class QuoteJob:
         settlement: SettlementConfig,
         metrics: ProviderMetrics,
         clock: ChainClock,
+        arbiters: frozenset[str] | None = None,
     ) -> None:
-        """Quote on ``market`` for the escrow's deals, with the plans this daemon serves."""
+        """Quote on ``market`` for the escrow's deals, with the plans this daemon serves
+        (and only naming one of ``arbiters``, lowercase, when given)."""
+        self.arbiters = arbiters
         self.market = market
         self._key = private_key
         self.address = address_of(private_key)
@@ -211,6 +214,8 @@ class QuoteJob:
             raise QuoteRefused(f"the ask's quote does not parse: {exc}") from exc
         if terms.provider.lower() != self.address.lower():
             raise QuoteRefused(f"the ask's quote names provider {terms.provider}")
+        if self.arbiters is not None and terms.arbiter.lower() not in self.arbiters:
+            raise QuoteRefused(f"the ask's arbiter {terms.arbiter} is not one this daemon accepts")
         if terms.plan.struct_hash() not in self.plans:
             raise QuoteRefused("the ask's plan is not one this daemon serves")
         if terms.slo_ms < self.slo_ms:

@@ -20,7 +20,7 @@ from market.api.body import publish_schemas
 from market.api.deps import limit_ip
 from market.api.fast import FastOrders, MarketApp
 from market.api.limits import BodySizeLimit, SecurityHeaders
-from market.api.routes import book, deals, orders, providers, stream
+from market.api.routes import arbiters, book, deals, orders, providers, stream
 from market.indexer import Indexer
 from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
@@ -95,7 +95,7 @@ def create_app(
         app.state.service = service  # usable before the lifespan runs (schema tools, tests)
     errors.install(app)
     limited = [Depends(limit_ip)]
-    for module in (orders, deals, providers, book, stream):
+    for module in (orders, deals, providers, arbiters, book, stream):
         app.include_router(module.router, dependencies=limited)
     # The bodies the routes read themselves (`market.api.body`), published all the same.
     publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)

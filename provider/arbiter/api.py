@@ -86,7 +86,7 @@ def create_app(arbiter: Arbiter, *, upload_dir: Path | None = None) -> FastAPI:
             "evidence_window_s": terms.evidence_window_s,
             "ruling_margin_s": terms.ruling_margin_s,
             "tolerance": terms.tolerance.as_json(),
-            "fee": 0,
+            "fee": terms.fee,
         }
 
     @app.get("/v1/cases/{deal_id}/{batch_id}")

@@ -33,6 +33,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from contracts.binding import Chain
     from contracts.errors import EscrowError
+    from provider.arbiter.advert import AdvertJob
     from provider.arbiter.api import create_app
     from provider.arbiter.config import load_settings
     from provider.arbiter.journal import ArbiterJournal
@@ -64,9 +65,23 @@ def _run(args: argparse.Namespace) -> int:
         terms=ArbiterTerms(
             evidence_window_s=settings.evidence_window_s,
             ruling_margin_s=settings.ruling_margin_s,
+            fee=settings.fee,
         ),
         from_block=settings.from_block,
     )
+    advert = None
+    if settings.market_url:
+        advert = AdvertJob(
+            market_url=settings.market_url,
+            chain_id=escrow.domain.chain_id,
+            escrow=escrow.address,
+            key=key,
+            address=arbiter.address,
+            url=settings.public_url or f"http://{settings.host}:{settings.port}",
+            terms=arbiter.terms,
+            journal=journal,
+            interval_s=settings.advert_interval_s,
+        )
     stop = threading.Event()
 
     def loop() -> None:
@@ -75,6 +90,8 @@ def _run(args: argparse.Namespace) -> int:
                 arbiter.tick()
             except Exception:  # a node hiccup: log it, the next tick reads again
                 log.exception("arbiter tick failed")
+            if advert is not None:
+                advert.tick()
             stop.wait(settings.poll_interval_s)
 
     worker = threading.Thread(target=loop, name="arbiter-ticks", daemon=True)

@@ -39,6 +39,16 @@ class ArbiterSettings(BaseSettings):
     ruling_margin_s: int = Field(300, ge=0, description="rule at least this long before a lapse")
     poll_interval_s: float = Field(2.0, gt=0, le=60, description="seconds between chain scans")
     from_block: int = Field(0, ge=0, description="first block to scan for disputes")
+    fee: int = Field(
+        0, ge=0, lt=2**128, description="fee per disputed batch, paid by the side that loses"
+    )
+    market_url: str | None = Field(None, description="the market to advertise on (none: no advert)")
+    public_url: str | None = Field(
+        None, description="the API's URL in the advert (default http://host:port)"
+    )
+    advert_interval_s: float = Field(
+        60.0, ge=1, le=86_400, description="seconds between adverts to the market"
+    )
 
     @field_validator("key")
     @classmethod

@@ -50,6 +50,7 @@ class ArbiterTerms:
     evidence_window_s: int = 600
     ruling_margin_s: int = 300
     tolerance: Tolerance = field(default_factory=Tolerance)
+    fee: int = 0
 
     def evidence_deadline(self, dispute: Dispute) -> int:
         """Return the chain instant after which no more evidence is taken for ``dispute``."""

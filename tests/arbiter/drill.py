@@ -107,9 +107,12 @@ def signed_delivery(
 class ArbiterProcess:
     """``python -m provider.arbiter.cli run`` on a free port, with its journal in ``data_dir``."""
 
-    def __init__(self, world: World, data_dir: Path) -> None:
+    def __init__(
+        self, world: World, data_dir: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.world = world
         self.data_dir = data_dir
+        self.extra_env = dict(extra_env or {})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: Any = None
@@ -126,6 +129,7 @@ class ArbiterProcess:
             "TPUMARKET_ARBITER_EVIDENCE_WINDOW_S": str(EVIDENCE_WINDOW_S),
             "TPUMARKET_ARBITER_RULING_MARGIN_S": "60",
             "TPUMARKET_ARBITER_POLL_INTERVAL_S": "0.2",
+            **self.extra_env,
         }
         log = (self.data_dir.parent / f"arbiter-{self.port}.log").open("ab")
         self.process = processes.spawn(
