@@ -138,10 +138,11 @@ def settings_of(args: argparse.Namespace) -> ClientSettings:
 
 def key_from(args: argparse.Namespace) -> str:
     """Return the client key from `--key` or the environment, checked (never padded)."""
-    secret = settings_of(args).client_key
-    key = args.key or (secret.get_secret_value() if secret is not None else None)
+    key = args.key or settings_of(args).key_text()
     if not key:
-        raise UsageError(f"no client key: pass --key or set {KEY_ENV}")
+        raise UsageError(
+            f"no client key: pass --key, set {KEY_ENV} (development) or TPUMARKET_CLIENT_KEYSTORE"
+        )
     what = "--key" if args.key else KEY_ENV
     return check_private_key(str(key), what=what)
 
@@ -155,6 +156,12 @@ def escrow_from(args: argparse.Namespace) -> Escrow:
         raise UsageError("no escrow address: pass --escrow or set TPUMARKET_ESCROW")
     address = check_address(str(args.escrow), what="--escrow")
     chain = Chain(args.rpc_url)
+    expected = settings_of(args).chain_id  # from a deployment file
+    if expected is not None and chain.w3.eth.chain_id != expected:
+        raise InputError(
+            f"the node serves chain id {chain.w3.eth.chain_id}; the deployment "
+            f"file is for chain id {expected}"
+        )
     check_contract(chain, address, what="--escrow")
     escrow = chain.escrow(address)
     try:

@@ -1,16 +1,21 @@
 """The client's settings from the environment, read in one place and validated.
 
 ``TPUMARKET_RPC_URL``, ``TPUMARKET_ESCROW``, ``TPUMARKET_MARKET_URL``,
-``TPUMARKET_ESCROW_BLOCK``, ``TPUMARKET_CLIENT_KEY`` and ``TPUMARKET_CLIENT_STATE``; an empty
-variable counts as unset. A value that does not validate is a ``ClientSettingsError`` with a
-one-line message (the CLI exits 2). The private key is a secret: no repr, log or error shows it.
+``TPUMARKET_ESCROW_BLOCK``, ``TPUMARKET_CLIENT_KEY`` (a raw key, development only) or
+``TPUMARKET_CLIENT_KEYSTORE`` with ``TPUMARKET_PASSPHRASE_FILE`` (or
+``TPUMARKET_KEYSTORE_PASSPHRASE``), ``TPUMARKET_DEPLOYMENT`` (a deployment file from
+``tpumarket chain deploy``: the escrow and its block come from it) and
+``TPUMARKET_CLIENT_STATE``; an empty variable counts as unset. A value that does not validate
+is a ``ClientSettingsError`` with a one-line message (the CLI exits 2). The private key is a
+secret: no repr, log or error shows it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from client.errors import ClientInputError
@@ -34,7 +39,45 @@ class ClientSettings(BaseSettings):
     market_url: str | None = None
     escrow_block: int = Field(default=0, ge=0)
     client_key: SecretStr | None = None
+    client_keystore: Path | None = None
+    passphrase_file: Path | None = None
+    deployment: Path | None = None
+    chain_id: int | None = None
     client_state: Path = Path.home() / ".tpumarket" / "client"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_deployment(cls, data: Any) -> Any:
+        """Take the escrow, its block and the chain id from the deployment file, if one is
+        named; an escrow also given must be the file's."""
+        if not isinstance(data, dict) or not data.get("deployment"):
+            return data
+        from contracts.deployment import DeploymentError, read_deployment
+
+        try:
+            record = read_deployment(Path(str(data["deployment"])))
+        except DeploymentError as exc:
+            raise ValueError(str(exc)) from None
+        given = data.get("escrow")
+        if given and str(given).lower() != record.escrow.lower():
+            raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
+        return {
+            **data,
+            "escrow": record.escrow,
+            "escrow_block": data.get("escrow_block") or record.deployment_block,
+            "chain_id": record.chain_id,
+        }
+
+    def key_text(self) -> str | None:
+        """Return the client key: the raw key if set, else decrypted from the keystore (its
+        passphrase from the passphrase file, the environment or a prompt); None if neither."""
+        if self.client_key is not None:
+            return self.client_key.get_secret_value()
+        if self.client_keystore is None:
+            return None
+        from contracts.keystore import load_key, read_passphrase
+
+        return load_key(self.client_keystore, read_passphrase(self.passphrase_file))
 
 
 def load_settings() -> ClientSettings:

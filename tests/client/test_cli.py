@@ -135,7 +135,7 @@ def test_sdk_errors_exit_1_and_missing_key_exits_2(
     assert err == "error: cannot withdraw 1.000000 tokens: the free balance is 0.000000 tokens\n"
 
     assert _cli(world, "balances") == 2
-    assert "error: no client key: pass --key or set TPUMARKET_CLIENT_KEY" in capsys.readouterr().err
+    assert "error: no client key: pass --key, set TPUMARKET_CLIENT_KEY" in capsys.readouterr().err
 
 
 def test_key_from_environment(

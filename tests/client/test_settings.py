@@ -3,11 +3,15 @@ exits 2), an empty variable counts as unset, and the private key never shows."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from eth_account import Account
 
 from client.cli import main
 from client.settings import ClientSettings, ClientSettingsError, load_settings
+from contracts.keystore import KeystoreError, write_keystore
 
 VARIABLES = (
     "TPUMARKET_RPC_URL",
@@ -16,6 +20,10 @@ VARIABLES = (
     "TPUMARKET_ESCROW_BLOCK",
     "TPUMARKET_CLIENT_KEY",
     "TPUMARKET_CLIENT_STATE",
+    "TPUMARKET_CLIENT_KEYSTORE",
+    "TPUMARKET_PASSPHRASE_FILE",
+    "TPUMARKET_DEPLOYMENT",
+    "TPUMARKET_KEYSTORE_PASSPHRASE",
 )
 
 
@@ -68,3 +76,50 @@ def test_private_key_is_a_secret_never_in_a_repr(monkeypatch: pytest.MonkeyPatch
     shown = repr(settings) + str(settings) + repr(settings.model_dump())
     assert key.removeprefix("0x") not in shown and "**********" in shown
     assert isinstance(settings, ClientSettings)
+
+
+DEPLOYMENT = {
+    "format": 1,
+    "chain_id": 8453,
+    "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
+    "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
+    "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
+    "deployment_block": 1234,
+    "min_challenge_window": 600,
+    "arbitration_period": 604800,
+    "escrow_code": "0x" + "ab" * 32,
+    "token_code": "existing",
+}
+
+
+def test_a_deployment_file_gives_the_escrow_and_its_block(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps(DEPLOYMENT))
+    monkeypatch.setenv("TPUMARKET_DEPLOYMENT", str(path))
+    settings = load_settings()
+    assert (settings.escrow, settings.escrow_block, settings.chain_id) == (
+        DEPLOYMENT["escrow"],
+        1234,
+        8453,
+    )
+    monkeypatch.setenv("TPUMARKET_ESCROW", "0x" + "11" * 20)  # another escrow beside it
+    with pytest.raises(ClientSettingsError, match="not the deployment file's"):
+        load_settings()
+    monkeypatch.delenv("TPUMARKET_ESCROW")
+    path.write_text("{")
+    with pytest.raises(ClientSettingsError, match="not JSON"):
+        load_settings()
+
+
+def test_the_key_from_a_keystore(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    key = "0x" + "42" * 32
+    write_keystore(tmp_path / "client.json", key, "pass phrase", scrypt_n=2**4)
+    (tmp_path / "pass").write_text("pass phrase\n")
+    monkeypatch.setenv("TPUMARKET_CLIENT_KEYSTORE", str(tmp_path / "client.json"))
+    monkeypatch.setenv("TPUMARKET_PASSPHRASE_FILE", str(tmp_path / "pass"))
+    assert load_settings().key_text() == key
+    (tmp_path / "pass").write_text("wrong\n")
+    with pytest.raises(KeystoreError):
+        load_settings().key_text()
