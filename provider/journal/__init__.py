@@ -6,6 +6,7 @@
 - :mod:`~provider.journal.verification`: receipt chains and seals checked, in memory or
   streamed;
 - :mod:`~provider.journal.sealing`: closed and settled deals sealed under a signed checkpoint;
+- :mod:`~provider.journal.retention`: each task's envelope and outputs pruned once settled;
 - :mod:`~provider.journal.store`: :class:`Journal`, the one entry point.
 """
 
@@ -19,6 +20,7 @@ from provider.journal.records import (
     SettlementRecord,
     VoucherRecord,
 )
+from provider.journal.retention import OutputsPrunedError, releasable
 from provider.journal.schema import SCHEMA_VERSION
 from provider.journal.store import Journal
 from provider.journal.verification import VerifyReport
@@ -30,9 +32,11 @@ __all__ = [
     "DealBook",
     "Journal",
     "Key",
+    "OutputsPrunedError",
     "QuoteRecord",
     "ReceiptRecord",
     "SettlementRecord",
     "VerifyReport",
     "VoucherRecord",
+    "releasable",
 ]

@@ -17,12 +17,17 @@ import threading
 from contracts.program import ProgramFormatError, join_envelope, split_envelope
 from provider.errors import JournalCorruptError, JournalError
 from provider.journal.records import AckRecord, Key
+from provider.journal.retention import FRAME, Retention
 
 _BLOB_CACHE = 4096  # content hashes known stored, before the cache starts over
 
 
-class EnvelopeStore:
-    """The ack rows with their envelopes (a part of :class:`provider.journal.Journal`)."""
+class EnvelopeStore(Retention):
+    """The ack rows with their envelopes (a part of :class:`provider.journal.Journal`).
+
+    Since schema 4 an ack row's ``envelope`` column is empty: the frame is in ``task_data``
+    (pruned once the task is settled, :mod:`provider.journal.retention`).
+    """
 
     _db: sqlite3.Connection
     _lock: threading.RLock
@@ -44,6 +49,15 @@ class EnvelopeStore:
             if row is None:
                 raise JournalError(f"no envelope journaled for task {key}")
             frame, program_sha, weights_sha = row
+            if not frame:  # schema 4: the frame is task data
+                stored = self._task_data(key, FRAME)
+                if stored is None:
+                    raise JournalError(
+                        f"the envelope of task {key} was pruned (the task is settled)"
+                        if self.is_pruned(key)
+                        else f"no envelope journaled for task {key}"
+                    )
+                frame = stored
             if program_sha is None:  # stored whole
                 return bytes(frame)
             program = self._blob(bytes(program_sha))
@@ -82,7 +96,7 @@ class EnvelopeStore:
                     record.request_sig,
                     record.request_hash,
                     record.target,
-                    frame,
+                    b"",
                     json.dumps(record.ack_json()),
                     record.ack_sig,
                     record.acked_at,
@@ -91,6 +105,7 @@ class EnvelopeStore:
                     record.protocol,
                 ),
             )
+            self._put_task_data(record.key, FRAME, frame, len(envelope))
             if own:
                 self._db.execute("COMMIT")
         except BaseException:

@@ -114,7 +114,9 @@ class DealBook:
     """What the journal knows of one deal, kept in memory for the hot path.
 
     ``claiming`` holds the tasks of a claim transaction in flight (not journaled yet): a
-    voucher covering one of them is refused like one covering a claimed task. ``sealed``
+    voucher covering one of them is refused like one covering a claimed task. ``pruned``
+    holds the tasks whose envelope and outputs were dropped once settled
+    (:mod:`provider.journal.retention`). ``sealed``
     marks a book read back from a sealed deal (closed and settled): a copy nothing more can
     be recorded in.
     """
@@ -127,6 +129,7 @@ class DealBook:
     ack_total: int = 0
     settled_ack_total: int | None = None
     claiming: set[int] = field(default_factory=set)
+    pruned: set[int] = field(default_factory=set)
     sealed: bool = False
     _derived: dict[str, Any] = field(default_factory=dict)
 

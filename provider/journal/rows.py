@@ -114,4 +114,8 @@ def read_book(db: sqlite3.Connection, deal_id: int, *, sealed: bool) -> DealBook
             (deal,),
         )
     ]
+    book.pruned = {
+        int(row[0])
+        for row in db.execute("SELECT task_index FROM pruned WHERE deal_id = ?", (deal,))
+    }
     return book

@@ -7,6 +7,11 @@
    row's own transaction), ``seals`` (the signed checkpoint of each closed and settled deal;
    triggers refuse any row for a sealed deal), indexes on the deal of every table, so opening
    reads only the deals still open.
+4. retention: ``task_data`` (each task's envelope frame and delivered outputs, out of the
+   sealed rows: the ack's ``envelope`` and the receipt's ``outputs`` columns stay empty for new
+   rows), ``pruned`` (append-only: each task whose data was dropped once nothing could still
+   need it, :mod:`provider.journal.retention`); ``blobs`` rows may be deleted (a program or
+   weights no unpruned ack refers to).
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ from provider.errors import JournalError
 
 log = logging.getLogger("provider.journal")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The journal's schema version; older journals migrate on open (see the module docstring)."""
 
 SEALED = "the deal is sealed"
 """The abort message of a row refused because its deal is sealed."""
 
 _DEAL_TABLES = ("acks", "receipts", "vouchers", "settlements")
-_TABLES = (*_DEAL_TABLES, "blobs", "quotes", "deals", "seals")
+_TABLES = (*_DEAL_TABLES, "blobs", "quotes", "deals", "seals", "pruned")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (
     sha256 BLOB PRIMARY KEY,
@@ -95,6 +100,24 @@ CREATE TABLE IF NOT EXISTS seals (
     signature BLOB NOT NULL,
     sealed_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS task_data (
+    deal_id TEXT NOT NULL,
+    task_index INTEGER NOT NULL,
+    part TEXT NOT NULL CHECK (part IN ('frame', 'outputs')),
+    data BLOB NOT NULL,
+    charged INTEGER NOT NULL,
+    PRIMARY KEY (deal_id, task_index, part)
+);
+CREATE TABLE IF NOT EXISTS pruned (
+    deal_id TEXT NOT NULL,
+    task_index INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    charged INTEGER NOT NULL,
+    pruned_at REAL NOT NULL,
+    PRIMARY KEY (deal_id, task_index)
+);
+CREATE INDEX IF NOT EXISTS acks_by_program ON acks (program_sha256);
+CREATE INDEX IF NOT EXISTS acks_by_weights ON acks (weights_sha256);
 CREATE INDEX IF NOT EXISTS receipts_by_deal ON receipts (deal_id, seq);
 CREATE INDEX IF NOT EXISTS vouchers_by_deal ON vouchers (deal_id, seq);
 CREATE INDEX IF NOT EXISTS settlements_by_deal ON settlements (deal_id, seq);
@@ -108,6 +131,7 @@ def _triggers() -> str:
         f"BEGIN SELECT RAISE(ABORT, 'the journal is append-only'); END;\n"
         for t in _TABLES
         for op in ("update", "delete")
+        if (t, op) != ("blobs", "delete")  # unreferenced blobs go (provider.journal.retention)
     )
     per_deal = "".join(
         f"CREATE TRIGGER IF NOT EXISTS {t}_sealed BEFORE INSERT ON {t} "
@@ -157,6 +181,7 @@ def migrate(db: sqlite3.Connection, path: Path) -> int | None:
         "BEGIN IMMEDIATE;\n"
         + "\n".join(steps)
         + _SCHEMA
+        + "DROP TRIGGER IF EXISTS blobs_no_delete;\n"
         + _triggers()
         + backfill
         + f"PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"

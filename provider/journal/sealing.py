@@ -29,6 +29,7 @@ import time
 from contracts.messages import Domain, sign_digest
 from provider.errors import JournalCorruptError
 from provider.journal.records import DealBook
+from provider.journal.retention import Retention
 from provider.journal.verification import DealSummary, VerifyReport, summarize_deal, verify_deals
 
 log = logging.getLogger("provider.journal")
@@ -65,7 +66,7 @@ def store_seal(db: sqlite3.Connection, summary: DealSummary, private_key: str) -
     )
 
 
-class Sealing:
+class Sealing(Retention):
     """Sealing and the background check of sealed deals (a part of the journal)."""
 
     provider: str
@@ -82,8 +83,10 @@ class Sealing:
 
         Each deal's rows are summed outside the write lock (the chain checked on the way),
         then, under it, compared with its book, signed and stored; the book leaves memory.
-        Nothing is sealed without the provider's key.
+        Nothing is sealed without the provider's key. Settled tasks' data is pruned first
+        (:meth:`prune_settled`), so a sealed deal holds none.
         """
+        self.prune_settled()
         if self._key is None:
             return []
         with self._lock:

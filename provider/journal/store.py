@@ -48,6 +48,7 @@ from provider.journal.records import (
     SettlementRecord,
     VoucherRecord,
 )
+from provider.journal.retention import OUTPUTS, OutputsPrunedError
 from provider.journal.rows import (
     ACK_COLUMNS,
     QUOTE_COLUMNS,
@@ -119,6 +120,7 @@ class Journal(EnvelopeStore, Sealing):
         self._new_blobs: list[tuple[bytes, bytes]] = []  # blobs of the ack being inserted
         self._deferred: dict[Key, tuple[AckRecord, bytes]] = {}  # acks not yet committed
         self._load()
+        self._load_retention()
         self.verify()
         self.seal_ready()
 
@@ -234,8 +236,14 @@ class Journal(EnvelopeStore, Sealing):
         return None if row is None else receipt_of_row(row)
 
     def outputs(self, key: Key) -> bytes:
-        """Return the stored outputs of a delivered task (empty for failures and compiles)."""
+        """Return the stored outputs of a delivered task (empty for failures and compiles);
+        raise :class:`OutputsPrunedError` once they were pruned (the task is settled)."""
         with self._lock:
+            stored = self._task_data(key, OUTPUTS)
+            if stored is not None:
+                return stored
+            if self.is_pruned(key):
+                raise OutputsPrunedError(key)
             row = self._db.execute(
                 "SELECT outputs FROM receipts WHERE deal_id = ? AND task_index = ?",
                 (str(key[0]), key[1]),
@@ -309,6 +317,7 @@ class Journal(EnvelopeStore, Sealing):
             else:
                 with self._writing(deal_id):
                     self._insert_ack(record, envelope)
+            self._charge(deal_id, len(envelope))
             book.acks[index] = record
             book.ack_total += record.ack.price
 
@@ -354,8 +363,7 @@ class Journal(EnvelopeStore, Sealing):
                 raise JournalError(f"task {receipt.task_index} already has a receipt")
             key = (receipt.deal_id, receipt.task_index)
             deferred = self._deferred.get(key)
-            if deferred is not None:
-                self._db.execute("BEGIN")  # the ack and its receipt: one commit
+            self._db.execute("BEGIN")  # the receipt, its outputs (and a deferred ack): one commit
             try:
                 if deferred is not None:
                     self._insert_ack(*deferred)
@@ -368,19 +376,21 @@ class Journal(EnvelopeStore, Sealing):
                         json.dumps(receipt.to_json()),
                         signature,
                         receipt_hash,
-                        outputs,
+                        b"",  # schema 4: outputs are task data, pruned once settled
                         json.dumps(detail),
                         _now(),
                     ),
                 )
-                if deferred is not None:
-                    self._db.execute("COMMIT")
+                if outputs:
+                    self._put_task_data(key, OUTPUTS, outputs, len(outputs))
+                self._db.execute("COMMIT")
             except BaseException:
-                if deferred is not None and self._db.in_transaction:
+                if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 self._settle_blobs(committed=False)
                 raise
             self._settle_blobs(committed=True)
+            self._charge(receipt.deal_id, len(outputs))
             self._deferred.pop(key, None)
             record = ReceiptRecord(
                 receipt, signature, receipt_hash, detail, int(cursor.lastrowid or 0)

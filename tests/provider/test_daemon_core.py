@@ -303,7 +303,9 @@ def test_journal_stores_program_and_weights_once_and_gives_back_each_envelope_ex
     journal.record_ack(ack_record(5), b"not an envelope")
     with sqlite3.connect(path) as db:
         blobs = sorted(len(data) for (data,) in db.execute("SELECT data FROM blobs"))
-        rows = dict(db.execute("SELECT task_index, length(envelope) FROM acks"))
+        rows = dict(
+            db.execute("SELECT task_index, length(data) FROM task_data WHERE part = 'frame'")
+        )
     assert blobs == [3_000, 5_000]  # one program, one set of weights, for five envelopes
     assert all(rows[i] < 1_000 for i in range(5)) and rows[5] == len(b"not an envelope")
     journal.close()
