@@ -15,7 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from contracts.messages import ZERO_ADDRESS
 from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from market import heap
-from market.api import errors
+from market.api import errors, methods
 from market.api.body import publish_schemas
 from market.api.deps import limit_ip
 from market.api.fast import FastOrders, MarketApp

@@ -657,6 +657,26 @@ def test_errors_when_any_route_fails_then_one_shape(client: TestClient) -> None:
     assert answers[405].headers["allow"] == "GET"
 
 
+def test_methods_when_a_path_is_served_by_post_only_then_405_names_every_method(
+    client: TestClient,
+) -> None:
+    """``GET /v1/orders/batch`` fell through to ``/v1/orders/{order_id}`` (422), and a 405 or an
+    OPTIONS on ``/v1/orders`` named POST alone though GET is served there too."""
+    for path in ("/v1/orders/batch", "/v1/orders/cancel"):
+        response = client.get(path)
+        assert response.status_code == 405, path
+        assert response.headers["allow"] == "POST"
+        assert response.json()["error"] == "MethodNotAllowedError"
+    options = client.options("/v1/orders")
+    assert options.status_code == 204
+    assert options.headers["allow"] == "GET, POST, OPTIONS"
+    assert client.put("/v1/orders").headers["allow"] == "GET, POST"
+    assert client.options("/v1/nowhere").status_code == 404
+    malformed = client.get("/v1/orders/batches")  # any other segment is still an order id
+    assert malformed.status_code == 422
+    assert malformed.json()["problems"][0]["loc"] == ["path", "order_id"]
+
+
 def test_rate_limit_when_ip_bucket_just_short_then_429_says_a_real_wait(
     client: TestClient, service: MarketService
 ) -> None:

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Response, status
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from market.api.body import JsonBody, Parsed, batch_limits, json_body, order_limits, small_limits
 from market.api.deps import ServiceDep
@@ -22,6 +23,19 @@ from market.models import (
 )
 
 router = APIRouter(prefix="/v1/orders", tags=["orders"])
+
+
+class OrderIdSegment(StringConvertor):
+    """One path segment that is not the name of a sibling route (``batch``, ``cancel``).
+
+    Without it ``GET /v1/orders/batch`` matched ``GET /v1/orders/{order_id}`` and answered 422
+    for a malformed id; now the path belongs to the POST route alone, so the answer is 405 with
+    ``Allow: POST``. Any other segment still reaches the route and its id pattern (422)."""
+
+    regex = "(?!(?:batch|cancel)$)[^/]+"
+
+
+register_url_convertor("order_id", OrderIdSegment())
 
 
 # Every body is read within its route's limits and validated in one step (`market.api.body`);
@@ -82,7 +96,7 @@ def list_orders(
     return service.orders(owner=owner, device_class=device_class, live_only=live, limit=limit)
 
 
-@router.get("/{order_id}")
+@router.get("/{order_id:order_id}")
 def get_order(order_id: Annotated[str, Path(pattern=BYTES32)], service: ServiceDep) -> OrderPublic:
     """Return one order by id (its EIP-712 digest)."""
     return service.order(order_id)
