@@ -94,6 +94,7 @@ def create_app(
     if service is not None:
         app.state.service = service  # usable before the lifespan runs (schema tools, tests)
     errors.install(app)
+    methods.install(app)  # a 405 or OPTIONS names every method of the path
     limited = [Depends(limit_ip)]
     for module in (orders, deals, providers, arbiters, book, stream):
         app.include_router(module.router, dependencies=limited)
