@@ -18,7 +18,7 @@ from market.books import Books
 from market.errors import ForbiddenError, OrderStateError, ReplayError, UnknownOrderError
 from market.metrics import Metrics
 from market.models import Order
-from market.writer import Writer
+from market.writer import Writer, release
 
 
 def cancel(
@@ -38,7 +38,7 @@ def cancel(
             stored = storage.get_order(session=session, order_id=order_id)
         if stored is None:
             raise UnknownOrderError(order_id)
-        # Past its expiry, so no longer in the engine: filled, cancelled or expired.
+        # Not live, so no longer in the engine: filled, cancelled or expired.
         raise OrderStateError(order_id, stored.state, "cancelled")
     with book.lock, open_session() as session:
         record = book.engine.record(order_id)
@@ -62,9 +62,9 @@ def cancel(
             session.rollback()
             books.rebuild([record.order.device_class])
             raise
+        release(book)  # the cancelled order leaves memory; its row and nonce stay in SQL
         if on_progress is not None:
             on_progress(updates)
-        writer.claim_nonces([(owner, nonce)])
         row = storage.get_order(session=session, order_id=order_id)
     assert row is not None
     return row

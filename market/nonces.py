@@ -1,78 +1,44 @@
-"""The (signer, nonce) pairs the writer has seen used, and the SQL lookup behind them.
+"""Replay protection for (signer, nonce) pairs, kept on disk: the lookup behind the writer.
 
-An order's pair is remembered until the order's expiry (a later copy of the signed order is
-refused as expired before any nonce is looked up), a cancel's for good; a pair forgotten since
-is still caught by the unique (owner, nonce) index, and looked up with `nonce_stored`.
+Every order claims its pair in its own row (unique index `(owner, nonce)` on `orders`), every
+cancel in the `nonces` table (the same index). The writer holds no pair in memory: before it
+matches a group it asks, in one indexed query, which of the group's pairs are stored
+(`stored_pairs`). So memory does not grow with the history, a restart loads no pair, and a
+used nonce is refused before any engine changes (the unique indexes stay the backstop).
 """
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection
 
-
-class UsedNonces:
-    """Used (signer, nonce) pairs: an order's until its expiry, a cancel's for good."""
-
-    def __init__(self) -> None:
-        self._expiry: dict[tuple[str, int], int | None] = {}  # None: kept for good
-        self._due: dict[int, list[tuple[str, int]]] = {}  # expiry -> pairs
-        self._heap: list[int] = []
-
-    @classmethod
-    def load(cls, connection: Connection, now: int) -> UsedNonces:
-        """Return the pairs of stored orders still live at `now` and of every stored cancel."""
-        nonces = cls()
-        rows = connection.exec_driver_sql(
-            f"SELECT owner, nonce, expiry FROM orders WHERE expiry > {int(now)} "
-            "UNION ALL SELECT owner, nonce, NULL FROM nonces"
-        )
-        for owner, nonce, expiry in rows:
-            nonces.claim(owner, nonce, expiry)
-        return nonces
-
-    def __len__(self) -> int:
-        return len(self._expiry)
-
-    def remembers(self, owner: str, nonce: int) -> bool:
-        """Return whether the pair is remembered as used."""
-        return (owner, nonce) in self._expiry
-
-    def claim(self, owner: str, nonce: int, expiry: int | None) -> None:
-        """Remember a pair until `expiry` (None: for good)."""
-        pair = (owner, nonce)
-        held = self._expiry.get(pair, 0)
-        if held is None or (expiry is not None and expiry <= held):
-            return
-        self._expiry[pair] = expiry
-        if expiry is not None:
-            due = self._due.get(expiry)
-            if due is None:
-                self._due[expiry] = [pair]
-                heapq.heappush(self._heap, expiry)
-            else:
-                due.append(pair)
-
-    def forget(self, now: int) -> None:
-        """Forget orders' pairs whose expiry is `now` or earlier."""
-        heap, due, expiry_of = self._heap, self._due, self._expiry
-        while heap and heap[0] <= now:
-            expiry = heapq.heappop(heap)
-            for pair in due.pop(expiry):
-                if expiry_of.get(pair, 0) == expiry:
-                    del expiry_of[pair]
+MAX_PAIRS_PER_QUERY = 200
+"""Pairs looked up per statement (bounded parameters; each pair is one index probe)."""
 
 
-def nonce_stored(connection: Connection, pairs: list[tuple[str, int]]) -> bool:
-    """Return whether an order or a cancel stored in SQL used one of `pairs`."""
+def stored_pairs(
+    connection: Connection, pairs: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], str | None]:
+    """Return the pairs of `pairs` an order or a cancel stored in SQL used, each with the id of
+    the order that used it (None: a cancel)."""
+    found: dict[tuple[str, int], str | None] = {}
     mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    for owner, nonce in pairs:
-        row = connection.exec_driver_sql(
-            f"SELECT 1 FROM orders WHERE owner = {mark} AND nonce = {mark} "
-            f"UNION ALL SELECT 1 FROM nonces WHERE owner = {mark} AND nonce = {mark}",
-            (owner, nonce, owner, nonce),
-        ).first()
-        if row is not None:
-            return True
-    return False
+    unique = sorted(set(pairs))
+    for start in range(0, len(unique), MAX_PAIRS_PER_QUERY):
+        chunk = unique[start : start + MAX_PAIRS_PER_QUERY]
+        terms = " OR ".join([f"(owner = {mark} AND nonce = {mark})"] * len(chunk))
+        params = tuple(v for pair in chunk for v in pair)
+        rows = connection.exec_driver_sql(
+            f"SELECT owner, nonce, order_id FROM orders WHERE {terms} "
+            f"UNION ALL SELECT owner, nonce, NULL FROM nonces WHERE {terms}",
+            params + params,
+        )
+        for owner, nonce, order_id in rows:
+            found.setdefault((owner, int(nonce)), order_id)
+    return found
+
+
+def nonce_stored(connection: Connection, pairs: Sequence[tuple[str, int]]) -> bool:
+    """Return whether an order or a cancel stored in SQL used one of `pairs`."""
+    return bool(stored_pairs(connection, pairs))

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, or_
+from sqlalchemy import Table, and_, func
 from sqlalchemy.engine import Connection
 from sqlmodel import Session, SQLModel, col, select
 
@@ -34,18 +34,22 @@ def device_classes(*, session: Session) -> list[str]:
 
 
 def _remembered(device_class: str, now: int) -> Any:
-    """The orders of a class an engine remembers at `now`: live, or their expiry not past."""
+    """The orders of a class an engine remembers: the live ones (the market releases an order
+    from memory once it is filled or cancelled, `market.writer`; a live one past its expiry is
+    loaded so that the expiry job records it). Served by the class+state index; `now` is kept
+    for callers."""
+    del now
     return and_(
         col(Order.device_class) == device_class,
-        or_(col(Order.state).in_(("open", "partially_filled")), col(Order.expiry) > now),
+        col(Order.state).in_(("open", "partially_filled")),
     )
 
 
 def load_snapshot(*, session: Session, device_class: str, now: int) -> SnapshotData:
     """Build the engine snapshot of one device class at `now` from its order and fill rows.
 
-    Only the orders an engine remembers at `now` are loaded (see `MatchingEngine.expire`), so
-    a restart reads the validity window, not the whole history.
+    Only the live orders are loaded (see `_remembered`), so a restart reads the live book,
+    not the history.
     """
     rows = session.exec(
         select(Order).where(_remembered(device_class, now)).order_by(col(Order.seq))

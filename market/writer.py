@@ -12,12 +12,12 @@ engine has changed yet and its requests are retried one by one. If anything fail
 engines changed, the transaction rolls back, every request of the group gets the error, and the
 touched classes are rebuilt from SQL, so an engine never holds an order the database lacks.
 
-The writer remembers the nonces of committed orders only while those orders could still be
-placed (until their expiry: a later copy of a signed order is refused as expired before any
-nonce is looked up), and cancels' nonces for good (cancels are few). An order that reuses a
-nonce forgotten since is stopped by the unique (owner, nonce) index: its group rolls back and
-its requests are retried one by one, the reusing one answered `ReplayError`. So memory holds
-the orders of the validity window, not the whole history.
+Memory follows the live book: once a group is committed, every order it filled or cancelled
+leaves its engine (`MatchingEngine.release`), and the writer keeps no nonce in memory. Before
+matching a group it asks SQL, in one indexed query, which of the group's (signer, nonce) pairs
+are stored (`market.nonces`): a used one is refused before any engine changes, as a duplicate
+if the stored order is the same signed order, else as a replay. The unique (owner, nonce) index
+is the backstop: a group that still hits it rolls back and its requests are retried one by one.
 
 One writer serves every device class (each class is still written by exactly one thread): the
 database has one write lock and the interpreter one lock, so more writers would only contend,
@@ -43,7 +43,7 @@ from market import storage
 from market.books import Books, ClassBook
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
-from market.nonces import UsedNonces, nonce_stored
+from market.nonces import nonce_stored, stored_pairs
 from market.placement import Placed, Rows, match_orders, rematch_rows
 from market.verify import CheckedOrder
 
@@ -143,8 +143,6 @@ class Writer:
         self._gate = gate
         self._db = db
         self._on_commit = on_commit
-        with db.connect() as connection:
-            self._nonces = UsedNonces.load(connection, int(time.time()))
         self._connection: Connection | None = None  # the writer thread's, kept between groups
         self._used_at = 0.0  # when `_connection` last served a group (monotonic)
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
@@ -217,29 +215,16 @@ class Writer:
                         self._books.rebuild([name])
                     raise
                 self._fill_seq = fill_seq
+                release(book)
                 if self._on_rows is not None:
                     self._on_rows(rows)
                 total += len(fills)
         return total
 
     def nonce_used(self, owner: str, nonce: int) -> bool:
-        """Return whether an order or a cancel of `owner` used `nonce` (writer thread only):
-        remembered, or else stored (one indexed read)."""
-        if self._nonces.remembers(owner, nonce):
-            return True
+        """Return whether an order or a cancel of `owner` used `nonce` (one indexed read)."""
         with self._db.connect() as connection:
             return nonce_stored(connection, [(owner, nonce)])
-
-    def claim_nonces(self, pairs: list[tuple[str, int]]) -> None:
-        """Remember committed cancels' (signer, nonce) pairs as used, for good (writer thread
-        only; orders' nonces are remembered by the writer itself, until their expiry)."""
-        for owner, nonce in pairs:
-            self._nonces.claim(owner, nonce, None)
-
-    def remembered_nonces(self) -> int:
-        """Return how many (signer, nonce) pairs the writer holds in memory (a gauge of its
-        growth: orders' pairs leave at their expiry)."""
-        return len(self._nonces)
 
     def pending(self) -> int:
         """Return how many jobs wait for the writer (approximately: the queue is live)."""
@@ -364,21 +349,27 @@ class Writer:
             live = [r for r in group if _fresh(r, books)]
             if not live:
                 return True
-            # Each order claims its nonce in its own row (a unique index is the backstop); the
-            # writer knows every committed nonce, so a used one fails before any matching.
-            self._nonces.forget(live[0].now)
+            # Each order claims its nonce in its own row (a unique index is the backstop); one
+            # indexed read finds a used one before any matching.
             pairs = [(c.order.owner, c.nonce) for r in live for c in r.orders]
-            remembers = self._nonces.remembers
-            used = sorted(p for p in pairs if remembers(*p))
-            if used or len(set(pairs)) < len(pairs):
+            if len(set(pairs)) < len(pairs):
                 if not alone:
                     return False
-                owner, nonce = used[0] if used else ("a signer", -1)
-                live[0].future.set_exception(
-                    ReplayError(f"nonce {nonce} of {owner} was used before")
-                )
+                live[0].future.set_exception(ReplayError("a nonce appears twice in the request"))
                 return True
             connection = self._connect()
+            try:
+                used = stored_pairs(connection, pairs)
+                if used:
+                    connection.rollback()  # end the read transaction
+            except BaseException:
+                self._disconnect()
+                raise
+            if used:
+                if not alone:
+                    return False
+                live[0].future.set_exception(_replay(live[0], used))
+                return True
             try:
                 gate = None if self._gate is None else self._gate(live[0].now)
                 results, rows = match_orders([(r.orders, r.now) for r in live], books, gate)
@@ -391,7 +382,7 @@ class Writer:
                     connection.rollback()
                     self._books.rebuild(names)
                     if not alone:
-                        return False  # a nonce forgotten since: retried one request at a time
+                        return False  # the backstop: retried one request at a time
                     used = sorted(p for p in pairs if nonce_stored(connection, [p]))
                     connection.rollback()  # end the read transaction of the lookups
                 except BaseException:
@@ -411,10 +402,8 @@ class Writer:
                     self._disconnect()  # whatever failed, the next group starts afresh
                     self._books.rebuild(names)
                 raise
-            claim = self._nonces.claim
-            for r in live:
-                for c in r.orders:
-                    claim(c.order.owner, c.nonce, c.order.expiry)
+            for book in books.values():
+                release(book)
             if self._on_rows is not None:  # counted before any request is answered
                 self._on_rows(rows)
         for request, placed in zip(live, results, strict=True):
@@ -430,6 +419,27 @@ def _fresh(request: _Request, books: dict[str, ClassBook]) -> bool:
             request.future.set_exception(DuplicateOrderError(c.order.order_id))
             return False
     return True
+
+
+def release(book: ClassBook) -> None:
+    """Forget, after their commit, the orders a class's engine saw filled or cancelled."""
+    released = book.engine.release()
+    if released and book.quote_hashes:
+        hashes = book.quote_hashes
+        for order_id in released:
+            hashes.pop(order_id, None)
+
+
+def _replay(request: _Request, used: dict[tuple[str, int], str | None]) -> Exception:
+    """Return the error for a request whose nonce `used` names: a duplicate if the stored
+    order is one of its own orders, else a replay."""
+    for c in request.orders:
+        pair = (c.order.owner, c.nonce)
+        if pair in used:
+            if used[pair] == c.order.order_id:
+                return DuplicateOrderError(c.order.order_id)
+            return ReplayError(f"nonce {c.nonce} of {c.order.owner} was used before")
+    return ReplayError("a nonce of the request was used before")
 
 
 def _run_call(call: _Call) -> None:

@@ -27,7 +27,9 @@ Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_pe
 "api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
 "api_single_p99_ms_32", "api_single_server_cpu_us", "engine_vs_peer",
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
-"api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_minutes"}`.
+"api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_minutes",
+"rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:
+`bench_market_memory`).
 """
 
 from __future__ import annotations
@@ -378,37 +380,26 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def nonce_memory(orders: int = 1_000_000, rate: int = 1_000, ttl_s: int = 30) -> dict[str, Any]:
-    """Return the memory (tracemalloc) of a million used nonces kept for good, as the writer
-    kept them, against the writer's window-bounded memory (`market.writer`) fed the same
-    orders, `rate` a second, each valid `ttl_s`."""
-    import tracemalloc
-
-    from market.nonces import UsedNonces
-
-    rng = random.Random(1)
-    owners = [f"0x{rng.getrandbits(160):040X}" for _ in range(1_000)]
-    tracemalloc.start()
-    kept: dict[str, set[int]] = {}
-    for n in range(orders):
-        kept.setdefault(owners[n % 1_000], set()).add(rng.getrandbits(63))
-    kept_bytes = tracemalloc.get_traced_memory()[0]
-    del kept
-    base = tracemalloc.get_traced_memory()[0]
-    nonces = UsedNonces()
-    for n in range(orders):
-        now = 1_700_000_000 + n // rate
-        if n % rate == 0:
-            nonces.forget(now)
-        nonces.claim(owners[n % 1_000], rng.getrandbits(63), now + ttl_s)
-    bounded_bytes = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    return {
-        "orders": orders,
-        "nonces_kept_for_good_mb": round(kept_bytes / 2**20, 1),
-        "nonces_window_mb": round(bounded_bytes / 2**20, 1),
-        "nonces_held": len(nonces),
-    }
+def memory(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure memory as orders die and the restart after (`bench_market_memory`)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_market_memory", ROOT / "scripts" / "bench_market_memory.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its signing workers find their function by name
+    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="bench-market-memory-") as tmp:
+        figures: dict[str, Any] = module.run(
+            start_server=lambda data_dir: start_server(data_dir, root=args.server_root),
+            post_all=post_all,
+            data_dir=Path(tmp),
+            dead=args.dead_orders,
+            warmup=args.dead_orders // 5,
+            live=args.live_orders,
+            workers=os.cpu_count() or 2,
+        )
+    return figures
 
 
 def process_cpu_s(pid: int) -> float:
@@ -482,8 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--posters", type=int, default=32, help="single-order posters")
     parser.add_argument("--single", type=int, default=375, help="single orders per poster")
     parser.add_argument(
-        "--nonce-memory", action="store_true", help="only measure the writer's nonce memory"
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure RSS growth as orders die, and the restart after",
     )
+    parser.add_argument("--dead-orders", type=int, default=100_000, help="for --memory")
+    parser.add_argument("--live-orders", type=int, default=10_000, help="for --memory")
     parser.add_argument(
         "--funded",
         action=argparse.BooleanOptionalAction,
@@ -506,9 +502,6 @@ def main(argv: list[str] | None = None) -> int:
         "--server-root", type=Path, default=ROOT, help="run the server from this tree"
     )
     args = parser.parse_args(argv)
-    if args.nonce_memory:
-        print(json.dumps(nonce_memory()))
-        return 0
 
     engine = 0.0
     versus: dict[str, Any] = {"engine_vs_peer": None}
@@ -530,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         gc.freeze()
         result.update(no_chain(args))
+    if args.memory:
+        result.update(memory(args))
     if args.funded:
         gc.collect()
         gc.freeze()

@@ -10,9 +10,11 @@ Rules:
 - an order is tradable while `now < expiry`. `place` skips resting orders whose expiry has
   passed without changing them; only `expire(now)` moves them to EXPIRED, so the caller (the
   storage layer's job) learns and records every state change it causes;
-- the engine remembers an order until its expiry: `expire(now)` then also forgets it, live or
-  not. A forgotten order can never be placed again (`place` refuses `expiry <= now`), so memory
-  holds the orders of the validity window, not the whole history.
+- the engine remembers an order while it is live, and a dead one (filled, cancelled) until
+  the caller calls `release()` (once it has recorded the order's final state) or until its
+  expiry: `expire(now)` forgets every order past its expiry, live or not. So a market that
+  releases after each commit holds its live book, not its history; keeping replay protection
+  for forgotten orders (their signed ids, their nonces) is the caller's part.
 
 Because of the constraints the book may hold a bid priced at or above an ask when the two are
 incompatible; the book is *crossed* only if a compatible live pair has `bid.price >= ask.price`,
@@ -43,21 +45,23 @@ from market.errors import DuplicateOrderError, OrderExpiredError, SnapshotError,
 _BID = Side.BID
 _CANCELLED = OrderState.CANCELLED
 _EXPIRED = OrderState.EXPIRED
+_FILLED = OrderState.FILLED
 
 
 class MatchingEngine:
     """Order books of every device class, with the records of every order placed.
 
     Not thread-safe: one writer drives an engine (the market runs one per device class or one
-    behind a lock). Records of filled, cancelled and expired orders are kept until the order's
-    expiry, so a reused order id is rejected: as a duplicate while it is remembered, as expired
-    once `expire` has forgotten it (ids that name the order's signed content, expiry included,
-    as the market's do, are thus never accepted twice). A snapshot holds what is remembered.
+    behind a lock). Records of filled and cancelled orders are kept until `release()` or the
+    order's expiry, so a reused order id is rejected as a duplicate while it is remembered; a
+    released one must be refused by the caller (the market looks its nonce up in SQL). A
+    snapshot holds what is remembered.
     """
 
     __slots__ = (
         "_books",
         "_books_by_class",
+        "_dead",
         "_entries",
         "_expiry_buckets",
         "_expiry_heap",
@@ -70,10 +74,12 @@ class MatchingEngine:
         self._books: dict[tuple[str, str], Book] = {}
         self._books_by_class: dict[str, list[Book]] = {}
         self._entries: dict[str, BookEntry] = {}
-        # Every remembered order by expiry, each bucket in sequence order, and a heap of the
-        # expiries: when a bucket is due, its live orders expire and all of them are forgotten.
-        self._expiry_buckets: dict[int, list[BookEntry]] = {}
+        # Every remembered order by expiry, each bucket by id in sequence order, and a heap of
+        # the expiries (a released bucket's may stay in it until due or a compaction): when a
+        # bucket is due, its live orders expire and all of them are forgotten.
+        self._expiry_buckets: dict[int, dict[str, BookEntry]] = {}
         self._expiry_heap: list[int] = []
+        self._dead: dict[str, BookEntry] = {}  # filled or cancelled, not yet released
         self._next_seq = 1
         self._next_fill_id = 1
 
@@ -108,14 +114,51 @@ class MatchingEngine:
             fills = book.place_ask(entry, now, fill_id, gate)
         if fills:
             self._next_fill_id = fill_id + len(fills)
+            self._note_dead(fills)
         expiry = order.expiry
         bucket = self._expiry_buckets.get(expiry)
         if bucket is None:
-            self._expiry_buckets[expiry] = [entry]
+            self._expiry_buckets[expiry] = {order_id: entry}
             heappush(self._expiry_heap, expiry)
         else:
-            bucket.append(entry)
+            bucket[order_id] = entry
         return fills
+
+    def release(self) -> list[str]:
+        """Forget the orders filled or cancelled since the last call; return their ids.
+
+        Call once their final state is recorded elsewhere: `record` no longer knows them, and
+        placing the same id again is no longer refused here.
+        """
+        dead = self._dead
+        if not dead:
+            return []
+        self._dead = {}
+        entries = self._entries
+        buckets = self._expiry_buckets
+        released: list[str] = []
+        for order_id, entry in dead.items():
+            del entries[order_id]
+            released.append(order_id)
+            bucket = buckets.get(entry.expiry)
+            if bucket is not None:
+                bucket.pop(order_id, None)
+                if not bucket:
+                    del buckets[entry.expiry]
+        heap = self._expiry_heap
+        if len(heap) > 2 * len(buckets) + 64:  # stale expiries of released buckets
+            self._expiry_heap = sorted(buckets)
+        return released
+
+    def _note_dead(self, fills: list[Fill]) -> None:
+        """List the orders `fills` left filled, for `release`."""
+        entries = self._entries
+        dead = self._dead
+        for f in fills:
+            for order_id in (f.bid_id, f.ask_id):
+                entry = entries.get(order_id)
+                if entry is not None and not entry.live and entry.state is _FILLED:
+                    dead[order_id] = entry
 
     def rematch(self, now: int, gate: Gate | None = None) -> list[Fill]:
         """Match again the resting orders that cross the other side of their book, oldest
@@ -134,6 +177,8 @@ class MatchingEngine:
                 if more:
                     self._next_fill_id = fill_id + len(more)
                     fills.extend(more)
+        if fills:
+            self._note_dead(fills)
         return fills
 
     def cancel(self, order_id: str) -> OrderRecord:
@@ -148,6 +193,7 @@ class MatchingEngine:
         check_transition(order_id, entry.state, _CANCELLED)
         entry.book.remove(entry)
         entry.state = _CANCELLED
+        self._dead[order_id] = entry
         return OrderRecord(entry.order, entry.seq, _CANCELLED, entry.remaining)
 
     def expire(self, now: int) -> list[OrderRecord]:
@@ -158,10 +204,13 @@ class MatchingEngine:
         heap = self._expiry_heap
         buckets = self._expiry_buckets
         entries = self._entries
+        dead = self._dead
         expired: list[OrderRecord] = []
         while heap and heap[0] <= now:
-            for entry in buckets.pop(heappop(heap)):
+            for entry in buckets.pop(heappop(heap), {}).values():
                 del entries[entry.order_id]
+                if dead:
+                    dead.pop(entry.order_id, None)
                 if not entry.live:
                     continue
                 check_transition(entry.order_id, entry.state, _EXPIRED)
@@ -302,7 +351,7 @@ class MatchingEngine:
             engine._entries[rec.order_id] = entry
             if rec.state.is_live:
                 book.rest(entry)
-            engine._expiry_buckets.setdefault(rec.order.expiry, []).append(entry)
+            engine._expiry_buckets.setdefault(rec.order.expiry, {})[rec.order_id] = entry
         engine._expiry_heap = sorted(engine._expiry_buckets)
         engine._next_seq = next_seq
         engine._next_fill_id = next_fill_id

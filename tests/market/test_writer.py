@@ -14,8 +14,8 @@ from sqlalchemy import create_engine, text
 
 from market import storage
 from market import writer as writer_module
-from market.errors import DuplicateOrderError, ReplayError
-from market.models import OrderCreate, PlaceResult
+from market.errors import DuplicateOrderError, OrderStateError, ReplayError
+from market.models import CancelCreate, OrderCreate, PlaceResult
 from market.placement import Placed
 from market.service import MarketService
 from market.settings import Settings
@@ -117,38 +117,77 @@ def test_group_when_commit_fails_then_every_request_fails_and_books_rebuilt(
     assert service.orders(owner=alice.address, device_class=None, live_only=False, limit=9) == []
 
 
-def test_nonce_when_its_order_expired_then_forgotten_and_a_reuse_is_still_refused(
+def test_nonce_when_its_order_expired_then_a_reuse_is_refused_from_sql(
     service: MarketService, clock: Clock
 ) -> None:
     alice, bob = Trader(), Trader()
     service.place([OrderCreate.model_validate(alice.bid(START, nonce=7, expiry=START + 60))])
-    held = service.writer.remembered_nonces()
-    clock.advance(61)  # the order can no longer be placed: its nonce leaves the writer's memory
+    clock.advance(61)
+    service.expire_orders()  # the order leaves memory; its row keeps the nonce
+    assert len(service.books.get("tpu-v5e").engine) == 0
     now = service.now()
     reuse = alice.bid(now, price=101, nonce=7)
     fresh = bob.bid(now, price=99)
     futures = _queued_together(service, [_place(service, fresh), _place(service, reuse)])
     assert futures[0].result(10)[0].order.state == "open"  # its group-mate still commits
     with pytest.raises(ReplayError, match="nonce 7"):
-        futures[1].result(10)  # the unique (owner, nonce) index stopped it
-    assert service.writer.remembered_nonces() == held  # bob's pair in, alice's first one out
-    assert service.writer.nonce_used(alice.address, 7)  # asked directly: read from SQL
+        futures[1].result(10)
+    assert service.writer.nonce_used(alice.address, 7)
     assert [
         o.nonce
         for o in service.orders(owner=alice.address, device_class=None, live_only=False, limit=9)
     ] == [7]
 
 
-def test_nonces_when_many_orders_expire_then_memory_holds_only_the_live_window(
-    service: MarketService, clock: Clock
+def test_memory_when_orders_fill_or_cancel_then_engine_holds_only_the_live_book(
+    service: MarketService,
 ) -> None:
-    traders = [Trader() for _ in range(4)]
-    for round_ in range(5):
-        now = service.now()
-        batch = [t.bid(now, price=10 + round_, expiry=now + 30) for t in traders for _ in range(25)]
-        service.place_batch([OrderCreate.model_validate(b) for b in batch])
-        assert service.writer.remembered_nonces() == 100  # the previous round's are forgotten
-        clock.advance(31)
+    alice, bob = Trader(), Trader()
+    engine = lambda: service.books.get("tpu-v5e").engine  # noqa: E731
+    ask = bob.ask(START, price=100, quantity=30, nonce=1)
+    service.place([OrderCreate.model_validate(ask)])
+    bids = [alice.bid(START, price=100, quantity=10, nonce=n) for n in (1, 2, 3)]
+    results = service.place_batch([OrderCreate.model_validate(b) for b in bids])
+    assert [r.state for r in results] == ["filled"] * 3
+    assert len(engine()) == 0  # the ask and the three bids filled: nothing is remembered
+    assert service.books.get("tpu-v5e").quote_hashes == {}
+    resting = alice.bid(START, price=90, nonce=4)
+    [placed] = service.place([OrderCreate.model_validate(resting)])
+    assert len(engine()) == 1
+    service.cancel(CancelCreate.model_validate(alice.cancel(placed.order.order_id, START, nonce=5)))
+    assert len(engine()) == 0
+    # Replay protection stays on disk: the same signed orders, their nonces and the cancel's.
+    with pytest.raises(DuplicateOrderError):
+        service.place([OrderCreate.model_validate(bids[0])])
+    with pytest.raises(DuplicateOrderError):
+        service.place([OrderCreate.model_validate(ask)])
+    for nonce in (1, 4, 5):
+        with pytest.raises(ReplayError, match=f"nonce {nonce}"):
+            service.place([OrderCreate.model_validate(alice.bid(START, price=1, nonce=nonce))])
+    cancel_again = alice.cancel(placed.order.order_id, START, nonce=6)
+    with pytest.raises(OrderStateError):
+        service.cancel(CancelCreate.model_validate(cancel_again))
+    assert service.order(results[0].order_id).state == "filled"  # its row stays in SQL
+
+
+def test_restart_when_history_is_dead_then_only_live_orders_are_loaded(
+    service: MarketService, settings: Settings
+) -> None:
+    alice, bob = Trader(), Trader()
+    for n in range(20):
+        service.place([OrderCreate.model_validate(bob.ask(START, price=100, nonce=n))])
+        service.place([OrderCreate.model_validate(alice.bid(START, price=100, nonce=n))])
+    service.place([OrderCreate.model_validate(alice.bid(START, price=50, nonce=99))])
+    live = service.engine_snapshot("tpu-v5e")
+    assert len(live["orders"]) == 1
+    service.close()
+    again = MarketService(settings, clock=service.clock)
+    try:
+        assert again.engine_snapshot("tpu-v5e") == live
+        with pytest.raises(ReplayError):
+            again.place([OrderCreate.model_validate(alice.bid(START, price=1, nonce=3))])
+    finally:
+        again.close()
 
 
 def _fill_seqs(service: MarketService) -> list[int]:
