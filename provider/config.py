@@ -104,6 +104,7 @@ from provider.config_sections import (
     to_address,
 )
 from provider.config_sources import ProviderEnvSource, ProviderTomlSource
+from provider.config_storage import StorageConfig
 from provider.errors import ConfigError
 
 __all__ = [
@@ -138,6 +139,10 @@ class ProviderConfig(BaseSettings):
     secret_key: SecretStr = Field(alias="private_key")
     rpc_url: str
     escrow: str
+    # A deployment file (`tpumarket chain deploy`): the escrow and the chain id come from it,
+    # and the daemon refuses a node that serves another chain.
+    deployment: Path | None = None
+    chain_id: int | None = None
     data_dir: Path
     plan: Plan = Field(default_factory=Plan)
     slo_ms: int = 2_000
@@ -161,6 +166,7 @@ class ProviderConfig(BaseSettings):
     log_level: str = "INFO"
     settlement: SettlementConfig = Field(default_factory=SettlementConfig)
     http: HttpConfig = Field(default_factory=lambda: HttpConfig())
+    storage: StorageConfig = Field(default_factory=lambda: StorageConfig())
     ask: AskConfig | None = None
     log_scheduler: bool = False
     keep_alive_s: float = 5.0  # an idle connection (new, or after an answer) closes then
@@ -197,16 +203,41 @@ class ProviderConfig(BaseSettings):
     @model_validator(mode="before")
     @classmethod
     def _key_from_file(cls, data: Any) -> Any:
-        """Read ``private_key_file`` unless ``private_key`` is given."""
-        if not isinstance(data, dict) or "private_key_file" not in data:
+        """Read ``private_key_file`` (a raw key, development only) or decrypt ``keystore``
+        (its passphrase from ``passphrase_file``, the environment or a prompt) unless
+        ``private_key`` is given; take ``escrow`` and ``chain_id`` from a ``deployment`` file."""
+        if not isinstance(data, dict):
             return data
         values = dict(data)
-        key_file = values.pop("private_key_file")
-        if "private_key" not in values and key_file is not None:
+        key_file = values.pop("private_key_file", None)
+        keystore = values.pop("keystore", None)
+        passphrase_file = values.pop("passphrase_file", None)
+        if "private_key" not in values and keystore is not None:
+            from contracts.keystore import KeystoreError, load_key, read_passphrase
+
+            try:
+                passphrase = read_passphrase(Path(passphrase_file) if passphrase_file else None)
+                values["private_key"] = SecretStr(load_key(Path(str(keystore)), passphrase))
+            except KeystoreError as exc:
+                raise ValueError(str(exc)) from None
+        elif "private_key" not in values and key_file is not None:
             try:
                 values["private_key"] = SecretStr(Path(str(key_file)).read_text().strip())
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"cannot read private_key_file: {exc}") from None
+        deployment = values.get("deployment")
+        if deployment is not None:
+            from contracts.deployment import DeploymentError, read_deployment
+
+            try:
+                record = read_deployment(Path(str(deployment)))
+            except DeploymentError as exc:
+                raise ValueError(str(exc)) from None
+            given = values.get("escrow")
+            if given and str(given).lower() != record.escrow.lower():
+                raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
+            values["escrow"] = record.escrow
+            values["chain_id"] = record.chain_id
         return values
 
     @field_validator("secret_key")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from client.market_http import MarketHttp
 from contracts.binding import Chain, Escrow
 from contracts.errors import ChainError, ContractRevert
 from contracts.messages import Plan
-from provider.access import ResultAccess
+from provider.access import REVOCATIONS_FILE, ResultAccess
 from provider.asks import AskJob
 from provider.capacity import Capacity, compile_class
 from provider.clock import ChainClock
@@ -31,6 +32,7 @@ from provider.receipts import canonical_json
 from provider.sandbox import Sandbox, SandboxLimits
 from provider.service import TaskService
 from provider.settlement import SettlementJobs
+from provider.warmup import Warmup
 
 log = logging.getLogger("provider.daemon")
 JOURNAL_FILE = "journal.sqlite3"
@@ -39,6 +41,8 @@ JOURNAL_UPKEEP_S = 60.0
 sealed ones (``verify-journal`` checks them all at once)."""
 JOURNAL_VERIFY_BATCH = 200
 """Sealed deals checked against their seals per upkeep pass."""
+MARKET_PHASES = ("capacity", "heartbeat", "ask")
+"""The start phases that put the daemon on the market (the ask only with an ``[ask]``)."""
 
 
 class DataDirLockedError(ConfigError):
@@ -87,17 +91,28 @@ class Daemon:
         *,
         chain: Chain | None = None,
         sandbox: Sandbox | None = None,
+        warmup: Warmup | None = None,
     ) -> None:
         """Open the journal (verifying its receipt chains) and start the sandbox workers.
 
-        A ``sandbox`` passed in is shared and left open by :meth:`close`.
+        A ``sandbox`` passed in is shared and left open by :meth:`close` (the CLI passes one
+        whose workers are still starting: :mod:`provider.warm_sandbox`). ``warmup`` tracks
+        the start phases that ``/v1/health`` lists as warming.
         """
         self.config = config
+        self.warmup = warmup or Warmup()
         self.address = config.address
         self.chain = chain or Chain(config.rpc_url)
         self.escrow: Escrow = self.chain.escrow(config.escrow)
         self.domain = self.escrow.domain
-        self.access = ResultAccess(config.private_key, self.domain)
+        if config.chain_id is not None and self.domain.chain_id != config.chain_id:
+            raise ConfigError(
+                f"the node serves chain id {self.domain.chain_id}; the configured deployment "
+                f"is for chain id {config.chain_id}"
+            )
+        self.access = ResultAccess(
+            config.private_key, self.domain, revocations=config.data_dir / REVOCATIONS_FILE
+        )
         self.metrics = ProviderMetrics()
         self.plans: dict[bytes, Plan] = {config.plan.struct_hash(): config.plan}
         self.deals = DealCache(self.escrow, self.plans, ttl_s=config.deal_cache_ttl_s)
@@ -204,10 +219,12 @@ class Daemon:
         except RejectedError:
             return None
 
-    def start(self, *, schedule: bool = True) -> None:
+    def start(self, *, schedule: bool = True, background: bool = False) -> None:
         """Check the settlement timing against our deals, re-run unfinished tasks, and start
         the settlement jobs (first pass at once), quotes and heartbeat unless ``schedule`` is
-        false (tests trigger jobs directly).
+        false (tests trigger jobs directly); then, with a market, measure the host, beat and
+        post the ask (on a thread with ``background``: the API serves meanwhile, and
+        ``/v1/health`` lists those phases as warming).
 
         Raise :class:`ConfigError` when the settlement config cannot meet the challenge window
         of a deal it still has to settle.
@@ -243,39 +260,12 @@ class Daemon:
         self.jobs.reconcile_claims()  # claims mined but not journaled before a crash
         extra: list[tuple[Callable[[], object], float]] = []
         if self.market is not None and self.quotes is not None:
-            self.capacity = self.sandbox.capacity(benchmark=self.config.benchmark_on_start)
-            endpoint = self.config.public_url or f"http://{self.config.host}:{self.config.port}"
-            self.heartbeat = Heartbeat(
-                self.market,
-                private_key=self.config.private_key,
-                provider=self.address,
-                advert=build_advert(
-                    capacity=self.capacity,
-                    plan=self.config.plan,
-                    slo_ms=self.config.slo_ms,
-                    endpoint=endpoint,
-                    domain=self.domain,
-                ),
-                domain=self.domain,
-                metrics=self.metrics,
-            )
-            self.heartbeat.beat()
-            extra.append((self.heartbeat.beat, self.config.heartbeat_interval_s))
-            extra.append((self.quotes.run, self.config.quote_poll_s))
+            for phase in MARKET_PHASES[: 3 if self.config.ask else 2]:
+                self.warmup.begin(phase)
+            extra.append((self._beat, self.config.heartbeat_interval_s))
+            extra.append((self._quote_fills, self.config.quote_poll_s))
             if self.config.ask is not None:
-                self.asks = AskJob(
-                    market=self.market,
-                    private_key=self.config.private_key,
-                    terms=self.config.ask,
-                    device_classes=self._ask_classes(self.config.ask, self.capacity),
-                    plan=self.config.plan,
-                    slo_ms=self.config.slo_ms,
-                    domain=self.domain,
-                    clock=self.clock,
-                    metrics=self.metrics,
-                )
-                self.asks.run()
-                extra.append((self.asks.run, max(5.0, self.config.ask.expiry_s / 10)))
+                extra.append((self._post_asks, max(5.0, self.config.ask.expiry_s / 10)))
         extra.append((self._journal_upkeep, JOURNAL_UPKEEP_S))
         if self.config.settlement.arbiter_url:
             self.disputes = DisputeEvidence(
@@ -293,6 +283,10 @@ class Daemon:
             )
         if schedule:
             self.jobs.start(extra)
+        if background:
+            threading.Thread(target=self._warm_up, name="market-warm-up", daemon=True).start()
+        else:
+            self._register()
         log.info(
             "provider daemon started",
             extra={
@@ -304,6 +298,68 @@ class Daemon:
                 "min_challenge_window_s": self.config.settlement.min_window_s(),
             },
         )
+
+    def _register(self) -> None:
+        """Measure the host, send the first heartbeat and post the ask (each a start phase)."""
+        if self.market is None:
+            return
+        with self.warmup.phase("capacity"):
+            self.capacity = self.sandbox.capacity(benchmark=self.config.benchmark_on_start)
+        endpoint = self.config.public_url or f"http://{self.config.host}:{self.config.port}"
+        self.heartbeat = Heartbeat(
+            self.market,
+            private_key=self.config.private_key,
+            provider=self.address,
+            advert=build_advert(
+                capacity=self.capacity,
+                plan=self.config.plan,
+                slo_ms=self.config.slo_ms,
+                endpoint=endpoint,
+                domain=self.domain,
+            ),
+            domain=self.domain,
+            metrics=self.metrics,
+        )
+        with self.warmup.phase("heartbeat"):
+            self.heartbeat.beat()
+        if self.config.ask is not None:
+            self.asks = AskJob(
+                market=self.market,
+                private_key=self.config.private_key,
+                terms=self.config.ask,
+                device_classes=self._ask_classes(self.config.ask, self.capacity),
+                plan=self.config.plan,
+                slo_ms=self.config.slo_ms,
+                domain=self.domain,
+                clock=self.clock,
+                metrics=self.metrics,
+            )
+            with self.warmup.phase("ask"):
+                self.asks.run()
+
+    def _warm_up(self) -> None:
+        """:meth:`_register` on its thread: a failure is logged, and listed by the health."""
+        try:
+            self._register()
+        except Exception as exc:  # the daemon serves its deals without a market presence
+            log.error("registering on the market failed", extra={"error": str(exc)})
+            self.warmup.abandon(MARKET_PHASES, f"not reached: {exc}")
+
+    def _beat(self) -> None:
+        """Send a heartbeat (once the first one was sent at start)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+
+    def _post_asks(self) -> None:
+        """Keep the ask live (once the first one was posted at start)."""
+        if self.asks is not None:
+            self.asks.run()
+
+    def _quote_fills(self) -> None:
+        """Quote the market's new fills; a fill may have taken the ask off the book, so post
+        a fresh one at once rather than at the ask job's next turn."""
+        if self.quotes is not None and self.quotes.run():
+            self._post_asks()
 
     def _delivered_bytes(self, key: tuple[int, int]) -> bytes | None:
         """Return the bytes a receipt's outputHash commits to (outputs, report or diagnosis)."""

@@ -30,6 +30,8 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 ALL_DOCS = [README, *DOCS]
 SETTLEMENT = ROOT / "docs" / "settlement.md"
 PROVIDER_API = ROOT / "docs" / "provider-api.md"
+KEY_SOURCES = {"private_key_file", "keystore", "passphrase_file"}
+"""Provider config keys that only say where the key comes from (read into `private_key`)."""
 TYPED_DATA = json.loads((ROOT / "contracts" / "typed_data.json").read_text())
 GAS = json.loads((ROOT / "contracts" / "gas-snapshot.json").read_text())
 ESCROW_SOL = (ROOT / "contracts" / "sol" / "ComputeEscrow.sol").read_text()
@@ -322,7 +324,7 @@ def check_provider_config(text: str) -> list[str]:
     config_source = (ROOT / "provider" / "config.py").read_text()
     problems = []
     tables: list[tuple[str, type[Any], set[str]]] = [
-        ("| key | default | what |", ProviderConfig, {"private_key_file"}),
+        ("| key | default | what |", ProviderConfig, KEY_SOURCES),
         ("| `[settlement]` key |", SettlementConfig, set()),
         ("| `[http]` key |", HttpConfig, set()),
         ("| `[ask]` key |", AskConfig, set()),
@@ -371,7 +373,7 @@ def check_provider_toml(text: str) -> list[str]:
         return {f.alias or n for n, f in model.model_fields.items()}
 
     known = {
-        "": keys(ProviderConfig) | {"private_key_file"},
+        "": keys(ProviderConfig) | KEY_SOURCES,
         "plan": {f.name for f in dataclasses.fields(Plan)},
         "settlement": keys(SettlementConfig),
         "http": keys(HttpConfig),
