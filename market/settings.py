@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.fairness import TrustedProxies
@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     chain_id: int = Field(31337, gt=0, validation_alias=_env("chain_id", "MARKET_CHAIN_ID"))
     escrow: str = Field(ZERO_ADDRESS, validation_alias=_env("escrow", "MARKET_ESCROW"))
     rpc_url: str | None = Field(None, validation_alias=_env("rpc_url", "RPC_URL"))
+    # A deployment file (`tpumarket chain deploy`): the chain id, the escrow and the block to
+    # index from come from it; an escrow or chain id also given must be the file's.
+    deployment: Path | None = Field(None, validation_alias=_env("deployment"))
     # Token buckets: orders (a batch costs its order count), cancels and heartbeats per signing
     # account, requests per client IP. Several source addresses do not widen a signer's bucket.
     # A rate of 0 is no limit.
@@ -112,6 +115,25 @@ class Settings(BaseSettings):
         None, gt=0, validation_alias=_env("orders_retention_days", "MARKET_ORDERS_RETENTION_DAYS")
     )
     retention_every_s: float = Field(3_600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _from_deployment(self) -> Settings:
+        if self.deployment is None:
+            return self
+        from contracts.deployment import DeploymentError, read_deployment
+
+        try:
+            record = read_deployment(self.deployment)
+        except DeploymentError as exc:
+            raise ValueError(str(exc)) from None
+        if self.escrow != ZERO_ADDRESS and self.escrow.lower() != record.escrow.lower():
+            raise ValueError(f"escrow {self.escrow} is not the deployment file's {record.escrow}")
+        if "chain_id" in self.model_fields_set and self.chain_id != record.chain_id:
+            raise ValueError(f"chain id {self.chain_id} is not the deployment file's")
+        self.escrow, self.chain_id = record.escrow, record.chain_id
+        if self.index_from_block is None:
+            self.index_from_block = record.deployment_block
+        return self
 
     @field_validator("trusted_proxies")
     @classmethod
