@@ -48,7 +48,7 @@ from provider.journal.records import (
     SettlementRecord,
     VoucherRecord,
 )
-from provider.journal.retention import OUTPUTS, OutputsPrunedError
+from provider.journal.retention import OUTPUTS, OutputsPrunedError, releasable
 from provider.journal.rows import (
     ACK_COLUMNS,
     QUOTE_COLUMNS,
@@ -418,7 +418,8 @@ class Journal(EnvelopeStore, Sealing):
         self, deal_id: int, action: str, data: dict[str, Any], tx_hash: str | None
     ) -> SettlementRecord:
         """Append an on-chain settlement step of a deal (``action``: a
-        :class:`~provider.lifecycle.SettlementAction` or its string)."""
+        :class:`~provider.lifecycle.SettlementAction` or its string), then prune the tasks it
+        leaves nothing to need (:mod:`provider.journal.retention`)."""
         step = SettlementAction(action)
         at = _now()
         with self._lock:
@@ -432,6 +433,10 @@ class Journal(EnvelopeStore, Sealing):
             record = SettlementRecord(deal_id, step, data, tx_hash, at, int(cursor.lastrowid or 0))
             book.settlements.append(record)
             book.changed()
+            try:  # what this step settled is needed no more (the upkeep retries a failure)
+                self.prune(deal_id, releasable(book), step.value)
+            except sqlite3.Error as exc:
+                log.error("pruning settled tasks failed", extra={"error": str(exc)})
         return record
 
     def record_quote(self, market_deal_id: str, quote: Quote, signature: bytes) -> QuoteRecord:
