@@ -14,8 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from provider.errors import ProviderError
+
+if TYPE_CHECKING:
+    from provider.config import ProviderConfig
+    from provider.warm_sandbox import WarmingSandbox
+    from provider.warmup import Warmup
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -39,14 +45,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
 
 
 def _run(args: argparse.Namespace) -> int:
-    from contracts.errors import EscrowError
-    from provider.api import create_app
-    from provider.api.server import serve
+    """Serve the daemon: its API answers once the journal is open and its unfinished tasks
+    recovered, while the sandbox's workers, the capacity benchmark, the heartbeat and the ask
+    warm up behind it (:mod:`provider.warmup`)."""
     from provider.config import load_config
-    from provider.daemon import Daemon
-    from provider.logs import configure_logging
-    from provider.operator import connect
+    from provider.warmup import Warmup, report, since_process_start
 
+    imported = since_process_start()
+    warmup = Warmup()
     try:
         config = load_config(args.config)
         # A relative data dir is the operator's working directory's, also for the sandbox.
@@ -55,22 +61,55 @@ def _run(args: argparse.Namespace) -> int:
             config = config.replace(host=args.host)
         if args.port is not None:  # validated like the config's own value
             config = config.replace(port=args.port)
-        connect(args)  # the config's escrow: an address with an escrow's code on its chain
+    except ProviderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from provider.logs import configure_logging
+
+    configure_logging(config.log_level, scheduler=config.log_scheduler)
+    if imported is not None:
+        report("process", imported)  # the interpreter and the config, before any phase
+    # The workers import JAX for seconds: start them before this process's own imports.
+    from provider.warm_sandbox import WarmingSandbox
+
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    sandbox = WarmingSandbox(config, warmup)
+    try:
+        return _serve(args, config, sandbox, warmup)
+    finally:
+        sandbox.close()
+
+
+def _serve(
+    args: argparse.Namespace, config: ProviderConfig, sandbox: WarmingSandbox, warmup: Warmup
+) -> int:
+    with warmup.phase("imports"):
+        from contracts.errors import EscrowError
+        from provider.api import create_app
+        from provider.api.server import serve
+        from provider.daemon import Daemon
+        from provider.operator import connect
+        from provider.sandbox import Sandbox
+
+    try:
+        with warmup.phase("chain"):
+            connect(args)  # the config's escrow: an address with an escrow's code on its chain
     except ProviderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except EscrowError as exc:  # the chain does not answer
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    configure_logging(config.log_level, scheduler=config.log_scheduler)
     try:
-        daemon = Daemon(config)
+        with warmup.phase("journal"):
+            daemon = Daemon(config, sandbox=cast(Sandbox, sandbox), warmup=warmup)
     except ProviderError as exc:  # e.g. a journal whose receipt chain does not verify
         print(f"error: {exc}", file=sys.stderr)
         return 1
     try:
         try:
-            daemon.start(schedule=not args.no_jobs)
+            with warmup.phase("recover"):
+                daemon.start(schedule=not args.no_jobs, background=True)
         except ProviderError as exc:  # e.g. a settlement config too slow for a deal's window
             print(f"error: {exc}", file=sys.stderr)
             return 2

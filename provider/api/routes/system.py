@@ -18,11 +18,14 @@ router = APIRouter(tags=["system"])
 
 @router.get("/v1/health")
 async def health(daemon: DaemonDep) -> dict[str, Any]:
-    """Say the daemon is up, with its address and live sandbox workers."""
+    """Say the daemon is up, with its address, live sandbox workers and the start phases
+    still warming (and those that failed: :mod:`provider.warmup`)."""
     return {
         "ok": True,
         "provider": daemon.address,
         "workers": len(daemon.sandbox.workers()),
+        "warming": daemon.warmup.warming(),
+        "failed": daemon.warmup.failures,
     }
 
 

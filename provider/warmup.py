@@ -1,0 +1,90 @@
+"""The daemon's start, phase by phase: what is still warming, and how long each phase took.
+
+``tpumarket provider run`` serves its API as soon as the journal is open and its unfinished
+tasks are recovered; the slow parts (the sandbox's workers importing JAX, the capacity
+benchmark, the heartbeat and the ask on the market) warm up behind it. ``GET /v1/health``
+lists what is still warming; a task that arrives meanwhile waits for a worker like any other.
+Each phase ends with one ``start phase`` log line (``phase``, ``seconds``), which
+``scripts/bench-provider-start`` reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+log = logging.getLogger("provider.start")
+
+
+def since_process_start() -> float | None:
+    """Seconds since this process started (Linux ``/proc``), None where unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as uptime:
+            up = float(uptime.read().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, up - int(fields[19]) / ticks)  # field 22 of stat: starttime in ticks
+
+
+class Warmup:
+    """The start phases still running (what ``/v1/health`` lists as ``warming``)."""
+
+    def __init__(self) -> None:
+        """Start with nothing warming."""
+        self._lock = threading.Lock()
+        self._running: dict[str, float] = {}
+        self.failures: dict[str, str] = {}
+        """Phases that failed, with their error (the daemon serves on without them)."""
+
+    def warming(self) -> list[str]:
+        """Return the phases still running, in the order they began."""
+        with self._lock:
+            return list(self._running)
+
+    def begin(self, name: str) -> None:
+        """Mark ``name`` as warming."""
+        with self._lock:
+            self._running.setdefault(name, time.monotonic())
+
+    def abandon(self, names: tuple[str, ...], error: str) -> None:
+        """End those of ``names`` still warming as failed with ``error``."""
+        for name in self.warming():
+            if name in names:
+                self.end(name, error)
+
+    def end(self, name: str, error: str | None = None) -> None:
+        """Mark ``name`` as done (or failed with ``error``) and log how long it took."""
+        with self._lock:
+            began = self._running.pop(name, None)
+            if error is not None:
+                self.failures[name] = error
+        if began is not None:
+            report(name, time.monotonic() - began, error)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Run a block as phase ``name`` (an exception ends it as failed, and propagates);
+        its seconds count from the block's start, not from an earlier :meth:`begin`."""
+        with self._lock:
+            self._running[name] = time.monotonic()
+        try:
+            yield
+        except BaseException as exc:
+            self.end(name, str(exc) or type(exc).__name__)
+            raise
+        self.end(name)
+
+
+def report(name: str, seconds: float, error: str | None = None) -> None:
+    """Log one ``start phase`` line."""
+    extra: dict[str, object] = {"phase": name, "seconds": round(seconds, 3)}
+    if error is not None:
+        extra["error"] = error
+    log.info("start phase", extra=extra)
