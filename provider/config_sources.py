@@ -25,7 +25,7 @@ from provider.errors import ConfigError
 
 CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
 """Names the config file for the operator's commands: not a config key."""
-SECTIONS = ("settlement", "ask", "http")
+SECTIONS = ("settlement", "ask", "http", "storage")
 """Tables whose keys have variables of their own (``TPUMARKET_PROVIDER_<TABLE>_<KEY>``)."""
 
 
