@@ -36,6 +36,8 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_stale": 409,
     "voucher_not_cumulative": 409,
     "not_delivered": 409,
+    "deal_storage_full": 409,
+    "outputs_pruned": 410,
     "envelope_too_large": 413,
     "body_too_large": 413,
     "unsupported_media_type": 415,
@@ -55,6 +57,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "chain_unavailable": 503,
     "too_many_requests": 429,
     "overloaded": 503,
+    "storage_full": 503,
     "provider_error": 500,
     "internal_error": 500,
 }

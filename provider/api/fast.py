@@ -31,6 +31,7 @@ from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import RejectedError
 from provider.task_checks import CheckedRequest
+from provider.uploads import admit_upload
 from provider.wire import MAX_JSON_DEPTH, json_depth
 
 MAX_WAIT_S = 60.0
@@ -202,10 +203,11 @@ class FastTasks:
             check_length(daemon, headers)
             check_envelope_type(headers)
             checked = check_headers(daemon, headers)  # a stranger's body is never read
-            body = await _read_body(receive, daemon.config.max_envelope_bytes)
-            if body is None:
-                return  # the client went away
-            answer = await submit_answer(daemon, headers, wait, body, checked)
+            with admit_upload(daemon, checked, headers) as cap:  # what its price allows
+                body = await _read_body(receive, cap)
+                if body is None:
+                    return  # the client went away
+                answer = await submit_answer(daemon, headers, wait, body, checked)
         except Exception as exc:  # every error is answered by the one renderer
             await _answer(send, *rejected_answer(exc))
             return

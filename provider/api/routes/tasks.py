@@ -32,6 +32,7 @@ from provider.api.models import (
 from provider.api.waiting import settled_view
 from provider.daemon import Daemon
 from provider.errors import RejectedError
+from provider.uploads import admit_upload, read_request_body
 
 router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
 
@@ -115,8 +116,9 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
     check_length(daemon, request.headers)
     check_envelope_type(request.headers)
     checked = check_headers(daemon, request.headers)
-    body = await request.body()
-    answer = await submit_answer(daemon, request.headers, wait, body, checked)
+    with admit_upload(daemon, checked, request.headers) as cap:  # what its price allows
+        body = await read_request_body(request.stream(), cap)
+        answer = await submit_answer(daemon, request.headers, wait, body, checked)
     return Response(answer, media_type="application/json")
 
 
