@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from provider.api import errors
 from provider.api.fast import FastTasks
-from provider.api.routes import system, tasks, vouchers
+from provider.api.routes import access, system, tasks, vouchers
 from provider.daemon import Daemon
 
 
@@ -34,5 +34,6 @@ def create_app(daemon: Daemon) -> FastTasks:
     errors.install(app)
     app.include_router(tasks.router)
     app.include_router(vouchers.router)
+    app.include_router(access.router)
     app.include_router(system.router)
     return FastTasks(app, daemon)

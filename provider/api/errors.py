@@ -55,6 +55,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_over_cap": 422,
     "voucher_leaves_cap_short": 422,
     "chain_unavailable": 503,
+    "chain_busy": 503,
     "too_many_requests": 429,
     "overloaded": 503,
     "storage_full": 503,

@@ -87,7 +87,10 @@ def check_envelope_type(headers: Mapping[str, str]) -> None:
 
 def check_headers(daemon: Daemon, headers: Mapping[str, str]) -> CheckedRequest:
     """Check the signed request of a task submission (and the form of its compile target)
-    before its body is read."""
+    before its body is read.
+
+    On the event loop, await :func:`load_deal` first: this reads the deal from the cache.
+    """
     task_request = headers.get(REQUEST_HEADER.lower())
     signature = headers.get(SIGNATURE_HEADER.lower())
     if task_request is None or signature is None:
@@ -99,6 +102,20 @@ def check_headers(daemon: Daemon, headers: Mapping[str, str]) -> CheckedRequest:
         except ProgramFormatError as exc:
             raise RejectedError("bad_request", f"{TARGET_HEADER}: {exc}"[:200]) from None
     return daemon.service.check_request(task_request, signature)
+
+
+async def load_deal(daemon: Daemon, headers: Mapping[str, str]) -> None:
+    """Bring a task submission's deal into the deal cache off the event loop.
+
+    The request header is parsed first (a malformed one is refused here, before any lookup);
+    an unknown deal is refused from the cache's negative entries or after a read in its pool
+    (:meth:`provider.deals.DealCache.aget`), never by a chain read on the loop.
+    """
+    task_request = headers.get(REQUEST_HEADER.lower())
+    if task_request is None or headers.get(SIGNATURE_HEADER.lower()) is None:
+        return  # check_headers names what is missing
+    request, _ = daemon.service.checks.parse_request(task_request)
+    await daemon.deals.aget(request.deal_id)
 
 
 async def submit_answer(
@@ -115,6 +132,7 @@ async def submit_answer(
     claim's calldata) gets the ack alone, at once (:func:`provider.api.models.ack_only_json`).
     """
     if checked is None:
+        await load_deal(daemon, headers)
         checked = check_headers(daemon, headers)
     # Waiting for the result: the ack may commit with the receipt (one commit); the
     # answer is built from settled_view, which makes a lone ack durable first.
@@ -202,6 +220,7 @@ class FastTasks:
             wait = parse_wait(query["wait"][-1] if "wait" in query else None)
             check_length(daemon, headers)
             check_envelope_type(headers)
+            await load_deal(daemon, headers)
             checked = check_headers(daemon, headers)  # a stranger's body is never read
             with admit_upload(daemon, checked, headers) as cap:  # what its price allows
                 body = await _read_body(receive, cap)

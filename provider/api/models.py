@@ -7,7 +7,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from provider.journal import Journal
 from provider.lifecycle import TaskState
@@ -113,13 +113,47 @@ def task_dict(
     return data
 
 
+VOUCHER_FIELDS = frozenset({"deal_id", "cumulative_amount", "tasks"})
+"""The keys of a voucher's JSON (``contracts.messages.Voucher.to_json``); no other is taken."""
+MAX_VOUCHER_TASK_WORDS = 256
+"""The most task bitmap words (``provider.voucher_desk.MAX_VOUCHER_WORDS``)."""
+
+
 class VoucherIn(BaseModel):
-    """A client-signed cumulative voucher."""
+    """A client-signed cumulative voucher.
+
+    Its shape is checked before anything else, and the first fault ends the check: an unknown
+    key (of the body or the voucher) or a bitmap of more than 256 words is refused with one
+    error, before any field is validated, parsed or hashed and before any signature check.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     voucher: dict[str, Any]
     signature: str = Field(max_length=200)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shape_first(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        unknown = next((k for k in data if k not in ("voucher", "signature")), None)
+        if unknown is not None:
+            raise ValueError(f"unknown key {str(unknown)[:40]!r} ({len(data)} keys)")
+        voucher = data.get("voucher")
+        if isinstance(voucher, dict):
+            unknown = next((k for k in voucher if k not in VOUCHER_FIELDS), None)
+            if unknown is not None:
+                raise ValueError(
+                    f"voucher: unknown key {str(unknown)[:40]!r} ({len(voucher)} keys); "
+                    f"a voucher has {', '.join(sorted(VOUCHER_FIELDS))}"
+                )
+            tasks = voucher.get("tasks")
+            if isinstance(tasks, list) and len(tasks) > MAX_VOUCHER_TASK_WORDS:
+                raise ValueError(
+                    f"voucher: {len(tasks)} task bitmap words, at most {MAX_VOUCHER_TASK_WORDS}"
+                )
+        return data
 
 
 class VoucherPublic(BaseModel):

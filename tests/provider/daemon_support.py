@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from contracts.binding import Chain, Escrow, Token
-from contracts.chain import Anvil, rpc
+from contracts.chain import Anvil, free_port, rpc
 from contracts.messages import (
     KIND_COMPILE,
     KIND_INFERENCE,
@@ -25,9 +31,11 @@ from contracts.messages import (
 )
 from contracts.program import ProgramEnvelope, encode_envelope, request_input_hash
 from provider.config import ProviderConfig, SettlementConfig
-from tests.polling import wait_until  # noqa: F401 - the helpers import it from here
+from tests import processes
+from tests.polling import wait_until
 from tests.provider.programs import envelope_for, export_fn, mlp, mlp_params, spec
 
+REPO = Path(__file__).resolve().parents[2]
 FUNDS = 10**15
 PLAN = Plan(compile_price=1_000, inference_price=500, price_per_device_ms=0)
 CHALLENGE_WINDOW = 60
@@ -248,3 +256,91 @@ def compile_task(
 ) -> SignedTask:
     """Sign a compile task for ``target``."""
     return sign_task(world, client, deal_id, index, envelope, kind=KIND_COMPILE, target=target)
+
+
+# ---- the daemon as a process --------------------------------------------------------------
+
+
+@dataclass
+class ServedDaemon:
+    """A daemon run from its CLI (real uvicorn, real sockets): its URL, process and log."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        """Return the daemon's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        """Return whether the process runs and answers its health check."""
+        if self.process.poll() is not None:
+            return False
+        return httpx.get(self.url + "/v1/health", timeout=30).status_code == 200
+
+
+def daemon_toml(
+    world: ChainWorld, data_dir: Path, *, rpc_url: str | None = None, settings: str = ""
+) -> str:
+    """Return a daemon config for ``world`` (its plan and SLO) with ``settings`` (TOML lines of
+    the top level, then any ``[section]`` of their own) appended."""
+    top, _, sections = settings.partition("\n[")
+    return (
+        f'rpc_url = "{rpc_url or world.anvil.url}"\n'
+        f'escrow = "{world.escrow.address}"\n'
+        f'data_dir = "{data_dir}"\n'
+        'jax_platforms = "cpu"\n'
+        f"slo_ms = {SLO_S * 1000}\n"
+        "benchmark_on_start = false\n"
+        f"{top.strip()}\n"
+        "[plan]\n"
+        f"compile_price = {PLAN.compile_price}\n"
+        f"inference_price = {PLAN.inference_price}\n"
+        + (f"[{sections.strip()}\n" if sections.strip() else "")
+    )
+
+
+@contextmanager
+def served_daemon(
+    world: ChainWorld, work: Path, *, rpc_url: str | None = None, settings: str = ""
+) -> Iterator[ServedDaemon]:
+    """Run ``provider run --no-jobs`` for ``world.provider`` with its data and log in ``work``
+    (a second run on the same ``work`` keeps the data); yield once it answers its health check,
+    stop it (SIGTERM, then SIGKILL) on exit.
+
+    ``rpc_url`` replaces the node's (a proxy, a URL with a key); ``settings`` as in
+    :func:`daemon_toml`. Its stdout and stderr go to ``work / "daemon.log"`` (appended).
+    """
+    config = work / "provider.toml"
+    config.write_text(daemon_toml(world, work / "data", rpc_url=rpc_url, settings=settings))
+    port = free_port()
+    env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=world.provider, JAX_PLATFORMS="cpu")
+    log_path = work / "daemon.log"
+    with log_path.open("ab") as log:
+        process = processes.spawn(
+            [
+                *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
+                *("--config", str(config), "--port", str(port)),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    daemon = ServedDaemon(port, process, log_path)
+
+    def up() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(log_path.read_text()[-3000:])
+        try:
+            return daemon.healthy()
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, 120, "daemon health")
+        yield daemon
+    finally:
+        processes.stop(process, grace_s=60)

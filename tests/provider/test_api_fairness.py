@@ -10,78 +10,35 @@ rebinding); every answer carries the security headers the market sends.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from contracts.chain import free_port
-from tests import processes
-from tests.polling import wait_until
-from tests.provider.daemon_support import PLAN, SLO_S, ChainWorld
+from tests.provider.daemon_support import (
+    ChainWorld,
+    served_daemon,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 PER_IP = 16
 BURST = 40
 
 
 @pytest.fixture(scope="module")
 def served(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    work = tmp_path_factory.mktemp("daemon-fairness")
-    config = work / "provider.toml"
-    config.write_text(
-        f'rpc_url = "{chain_world.anvil.url}"\n'
-        f'escrow = "{chain_world.escrow.address}"\n'
-        f'data_dir = "{work / "data"}"\n'
-        'jax_platforms = "cpu"\n'
-        f"slo_ms = {SLO_S * 1000}\n"
-        "benchmark_on_start = false\n"
+    settings = (
         "keep_alive_s = 60\n"  # the flood's connections stay while the test runs
         "request_read_timeout_s = 60\n"
-        "[plan]\n"
-        f"compile_price = {PLAN.compile_price}\n"
-        f"inference_price = {PLAN.inference_price}\n"
         "[http]\n"
         "max_connections = 64\n"
         f"max_connections_per_ip = {PER_IP}\n"
         "rate_per_ip = 1\n"
         f"burst_per_ip = {BURST}\n"
     )
-    port = free_port()
-    env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=chain_world.provider)
-    env["JAX_PLATFORMS"] = "cpu"
-    log_path = work / "daemon.log"
-    with log_path.open("wb") as log:
-        process = processes.spawn(
-            [
-                *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
-                *("--config", str(config), "--port", str(port)),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(log_path.read_text()[-3000:])
-        try:
-            return httpx.get(url + "/v1/health", timeout=30).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 120, "daemon health")
-        yield url
-    finally:
-        processes.stop(process, grace_s=60)
+    work = tmp_path_factory.mktemp("daemon-fairness")
+    with served_daemon(chain_world, work, settings=settings) as daemon:
+        yield daemon.url
 
 
 def _source(host: str) -> httpx.Client:

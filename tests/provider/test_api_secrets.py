@@ -11,26 +11,22 @@ error the abuse run provokes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
-from contracts.chain import free_port
-from contracts.messages import sign_digest
 from provider.access import DEAL_SCOPE
-from tests import processes
-from tests.polling import wait_until
-from tests.provider.daemon_support import PLAN, SLO_S, ChainWorld, sign_task, tiny_mlp_envelope
+from tests.provider.access_support import proof
+from tests.provider.daemon_support import (
+    ChainWorld,
+    served_daemon,
+    sign_task,
+    tiny_mlp_envelope,
+)
 from tests.rpc_proxy import RpcProxy
 
-REPO = Path(__file__).resolve().parents[2]
 SECRET = "SECRETKEY123"
 
 
@@ -57,57 +53,8 @@ def served(
 ) -> Iterator[tuple[str, Path]]:
     """The daemon (its URL and log file) reading the chain through ``node``, key in the path."""
     work = tmp_path_factory.mktemp("daemon-secrets")
-    config = work / "provider.toml"
-    config.write_text(
-        f'rpc_url = "{node.url}/v3/{SECRET}"\n'
-        f'escrow = "{chain_world.escrow.address}"\n'
-        f'data_dir = "{work / "data"}"\n'
-        'jax_platforms = "cpu"\n'
-        f"slo_ms = {SLO_S * 1000}\n"
-        "benchmark_on_start = false\n"
-        "[plan]\n"
-        f"compile_price = {PLAN.compile_price}\n"
-        f"inference_price = {PLAN.inference_price}\n"
-    )
-    port = free_port()
-    env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=chain_world.provider)
-    env["JAX_PLATFORMS"] = "cpu"
-    log_path = work / "daemon.log"
-    with log_path.open("wb") as log:
-        process = processes.spawn(
-            [
-                *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
-                *("--config", str(config), "--port", str(port)),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise AssertionError(log_path.read_text()[-3000:])
-        try:
-            return httpx.get(url + "/v1/health", timeout=30).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 120, "daemon health")
-        yield url, log_path
-    finally:
-        processes.stop(process, grace_s=60)
-
-
-def _proof(world: ChainWorld, key: str, deal_id: int, index: int) -> dict[str, str]:
-    expiry = int(time.time()) + 300
-    digest = result_access_digest(world.domain, deal_id, index, expiry)
-    return {
-        ACCESS_EXPIRY_HEADER: str(expiry),
-        ACCESS_SIGNATURE_HEADER: "0x" + sign_digest(digest, key).hex(),
-    }
+    with served_daemon(chain_world, work, rpc_url=f"{node.url}/v3/{SECRET}") as daemon:
+        yield daemon.url, daemon.log_path
 
 
 def test_node_outage_when_a_stranger_provokes_errors_then_no_key_in_answers_or_logs(
@@ -123,12 +70,12 @@ def test_node_outage_when_a_stranger_provokes_errors_then_no_key_in_answers_or_l
             task = sign_task(world, world.other_client, deal_id, 0, envelope)
             replies.append(http.post("/v1/tasks", content=task.body, headers=task.headers()))
             replies.append(
-                http.get(f"/v1/tasks/{deal_id}/0", headers=_proof(world, world.client, deal_id, 0))
+                http.get(f"/v1/tasks/{deal_id}/0", headers=proof(world, world.client, deal_id, 0))
             )
             replies.append(
                 http.get(
                     f"/v1/deals/{deal_id}",
-                    headers=_proof(world, world.client, deal_id, DEAL_SCOPE),
+                    headers=proof(world, world.client, deal_id, DEAL_SCOPE),
                 )
             )
         replies += [

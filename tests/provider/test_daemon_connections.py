@@ -7,98 +7,37 @@ served meanwhile; a compile target header that is no target name is a 400 before
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
-from contracts.chain import free_port
-from tests import processes
 from tests.polling import hang_ceiling_s
 from tests.provider.daemon_support import (
-    PLAN,
-    SLO_S,
     ChainWorld,
+    ServedDaemon,
+    served_daemon,
     sign_task,
     tiny_mlp_envelope,
-    wait_until,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 KEEP_ALIVE_S = 1
 READ_TIMEOUT_S = 2
 SLACK_S = 3  # on an idle host; a loaded one runs the timer late: scaled by `hang_ceiling_s`
 # (at most 30 s), still far short of what the drip itself would last (minutes)
 
 
-class Served:
-    """The daemon process: its port and URL."""
-
-    def __init__(self, port: int, process: subprocess.Popen[bytes]) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.process = process
-
-    def healthy(self) -> bool:
-        """Return whether the process runs and answers its health check."""
-        if self.process.poll() is not None:
-            return False
-        return httpx.get(self.url + "/v1/health", timeout=30).status_code == 200
-
-
 @pytest.fixture(scope="module")
-def served(chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    chain_world: ChainWorld, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServedDaemon]:
+    settings = f"keep_alive_s = {KEEP_ALIVE_S}\nrequest_read_timeout_s = {READ_TIMEOUT_S}\n"
     work = tmp_path_factory.mktemp("daemon-connections")
-    config = work / "provider.toml"
-    config.write_text(
-        f'rpc_url = "{chain_world.anvil.url}"\n'
-        f'escrow = "{chain_world.escrow.address}"\n'
-        f'data_dir = "{work / "data"}"\n'
-        'jax_platforms = "cpu"\n'
-        f"slo_ms = {SLO_S * 1000}\n"
-        "benchmark_on_start = false\n"
-        f"keep_alive_s = {KEEP_ALIVE_S}\n"
-        f"request_read_timeout_s = {READ_TIMEOUT_S}\n"
-        "[plan]\n"
-        f"compile_price = {PLAN.compile_price}\n"
-        f"inference_price = {PLAN.inference_price}\n"
-    )
-    port = free_port()
-    env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=chain_world.provider)
-    env["JAX_PLATFORMS"] = "cpu"
-    with (work / "daemon.log").open("wb") as log:
-        process = processes.spawn(
-            [
-                *(sys.executable, "-m", "provider.cli", "run", "--no-jobs"),
-                *("--config", str(config), "--port", str(port)),
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    daemon = Served(port, process)
-
-    def up() -> bool:
-        if process.poll() is not None:
-            raise AssertionError((work / "daemon.log").read_text()[-3000:])
-        try:
-            return daemon.healthy()
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 120, "daemon health")
+    with served_daemon(chain_world, work, settings=settings) as daemon:
         yield daemon
-    finally:
-        processes.stop(process, grace_s=60)
 
 
 def _drip(sock: socket.socket, data: bytes, limit_s: float) -> tuple[float, bytes]:
@@ -122,7 +61,9 @@ def _drip(sock: socket.socket, data: bytes, limit_s: float) -> tuple[float, byte
     return time.monotonic() - started, received
 
 
-def test_connection_when_it_sends_nothing_then_closed_after_the_keep_alive(served: Served) -> None:
+def test_connection_when_it_sends_nothing_then_closed_after_the_keep_alive(
+    served: ServedDaemon,
+) -> None:
     with socket.create_connection(("127.0.0.1", served.port)) as sock:
         sock.settimeout(KEEP_ALIVE_S + 60)
         started = time.monotonic()
@@ -130,7 +71,7 @@ def test_connection_when_it_sends_nothing_then_closed_after_the_keep_alive(serve
         assert time.monotonic() - started < KEEP_ALIVE_S + hang_ceiling_s(SLACK_S)
 
 
-def test_connection_when_idle_after_an_answer_then_closed(served: Served) -> None:
+def test_connection_when_idle_after_an_answer_then_closed(served: ServedDaemon) -> None:
     with socket.create_connection(("127.0.0.1", served.port)) as sock:
         sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: daemon\r\n\r\n")
         sock.settimeout(KEEP_ALIVE_S + 60)
@@ -142,7 +83,7 @@ def test_connection_when_idle_after_an_answer_then_closed(served: Served) -> Non
         assert time.monotonic() - started < KEEP_ALIVE_S + hang_ceiling_s(SLACK_S)
 
 
-def test_headers_when_sent_a_byte_a_second_then_408_and_closed(served: Served) -> None:
+def test_headers_when_sent_a_byte_a_second_then_408_and_closed(served: ServedDaemon) -> None:
     request = b"GET /v1/health HTTP/1.1\r\nhost: daemon\r\nx-pad: " + b"a" * 60 + b"\r\n\r\n"
     with socket.create_connection(("127.0.0.1", served.port)) as sock:
         seconds, received = _drip(sock, request, READ_TIMEOUT_S + 20)
@@ -151,7 +92,7 @@ def test_headers_when_sent_a_byte_a_second_then_408_and_closed(served: Served) -
     assert seconds < READ_TIMEOUT_S + hang_ceiling_s(SLACK_S)
 
 
-def test_voucher_body_when_sent_a_byte_a_second_then_closed(served: Served) -> None:
+def test_voucher_body_when_sent_a_byte_a_second_then_closed(served: ServedDaemon) -> None:
     head = (
         b"POST /v1/vouchers HTTP/1.1\r\nhost: daemon\r\ncontent-type: application/json\r\n"
         b"content-length: 500\r\n\r\n"
@@ -164,7 +105,7 @@ def test_voucher_body_when_sent_a_byte_a_second_then_closed(served: Served) -> N
 
 
 def test_slowloris_when_100_connections_drip_then_a_normal_client_is_served_and_all_are_cut(
-    served: Served,
+    served: ServedDaemon,
 ) -> None:
     socks = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(100)]
     try:
@@ -185,7 +126,7 @@ def test_slowloris_when_100_connections_drip_then_a_normal_client_is_served_and_
 
 
 def test_upload_when_it_arrives_at_a_fair_rate_past_the_read_timeout_then_read_whole(
-    served: Served, chain_world: ChainWorld
+    served: ServedDaemon, chain_world: ChainWorld
 ) -> None:
     """2 MiB streamed over 2.4 read timeouts (~400 KiB/s, above the minimum upload rate) is
     read whole and judged: not an envelope (422), where a cut connection would get no answer."""
@@ -211,7 +152,7 @@ def test_upload_when_it_arrives_at_a_fair_rate_past_the_read_timeout_then_read_w
 
 @pytest.mark.parametrize("target", ["v5e 1x1", "x" * 65, "\u00e9t\u00e9", ""])
 def test_compile_target_when_not_a_target_name_then_400_before_the_body(
-    served: Served, chain_world: ChainWorld, target: str
+    served: ServedDaemon, chain_world: ChainWorld, target: str
 ) -> None:
     deal_id = chain_world.open_deal(client=chain_world.client)
     task = sign_task(chain_world, chain_world.client, deal_id, 0, tiny_mlp_envelope()[0])

@@ -18,6 +18,7 @@ from provider.api.fast import (
     check_envelope_type,
     check_headers,
     check_length,
+    load_deal,
     submit_answer,
 )
 from provider.api.models import (
@@ -94,14 +95,16 @@ _ACCESS_DOC: dict[str, Any] = {
 }
 
 
-def _authorize(daemon: Daemon, request: Request, key: tuple[int, int]) -> None:
-    """Raise unless the caller proves to be the deal's client (token or fresh signature)."""
-    daemon.access.check(
-        key,
-        request.headers,
-        client_of=lambda deal_id: daemon.deals.get(deal_id).client,
-        now=time.time(),
-    )
+async def _authorize(daemon: Daemon, request: Request, key: tuple[int, int]) -> None:
+    """Raise unless the caller proves to be the deal's client (token or fresh signature).
+
+    Cheapest first: a token is checked without the deal; a signature is checked before its
+    deal is looked up, and the lookup never reads the chain on the event loop.
+    """
+    signer = daemon.access.proven_signer(key, request.headers, time.time())
+    if signer is not None:
+        deal = await daemon.deals.aget(key[0])
+        daemon.access.require_client(key, signer, deal.client)
 
 
 @router.post("", response_model=TaskPublic, openapi_extra=_HEADERS_DOC)
@@ -115,6 +118,7 @@ async def submit_task(request: Request, wait: WaitQuery = 0.0) -> Response:
     daemon = daemon_of(request)
     check_length(daemon, request.headers)
     check_envelope_type(request.headers)
+    await load_deal(daemon, request.headers)
     checked = check_headers(daemon, request.headers)
     with admit_upload(daemon, checked, request.headers) as cap:  # what its price allows
         body = await read_request_body(request.stream(), cap)
@@ -135,7 +139,7 @@ async def get_task(
     No access token is issued here: tokens come only with the ack that created the task.
     """
     key = (deal_id, task_index)
-    _authorize(daemon, request, key)
+    await _authorize(daemon, request, key)
     view = await settled_view(daemon, key, wait)
     answer = task_json(view, daemon.journal, None)
     return Response(answer, media_type="application/json")
@@ -146,7 +150,7 @@ async def get_outputs(
     deal_id: DealId, task_index: TaskIndex, request: Request, daemon: DaemonDep
 ) -> Response:
     """Return a delivered task's outputs as raw bytes (their sha256 is the receipt's hash)."""
-    _authorize(daemon, request, (deal_id, task_index))
+    await _authorize(daemon, request, (deal_id, task_index))
     view = daemon.service.view((deal_id, task_index))
     if view.receipt is None:
         raise RejectedError("not_delivered", "the task has no result yet")

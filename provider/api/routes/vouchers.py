@@ -49,8 +49,13 @@ _DEAL_ACCESS_DOC: dict[str, Any] = {
 async def post_voucher(body: VoucherIn, daemon: DaemonDep) -> VoucherPublic:
     """Accept a signed cumulative voucher for delivered tasks.
 
-    Checked in a worker thread: a large bitmap's checks never hold the event loop.
+    Its shape is checked first (:class:`VoucherIn`), then its deal is looked up off the event
+    loop (:meth:`provider.deals.DealCache.aget`), then it is checked in a worker thread: a
+    large bitmap's checks never hold the event loop.
     """
+    deal_id = body.voucher.get("deal_id")
+    if isinstance(deal_id, int) and not isinstance(deal_id, bool) and 0 <= deal_id < 2**256:
+        await daemon.deals.aget(deal_id)
     record, new = await run_in_threadpool(
         daemon.service.accept_voucher, json.dumps(body.voucher), body.signature
     )
@@ -66,11 +71,9 @@ async def post_voucher(body: VoucherIn, daemon: DaemonDep) -> VoucherPublic:
 async def get_deal(deal_id: DealId, request: Request, daemon: DaemonDep) -> DealPublic:
     """Summarize what the journal holds for a deal, to the deal's client or provider."""
 
-    def parties() -> tuple[str, str]:
-        deal = daemon.deals.get(deal_id)
-        return deal.client, deal.provider
-
-    daemon.access.check_deal(deal_id, request.headers, parties=parties, now=time.time())
+    signer = daemon.access.deal_signer(deal_id, request.headers, time.time())
+    deal = await daemon.deals.aget(deal_id)  # after the proof: a stranger's costs no lookup
+    daemon.access.require_party(deal_id, signer, (deal.client, deal.provider))
     book = daemon.journal.deal(deal_id)
     if book is None:
         raise NotFoundError(f"the journal has no deal {deal_id}")
