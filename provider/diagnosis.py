@@ -13,6 +13,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from provider.diagnosis_hints import (
+    COMPILER_CRASH_HINTS,
+    COMPILER_ERROR_HINTS,
+    CPU_LIMIT_HINTS,
+    F64_ON_TPU_HINTS,
+    HINT_SETS,
+    KILLED_HINTS,
+    MISSING_OP_HINTS,
+    NESTING_HINTS,
+    OP_COUNT_HINTS,
+    OUTPUT_DTYPE_HINTS,
+    SORT_COMPARATOR_HINTS,
+    VERIFIER_HINTS,
+)
+
 SUCCESS_CODE: Final = 0
 MAX_MESSAGE_CHARS: Final = 500
 
@@ -121,33 +136,6 @@ HINTS: Final[dict[Category, tuple[str, ...]]] = {
         "with the same inputs and check its runtime assertions.",
     ),
 }
-OP_COUNT_HINTS: Final = (
-    "Shrink the program: use lax.scan or fori_loop instead of unrolled Python loops.",
-    "Split the model into smaller exported functions, one task each.",
-)
-"""Hints of a program refused for having more ops than the provider's cap."""
-F64_ON_TPU_HINTS: Final = (
-    "TPUs have no float64 or complex128: cast to float32 (or bfloat16) and complex64 before "
-    "exporting, or run the program on a CPU or GPU provider.",
-)
-"""Hints of a program that needs 64-bit floats on a TPU target."""
-OUTPUT_DTYPE_HINTS: Final = (
-    "Return complex128 results as two float64 arrays (jnp.real, jnp.imag), and sub-byte "
-    "integers widened to int8.",
-)
-"""Hints of a program whose results have a dtype the outputs' format cannot carry."""
-SORT_COMPARATOR_HINTS: Final = (
-    "Give sort a strict comparator (a < b or a > b, as jnp.sort and lax.sort's own are): "
-    "XLA's CPU sort reads outside its buffer when comp(a, a) is true.",
-)
-"""Hints of a sort refused for a comparator that is no strict weak order."""
-HINT_SETS: Final[dict[str, tuple[str, ...]]] = {
-    "op_count": OP_COUNT_HINTS,
-    "sort_comparator": SORT_COMPARATOR_HINTS,
-    "f64_on_tpu": F64_ON_TPU_HINTS,
-    "output_dtype": OUTPUT_DTYPE_HINTS,
-}
-"""Hints other than a category's own, by the name a worker sends them under (no free text)."""
 
 
 def hint_set_name(hints: tuple[str, ...]) -> str | None:
@@ -255,10 +243,49 @@ def _oom(text: str, stage: Stage) -> Diagnosis:
     )
 
 
+_FOREIGN_CODE = re.compile(r"custom[_ ]call|callback|kernel|Custom emitter", re.IGNORECASE)
+
+
 def _unsupported(text: str, stage: Stage) -> Diagnosis:
-    match = _CUSTOM_TARGET.search(text) or _NAMED_OP.search(text)
+    """An op the runtime lacks; the custom-call hints only where a custom call is the cause."""
+    custom = _CUSTOM_TARGET.search(text)
+    match = custom or _NAMED_OP.search(text)
+    foreign = custom is not None or _FOREIGN_CODE.search(text) is not None
     return diagnose(
-        Category.UNSUPPORTED_OP, text, stage=stage, op=None if match is None else match["op"]
+        Category.UNSUPPORTED_OP,
+        text,
+        stage=stage,
+        op=None if match is None else match["op"],
+        hints=None if foreign else MISSING_OP_HINTS,
+    )
+
+
+_VERIFIED_OP = re.compile(r"'(?P<op>[\w.$]+)' op\b")
+
+
+def _verifier(text: str, stage: Stage) -> Diagnosis:
+    """A module the MLIR verifier refused while lowering: its first reason and op, or, when
+    the verifier gave none, what was checked."""
+    reasons = [
+        line.strip()
+        for line in text.split("verifier errors", 1)[1].splitlines()[1:]
+        if line.startswith("\t") and not line.startswith("\t\t") and line.strip()
+    ]
+    match = _VERIFIED_OP.search(reasons[0]) if reasons else None
+    if reasons:
+        message = f"the module failed MLIR verification when lowered: {reasons[0]}"
+    else:
+        message = (
+            "the module failed MLIR verification when lowered for this provider's JAX (its ops "
+            "checked against the argument types it states); the verifier named no op and gave "
+            "no reason"
+        )
+    return diagnose(
+        Category.UNSUPPORTED_OP,
+        message,
+        stage=stage,
+        op=None if match is None else match["op"],
+        hints=VERIFIER_HINTS,
     )
 
 
@@ -271,6 +298,8 @@ def _simple(category: Category) -> Callable[[str, Stage], Diagnosis]:
 
 # Ordered: the first rule whose pattern matches anywhere in the text wins.
 _RULES: Final[tuple[tuple[re.Pattern[str], Callable[[str, Stage], Diagnosis]], ...]] = (
+    # The verifier's header first: the module dump that may follow it can say anything.
+    (re.compile(r"Cannot lower jaxpr with verifier errors"), _verifier),
     # Version skew first: an old JAX reading a new blob reports "exported for 0 devices".
     (
         re.compile(
@@ -355,6 +384,15 @@ def classify(text: str, stage: Stage) -> Diagnosis:
     for pattern, build in _RULES:
         if pattern.search(text):
             return build(text, stage)
+    if stage is Stage.COMPILE:  # the compiler's own words: its hints, not the custom calls'
+        match = _NAMED_OP.search(text)
+        return diagnose(
+            Category.UNSUPPORTED_OP,
+            text,
+            stage=stage,
+            op=None if match is None else match["op"],
+            hints=COMPILER_ERROR_HINTS if match is None else MISSING_OP_HINTS,
+        )
     return diagnose(_FALLBACK[stage], text, stage=stage)
 
 
@@ -368,10 +406,56 @@ def timeout(stage: Stage, seconds: float) -> Diagnosis:
     return diagnose(category, f"{what} did not finish within {seconds:g} s", stage=stage)
 
 
+_SIGNAL_NAMES: Final = {6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 24: "SIGXCPU"}
+
+
 def crash(stage: Stage, exitcode: int | None) -> Diagnosis:
-    """Diagnose a worker that died while running ``stage`` (negative exit code = signal)."""
-    if exitcode is not None and exitcode < 0:
-        how = f"killed by signal {-exitcode}"
+    """Diagnose a worker that died while running ``stage`` (negative exit code = signal).
+
+    The hint follows what the parent saw: a memory fault while compiling (the compiler's
+    stack, e.g. a program nested too deep), a kill from outside (memory), the CPU-time
+    limit, or else a runtime crash.
+    """
+    signal = -exitcode if exitcode is not None and exitcode < 0 else None
+    hints: tuple[str, ...] | None = None
+    if signal is not None:
+        name = _SIGNAL_NAMES.get(signal)
+        how = f"killed by signal {signal}" + (f" ({name})" if name else "")
+        if signal in (7, 11) and stage is Stage.COMPILE:
+            hints = COMPILER_CRASH_HINTS
+        elif signal == 9:
+            hints = KILLED_HINTS
+        elif signal == 24:
+            hints = CPU_LIMIT_HINTS
     else:
         how = f"exited with code {exitcode}"
-    return diagnose(Category.WORKER_CRASH, f"worker {how} during {stage}", stage=stage)
+    return diagnose(Category.WORKER_CRASH, f"worker {how} during {stage}", stage=stage, hints=hints)
+
+
+__all__ = [
+    "COMPILER_CRASH_HINTS",
+    "COMPILER_ERROR_HINTS",
+    "CPU_LIMIT_HINTS",
+    "F64_ON_TPU_HINTS",
+    "HINTS",
+    "HINT_SETS",
+    "KILLED_HINTS",
+    "MAX_MESSAGE_CHARS",
+    "MISSING_OP_HINTS",
+    "NESTING_HINTS",
+    "OP_COUNT_HINTS",
+    "OUTPUT_DTYPE_HINTS",
+    "SORT_COMPARATOR_HINTS",
+    "SUCCESS_CODE",
+    "VERIFIER_HINTS",
+    "Category",
+    "Diagnosis",
+    "Stage",
+    "classify",
+    "crash",
+    "diagnose",
+    "first_meaningful_line",
+    "hint_set_name",
+    "parse_size",
+    "timeout",
+]

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from provider.diagnosis import OP_COUNT_HINTS, SORT_COMPARATOR_HINTS, Category
+from provider.diagnosis import NESTING_HINTS, OP_COUNT_HINTS, SORT_COMPARATOR_HINTS, Category
 from provider.errors import ProviderError
 
 ARTIFACT_MAGIC: Final = b"ML\xefR"
@@ -205,6 +205,19 @@ def check_op_count(count: int, limit: int, *, counted_all: bool = True) -> None:
             Category.UNSUPPORTED_OP,
             f"op count {how_many} exceeds the cap of {limit} ops per program",
             hints=OP_COUNT_HINTS,
+        )
+
+
+def check_nesting(depth: int, limit: int) -> None:
+    """Reject a module nested deeper than the cap (``depth`` is ``limit + 1`` when counting
+    stopped past it): a valid program, refused before the compiler overflows its stack."""
+    if depth > limit:
+        raise RejectedProgram(
+            Category.UNSUPPORTED_OP,
+            f"the program nests control flow and calls more than {limit} levels deep (this "
+            f"provider's cap: XLA's compiler recurses once per level)",
+            op="nesting depth",
+            hints=NESTING_HINTS,
         )
 
 

@@ -13,6 +13,9 @@ class SandboxLimits:
 
     max_envelope_bytes: int = 256 * 1024 * 1024
     max_ops: int = 8000
+    # Regions in regions, through the functions they call: XLA's compiler recurses per level
+    # and a valid program ~100 levels deep overflows a worker's stack (docs/provider-api.md).
+    max_nesting: int = 64
     max_output_bytes: int = 512 * 1024 * 1024
     address_space_bytes: int = 16 << 30
     start_timeout_s: float = 120.0
@@ -40,6 +43,7 @@ class SandboxLimits:
         for name in (
             "max_envelope_bytes",
             "max_ops",
+            "max_nesting",
             "max_output_bytes",
             "address_space_bytes",
             "max_tasks_per_worker",

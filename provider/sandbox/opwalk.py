@@ -10,10 +10,12 @@ from provider.sandbox.checks import (
     RejectedProgram,
     TensorType,
     check_custom_call,
+    check_nesting,
     check_op,
     check_op_count,
     check_sort_comparator,
 )
+from provider.sandbox.nesting import CallGraph
 
 
 class UnparsableModule(RejectedProgram):
@@ -25,11 +27,13 @@ COUNT_BEYOND_CAP = 16
 _CONFIG_ENTRY = re.compile(r"(\w+) = (-?\d+) : (?:ui8|i8|i32|i64|ui32)\b")
 
 
-def walk_module(exported: Any, max_ops: int) -> int:
+def walk_module(exported: Any, max_ops: int, max_nesting: int = 64) -> int:
     """Check every op of ``exported``'s module against the rules; return the op count.
 
-    Parsing the StableHLO bytecode is native code that crafted bytes can crash or hang, so
-    call this only in a killable worker.
+    The module's nesting (regions in regions, through the functions they call) may be at
+    most ``max_nesting`` deep: XLA's compiler recurses once per level, and a deeper valid
+    program overflows a worker's stack while compiling. Parsing the StableHLO bytecode is
+    native code that crafted bytes can crash or hang, so call this only in a killable worker.
     """
     from jax._src.interpreters.mlir import make_ir_context  # the dialects JAX registers
     from jax.extend.mlir import ir
@@ -37,7 +41,7 @@ def walk_module(exported: Any, max_ops: int) -> int:
 
     with make_ir_context() as context:
         module = parse_module(context, exported.mlir_module_serialized, ir, stablehlo)
-        return _walk(module, max_ops, ir)
+        return _walk(module, max_ops, max_nesting, ir)
 
 
 def parse_module(context: Any, data: bytes, ir: Any, stablehlo: Any) -> Any:
@@ -66,23 +70,49 @@ def parse_module(context: Any, data: bytes, ir: Any, stablehlo: Any) -> Any:
         handler.detach()
 
 
-def _walk(module: Any, max_ops: int, ir: Any) -> int:
+def _walk(module: Any, max_ops: int, max_nesting: int, ir: Any) -> int:
     count = 0
     bound = max_ops * COUNT_BEYOND_CAP
-    stack: list[Any] = [module.operation]
+    graph = CallGraph()
+    # (op, the function it is in, how many regions deep within that function)
+    stack: list[tuple[Any, str, int]] = [(module.operation, "", -1)]
     while stack and count <= bound:
-        operation = stack.pop()
+        operation, function, depth = stack.pop()
         for region in operation.regions:
             for block in region.blocks:
                 for child in block.operations:
                     op = child.operation
                     count += 1
-                    stack.append(op)
+                    name = str(op.name)
+                    if name == "func.func":
+                        inner, level = _symbol(op, "sym_name", ir), 0
+                    else:
+                        inner, level = function, depth + 1
+                    graph.reach(inner, level)
+                    if name == "func.call":
+                        graph.call(function, level, _symbol(op, "callee", ir))
+                    stack.append((op, inner, level))
                     if count <= max_ops:
                         _check(op, ir)
     # Past the cap the ops are only counted (up to the bound), so the refusal states the size.
     check_op_count(count, max_ops, counted_all=not stack)
+    check_nesting(graph.deepest(max_nesting), max_nesting)
     return count
+
+
+def _symbol(op: Any, attribute: str, ir: Any) -> str:
+    """Return a function's name or a call's callee (empty when the attribute is missing)."""
+    try:
+        value = op.attributes[attribute]
+    except (KeyError, ValueError):
+        return ""
+    try:
+        return str(ir.FlatSymbolRefAttr(value).value)
+    except (ValueError, TypeError):
+        try:
+            return str(ir.StringAttr(value).value)
+        except (ValueError, TypeError):
+            return str(value)
 
 
 def _check(op: Any, ir: Any) -> None:

@@ -118,7 +118,7 @@ class ProgramValidator:
         if self.is_validated(exported):
             return
         try:
-            walk_module(exported, self.limits.max_ops)
+            walk_module(exported, self.limits.max_ops, self.limits.max_nesting)
         except UnparsableModule as exc:
             diagnosis = diagnose(exc.category, str(exc), stage=Stage.VALIDATE)
             raise TaskError(diagnosis, recycle=True) from exc

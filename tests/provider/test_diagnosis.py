@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from provider.diagnosis import (
+    COMPILER_CRASH_HINTS,
+    COMPILER_ERROR_HINTS,
+    CPU_LIMIT_HINTS,
+    HINTS,
+    KILLED_HINTS,
+    MISSING_OP_HINTS,
     SUCCESS_CODE,
+    VERIFIER_HINTS,
     Category,
     Stage,
     classify,
@@ -187,6 +194,67 @@ def test_timeout_and_crash_diagnoses() -> None:
     died = crash(Stage.EXECUTE, -9)
     assert died.category is Category.WORKER_CRASH
     assert "signal 9" in died.message
+
+
+@pytest.mark.parametrize(
+    ("stage", "exitcode", "hints", "named"),
+    [
+        (Stage.COMPILE, -11, COMPILER_CRASH_HINTS, "SIGSEGV"),
+        (Stage.COMPILE, -7, COMPILER_CRASH_HINTS, "SIGBUS"),
+        (Stage.EXECUTE, -11, HINTS[Category.WORKER_CRASH], "SIGSEGV"),
+        (Stage.EXECUTE, -6, HINTS[Category.WORKER_CRASH], "SIGABRT"),
+        (Stage.EXECUTE, -9, KILLED_HINTS, "SIGKILL"),
+        (Stage.COMPILE, -24, CPU_LIMIT_HINTS, "SIGXCPU"),
+        (Stage.EXECUTE, 3, HINTS[Category.WORKER_CRASH], "code 3"),
+    ],
+)
+def test_crash_hint_when_worker_dies_then_follows_the_signal_and_stage(
+    stage: Stage, exitcode: int, hints: tuple[str, ...], named: str
+) -> None:
+    died = crash(stage, exitcode)
+    assert died.category is Category.WORKER_CRASH
+    assert died.hints == hints
+    assert named in died.message and str(stage) in died.message
+    assert not any("custom call" in hint for hint in died.hints)
+
+
+def test_compile_error_without_a_custom_call_when_classified_then_no_custom_call_hint() -> None:
+    unknown = classify("INTERNAL: RET_CHECK failure (xla/service/foo.cc:12) x != y", Stage.COMPILE)
+    assert unknown.category is Category.UNSUPPORTED_OP
+    assert unknown.hints == COMPILER_ERROR_HINTS
+    named = classify("UNIMPLEMENTED: op 'stablehlo.fft' is not supported here", Stage.COMPILE)
+    assert named.op == "stablehlo.fft"
+    assert named.hints == MISSING_OP_HINTS
+    custom = classify(
+        "No registered implementation for custom call to my_kernel for platform cpu", Stage.COMPILE
+    )
+    assert custom.op == "my_kernel"
+    assert custom.hints == HINTS[Category.UNSUPPORTED_OP]
+
+
+def test_verifier_refusal_when_it_gives_no_reason_then_says_what_was_checked() -> None:
+    text = (
+        "ValueError: Cannot lower jaxpr with verifier errors. Define JAX_DUMP_IR_TO to dump "
+        "the module."
+    )
+    diagnosis = classify(text, Stage.COMPILE)
+    assert diagnosis.category is Category.UNSUPPORTED_OP
+    assert diagnosis.message.strip() and "verification" in diagnosis.message
+    assert "named no op and gave no reason" in diagnosis.message
+    assert diagnosis.hints == VERIFIER_HINTS
+
+
+def test_verifier_refusal_when_it_names_an_op_then_the_op_and_reason_reach_the_client() -> None:
+    text = (
+        "ValueError: Cannot lower jaxpr with verifier errors:\n"
+        "\t'stablehlo.add' op requires compatible types for all operands and results\n"
+        '\t\tat loc("jit(f)/add")\n'
+        "custom_call anywhere in a dump is no reason\n"
+    )
+    diagnosis = classify(text, Stage.COMPILE)
+    assert diagnosis.op == "stablehlo.add"
+    assert "requires compatible types" in diagnosis.message
+    assert diagnosis.hints == VERIFIER_HINTS
 
 
 def test_first_meaningful_line_skips_traceback_noise() -> None:
