@@ -86,8 +86,11 @@ class Anvil:
         accounts: int = 10,
         balance_eth: int = 10_000,
         block_time: float | None = None,
+        keep_history: bool = False,
     ) -> Anvil:
-        """Start anvil with `--prune-history` and wait until it answers `eth_chainId`."""
+        """Start anvil and wait until it answers `eth_chainId`. Without `keep_history` it runs
+        with `--prune-history` (no state of old blocks: less memory); reorgs
+        (`anvil_reorg`) need the history kept."""
         if not ANVIL_BINARY.exists():
             raise ChainError(f"anvil is not installed at {ANVIL_BINARY}: run `make setup`")
         chosen = port or free_port()
@@ -99,9 +102,10 @@ class Anvil:
             "--accounts", str(accounts),
             "--balance", str(balance_eth),
             "--mnemonic", DEV_MNEMONIC,
-            "--prune-history",
             "--silent",
         ]  # fmt: skip
+        if not keep_history:
+            args.append("--prune-history")
         if block_time is not None:
             args += ["--block-time", str(block_time)]
         process = subprocess.Popen(

@@ -13,6 +13,7 @@ callers and retries act on types, not on the text of a message.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from contracts.errors import (
     TransactionRevertedError,
 )
 from contracts.reverts import REVERTS
+from contracts.tx_policy import FEE_HISTORY_BLOCKS, TxPolicy, tip_from_history
 
 GAS_MARGIN = 1.2
 RECEIPT_TIMEOUT_S = 60.0
@@ -192,13 +194,33 @@ _FAILURES = (
 library, which is left to propagate)."""
 
 
+@dataclass
+class _Sent:
+    """One intended transaction: its fields, the hashes of each version sent (same nonce) and
+    the latest version's signed bytes."""
+
+    tx: dict[str, Any]
+    hashes: list[Any]
+    raw: bytes
+
+
 class Transactor:
     """Sign and send transactions for local keys, tracking nonces per sender."""
 
     def __init__(
-        self, w3: Web3, decoder: ErrorDecoder, *, receipt_timeout_s: float = RECEIPT_TIMEOUT_S
+        self,
+        w3: Web3,
+        decoder: ErrorDecoder,
+        *,
+        receipt_timeout_s: float = RECEIPT_TIMEOUT_S,
+        policy: TxPolicy | None = None,
     ) -> None:
         self.w3 = w3
+        self.policy = policy or TxPolicy()
+        self.replaced = 0
+        """Versions signed again with higher fees because the last was not mined in time."""
+        self.resent = 0
+        """Versions sent after the node forgot the last one (dropped from its pool, reorged)."""
         self._decoder = decoder
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -219,30 +241,45 @@ class Transactor:
                 gas = int(estimate * GAS_MARGIN)
             del tx["from"]
             tx.update(gas=gas, chainId=self.chain_id)
-            tx_hash = self._send_raw(key, sender, tx)
-        receipt = self._wait_for_receipt(tx_hash)
+            sent = self._send_raw(key, sender, tx)
+        receipt = self._wait_for_receipt(key, sent)
         if receipt["status"] != 1:
             raise TransactionRevertedError(
-                f"transaction {tx_hash.to_0x_hex()} reverted (gas limit {gas})"
+                f"transaction {receipt['transactionHash'].to_0x_hex()} reverted (gas limit {gas})"
             )
         return receipt
 
     def fees(self, *, refresh: bool = False) -> tuple[int, int]:
         """Return (maxFeePerGas, maxPriorityFeePerGas), cached until a refresh is asked.
 
-        The tip is the node's suggestion (eth_maxPriorityFeePerGas, or its fee history where
-        the node lacks that method); the cap leaves room for the base fee to double.
+        The tip is the median of recent blocks' 50th-percentile rewards (the node's
+        eth_maxPriorityFeePerGas without any); the cap leaves room for the base fee to double,
+        never above the policy's ``max_fee_wei`` (:mod:`contracts.tx_policy`).
         """
         if self._fees is None or refresh:
             block = self._request("reading the base fee", self.w3.eth.get_block, "pending")
             base_fee = int(block.get("baseFeePerGas", 0))
-            tip = int(
-                self._request("reading the priority fee", lambda: self.w3.eth.max_priority_fee)
-            )
-            self._fees = (base_fee * 2 + tip, tip)
+            self._fees = self.policy.fees(base_fee, self._tip())
         return self._fees
 
-    def _send_raw(self, key: str, sender: str, tx: dict[str, Any]) -> Any:
+    def _tip(self) -> int:
+        """The median recent 50th-percentile tip, or the node's suggestion without one."""
+        try:
+            history = self._request(
+                "reading the fee history",
+                self.w3.eth.fee_history,
+                FEE_HISTORY_BLOCKS,
+                "pending",
+                [50],
+            )
+            tip = tip_from_history(list(history.get("reward") or []))
+        except ChainError:
+            tip = None
+        if tip:
+            return tip
+        return int(self._request("reading the priority fee", lambda: self.w3.eth.max_priority_fee))
+
+    def _send_raw(self, key: str, sender: str, tx: dict[str, Any]) -> _Sent:
         """Sign and send; once, refresh the fees or the nonce if the chain says they are stale."""
         refresh_fees = False
         for attempt in (0, 1):
@@ -267,7 +304,7 @@ class Transactor:
                 known = self._sent_before(signed.hash)
                 if known:  # an earlier try of these very bytes got through
                     self._nonces[sender] = nonce + 1
-                    return signed.hash
+                    return _Sent(dict(tx), [signed.hash], signed.raw_transaction)
                 if attempt == 0 and isinstance(error, FeeTooLowError):
                     refresh_fees = True
                     continue
@@ -275,7 +312,7 @@ class Transactor:
                     continue  # another sender of this key took the nonce: a fresh one
                 raise
             self._nonces[sender] = nonce + 1
-            return tx_hash
+            return _Sent(dict(tx), [tx_hash], signed.raw_transaction)
         raise AssertionError("unreachable")
 
     def _sent_before(self, tx_hash: Any) -> bool | None:
@@ -301,20 +338,69 @@ class Transactor:
         except ChainError:
             return None
 
-    def _wait_for_receipt(self, tx_hash: Any) -> Any:
-        """Poll for the receipt of a sent transaction until `receipt_timeout_s` has passed."""
-        what = f"waiting for the receipt of {tx_hash.to_0x_hex()}"
+    def _wait_for_receipt(self, key: str, sent: _Sent) -> Any:
+        """Poll until one version of a sent transaction is mined and confirmed, replacing it
+        when it stays unmined and sending it again when the node forgot it; raise
+        `ChainTimeoutError` once `receipt_timeout_s` has passed."""
+        first = sent.hashes[0]
+        what = f"waiting for the receipt of {first.to_0x_hex()}"
         deadline = time.monotonic() + self.receipt_timeout_s
+        since: int | None = None  # the block from which the latest version waits
         while True:
-            receipt = self._request(what, self._receipt_or_none, tx_hash)
-            if receipt is not None:
-                return receipt
+            for tx_hash in reversed(sent.hashes):
+                receipt = self._request(what, self._receipt_or_none, tx_hash)
+                if receipt is not None and self._confirmed(receipt):
+                    return receipt
+                if receipt is not None:
+                    break
+            else:
+                head = int(self._request("reading the head", lambda: self.w3.eth.block_number))
+                if since is None:
+                    since = head
+                elif head - since >= self.policy.replace_after_blocks:
+                    self._unstick(key, sent)
+                    since = head
             if time.monotonic() >= deadline:
                 raise ChainTimeoutError(
-                    f"transaction {tx_hash.to_0x_hex()} was not mined within "
+                    f"transaction {first.to_0x_hex()} was not mined and confirmed within "
                     f"{self.receipt_timeout_s}s"
                 )
             time.sleep(RECEIPT_POLL_S)  # the node pushes nothing over HTTP: poll it
+
+    def _confirmed(self, receipt: Any) -> bool:
+        """Return whether `receipt` has the policy's confirmations and its block is still the
+        chain's block at that height (a reorg did not replace it)."""
+        if self.policy.confirmations <= 1:
+            return True
+        number = int(receipt["blockNumber"])
+        head = int(self._request("reading the head", lambda: self.w3.eth.block_number))
+        if head < number + self.policy.confirmations - 1:
+            return False
+        block = self._request("reading a receipt's block", self.w3.eth.get_block, number)
+        return bool(block["hash"] == receipt["blockHash"])
+
+    def _unstick(self, key: str, sent: _Sent) -> None:
+        """The latest version waited `replace_after_blocks` unmined: sign a replacement with
+        raised fees (same nonce); at the cap, send the latest again if the node forgot it
+        (dropped from its pool, or reorged out)."""
+        forgotten = self._sent_before(sent.hashes[-1]) is False
+        fees = self.policy.bumped(sent.tx["maxFeePerGas"], sent.tx["maxPriorityFeePerGas"])
+        if fees is None:
+            if forgotten:
+                with contextlib.suppress(ChainError):  # the nonce taken meanwhile: polled next
+                    self._request("sending again", self.w3.eth.send_raw_transaction, sent.raw)
+                    self.resent += 1
+            return
+        sent.tx.update(maxFeePerGas=fees[0], maxPriorityFeePerGas=fees[1])
+        signed = Account.sign_transaction(sent.tx, key)
+        try:
+            self._request("replacing", self.w3.eth.send_raw_transaction, signed.raw_transaction)
+        except ChainError:
+            return  # mined meanwhile, or refused as underpriced: polled next
+        sent.hashes.append(signed.hash)
+        sent.raw = signed.raw_transaction
+        self.replaced += 1
+        self.resent += forgotten
 
     def _receipt_or_none(self, tx_hash: Any) -> Any:
         try:

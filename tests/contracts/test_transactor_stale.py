@@ -169,8 +169,9 @@ def test_a_send_whose_answer_is_lost_is_never_sent_again_with_a_fresh_nonce(
 def test_a_priority_fee_read_stale_on_both_sources_is_a_typed_error(
     world: World, lagging: Any
 ) -> None:
-    """The tip is eth_maxPriorityFeePerGas, or the fee history when that fails: both stale, the
-    read is asked again, then a typed error."""
+    """The tip is the fee history's median reward, or eth_maxPriorityFeePerGas (which falls
+    back to the fee history itself) when that fails: all stale, each read is asked again, then
+    a typed error."""
     proxy, escrow = lagging({"eth_maxPriorityFeePerGas", "eth_feeHistory"}, 1000)
     with (
         pytest.warns(UserWarning, match="eth_feeHistory"),
@@ -178,7 +179,7 @@ def test_a_priority_fee_read_stale_on_both_sources_is_a_typed_error(
     ):
         escrow.tx.fees(refresh=True)
     assert proxy.asked["eth_maxPriorityFeePerGas"] == ANSWERED
-    assert proxy.asked["eth_feeHistory"] == ANSWERED
+    assert proxy.asked["eth_feeHistory"] == 2 * ANSWERED  # ours, then the suggestion's fallback
 
 
 @pytest.mark.parametrize("offset", [-1, 5], ids=["pruned", "past-the-head"])
