@@ -27,8 +27,16 @@
    programs it can build acked and queued ahead (endless while loops, killed at their
    deadline; heavy compiles) over the same median alone (target <= 3).
 
+7. ``disk_growth_mb_per_1k_settled_tasks``: the growth of the daemon's data dir over
+   ``--disk-tasks`` (1,000) tasks of 256 KiB outputs each, vouched every 50 tasks, redeemed by
+   the daemon's own settlement jobs and pruned from its journal, measured after 100 warm-up
+   tasks settled the same way, per 1,000 tasks (target <= 50).
+8. ``worker_escapes``: the in-sandbox attacker's attempts (code run inside a real worker)
+   that reached anything outside (``tests.provider.sandbox_attacker``; target 0).
+
 Usage: scripts/bench-provider [--tasks N] [--throughput-tasks N] [--clients N] [--rss-tasks N]
        [--stall-rounds N] [--stall-only] [--attack-only] [--attack-tasks N]
+       [--storage-only] [--disk-tasks N]
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import http.client
 import json
 import os
 import signal
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -69,7 +78,9 @@ from contracts.messages import (  # noqa: E402
     Quote,
     Receipt,
     TaskRequest,
+    Voucher,
     address_of,
+    task_bitmap,
     verify,
 )
 from contracts.program import (  # noqa: E402
@@ -147,9 +158,20 @@ def open_deal(
 
 
 def start_daemon(
-    anvil: Anvil, escrow: str, provider_key: str, data: Path, workers: int, platforms: str = "cpu"
+    anvil: Anvil,
+    escrow: str,
+    provider_key: str,
+    data: Path,
+    workers: int,
+    platforms: str = "cpu",
+    *,
+    jobs: bool = False,
+    sections: str = "",
 ) -> tuple[Any, str]:
-    """Start the daemon by its CLI, its workers on ``platforms``; return it and its URL."""
+    """Start the daemon by its CLI, its workers on ``platforms``; return it and its URL.
+
+    ``jobs`` runs its settlement jobs (off: ``--no-jobs``); ``sections`` are TOML tables
+    appended to its config."""
     port = free_port()
     config = data / "provider.toml"
     config.write_text(
@@ -157,14 +179,15 @@ def start_daemon(
         f'jax_platforms = "{platforms}"\nslo_ms = {SLO_MS}\nbenchmark_on_start = false\n'
         f"pool_size = {workers}\n"
         f'log_level = "WARNING"\n[plan]\ncompile_price = {PLAN.compile_price}\n'
-        f"inference_price = {PLAN.inference_price}\n"
+        f"inference_price = {PLAN.inference_price}\n{sections}"
     )
     env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=provider_key)
     log = (data / "daemon.log").open("wb")
     process = subprocess.Popen(
         [
             *(sys.executable, "-m", "provider.cli", "run", "--config", str(config)),
-            *("--port", str(port), "--no-jobs"),
+            *("--port", str(port)),
+            *(() if jobs else ("--no-jobs",)),
         ],
         cwd=REPO,
         env=env,
@@ -405,6 +428,116 @@ def output_rss_growth_mb(sub: Submitter, deal_id: int, daemon_pid: int, tasks: i
         conn.close()
     print(f"daemon + workers RSS: {before:.0f} MB after warm-up, {after:.0f} MB after {tasks}")
     return after - before
+
+
+def _outputs_program(value: float) -> ProgramEnvelope:
+    import jax.numpy as jnp
+
+    from tests.provider.programs import envelope_for, export_fn, spec
+
+    def widen(x: Any) -> Any:
+        return jnp.arange(65_536, dtype=jnp.float32) + x[0]  # 256 KiB out
+
+    return envelope_for(export_fn(widen, spec(1)), [np.array([value], np.float32)])
+
+
+def dir_bytes(path: Path) -> int:
+    """Return the bytes of every file under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def pruned_tasks(journal: Path) -> int:
+    """Return how many tasks the daemon's journal pruned (read beside the daemon)."""
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=30)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM pruned").fetchone()[0])
+    except sqlite3.OperationalError:  # no journal yet
+        return 0
+    finally:
+        db.close()
+
+
+def _settled_batch(
+    sub: Submitter, url: str, deal_id: int, client_key: str, tasks: int, owed: int
+) -> int:
+    """Run ``tasks`` tasks of 256 KiB outputs, vouch for all so far (every 50 tasks); wait
+    until the daemon redeemed and pruned them; return what is owed in all."""
+    conn = sub.connect()
+    try:
+        for n in range(tasks):
+            index = sub.next_index()
+            envelope = _outputs_program(float(index))
+            status, data = sub.submit(
+                conn, sub.sign(deal_id, envelope, index), encode_envelope(envelope)
+            )
+            if status != 200 or data["state"] != "succeeded":
+                raise SystemExit(f"task failed: {status} {json.dumps(data)[:500]}")
+            owed += int(data["receipt"]["amount"])
+            if (n + 1) % 50 == 0 or n + 1 == tasks:
+                voucher = Voucher(deal_id, owed, task_bitmap(range(sub.index)))
+                signature = voucher.sign(sub.domain, client_key)
+                body = {"voucher": voucher.to_json(), "signature": "0x" + signature.hex()}
+                reply = httpx.post(f"{url}/v1/vouchers", json=body, timeout=60)
+                if reply.status_code != 200:
+                    raise SystemExit(f"voucher refused: {reply.status_code} {reply.text[:300]}")
+    finally:
+        conn.close()
+    return owed
+
+
+def disk_growth_mb_per_1k(args: argparse.Namespace) -> float:
+    """Growth of the daemon's data dir over ``--disk-tasks`` tasks settled on chain (vouched,
+    redeemed by its settlement jobs, their data pruned), after 100 warm-up tasks, per 1,000."""
+    with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
+        chain = Chain(anvil.url)
+        deployment = chain.deploy(anvil.keys[0])
+        deal_id = open_deal(chain, deployment.escrow, anvil.keys, deployment.token)
+        sections = "[settlement]\ninterval_s = 1\nredeem_threshold = 1\n"
+        process, url = start_daemon(
+            anvil,
+            deployment.escrow,
+            anvil.keys[1],
+            Path(tmp),
+            args.workers,
+            jobs=True,
+            sections=sections,
+        )
+        state = Path(tmp) / "state"
+        journal = state / "journal.sqlite3"
+        try:
+            sub = Submitter(url, chain, deployment.escrow, anvil.keys[2], address_of(anvil.keys[1]))
+
+            def settled(count: int) -> None:
+                deadline = time.monotonic() + 600
+                while pruned_tasks(journal) < count:  # the daemon's jobs redeem, then prune
+                    if time.monotonic() > deadline or process.poll() is not None:
+                        raise SystemExit(f"{pruned_tasks(journal)} of {count} tasks pruned")
+                    time.sleep(0.2)
+
+            owed = _settled_batch(sub, url, deal_id, anvil.keys[2], 100, 0)
+            settled(100)
+            before = dir_bytes(state)
+            _settled_batch(sub, url, deal_id, anvil.keys[2], args.disk_tasks, owed)
+            settled(100 + args.disk_tasks)
+            after = dir_bytes(state)
+        finally:
+            os.kill(process.pid, signal.SIGTERM)
+            process.wait(60)
+    tasks = int(args.disk_tasks)
+    written = tasks * 256 / 1024
+    print(
+        f"data dir: {before / 2**20:.1f} MiB after 100 settled tasks, {after / 2**20:.1f} MiB "
+        f"after {tasks} more ({written:.0f} MiB of outputs delivered and settled)"
+    )
+    return (after - before) / 2**20 * 1000 / tasks
+
+
+def sandbox_escapes() -> int:
+    """The in-sandbox attacker's attempts that reached anything outside (target 0)."""
+    from tests.provider.sandbox_attacker import worker_escapes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return worker_escapes(Path(tmp))
 
 
 def malformed(rng: np.random.Generator) -> ProgramEnvelope:
@@ -653,7 +786,20 @@ def main() -> None:
     parser.add_argument(
         "--attack-only", action="store_true", help="measure honest_p50_ratio_under_attack alone"
     )
+    parser.add_argument("--disk-tasks", type=int, default=1000, help="settled tasks measured")
+    parser.add_argument(
+        "--storage-only",
+        action="store_true",
+        help="measure disk_growth_mb_per_1k_settled_tasks and worker_escapes alone",
+    )
     args = parser.parse_args()
+    if args.storage_only:
+        figures = {
+            "disk_growth_mb_per_1k_settled_tasks": round(disk_growth_mb_per_1k(args), 2),
+            "worker_escapes": sandbox_escapes(),
+        }
+        print(json.dumps(figures))
+        return
     if args.stall_only:
         print(json.dumps({"stall_ratio_after_malformed": round(stall_only(args), 2)}))
         return
@@ -670,6 +816,8 @@ def main() -> None:
     cold, warm = compile_cold_warm_ms()
     crossed = cache_cross_reads()
     attack_ratio = attack_only(args)
+    disk_growth = disk_growth_mb_per_1k(args)
+    escapes = sandbox_escapes()
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:
         chain = Chain(anvil.url)
         deployment = chain.deploy(anvil.keys[0])
@@ -706,6 +854,8 @@ def main() -> None:
         "stall_ratio_after_malformed": round(ratio, 2),
         "cache_cross_reads": crossed,
         "honest_p50_ratio_under_attack": round(attack_ratio, 2),
+        "disk_growth_mb_per_1k_settled_tasks": round(disk_growth, 2),
+        "worker_escapes": escapes,
     }
     print(
         f"CPU per sequential task: daemon {per_task[0]:.2f} ms, sandbox worker "
