@@ -102,11 +102,15 @@ class OrderCreate(BaseModel):
 
 
 class OrderBatch(BaseModel):
-    """Several signed orders placed atomically: all are accepted or none."""
+    """Several signed orders placed atomically: all are accepted or none.
+
+    Validation stops at the first invalid order (its problems are reported, the orders after
+    it are not looked at): a refused batch costs at most one order's validation past the
+    valid ones."""
 
     model_config = ConfigDict(extra="forbid")
 
-    orders: list[OrderCreate] = PField(min_length=1)
+    orders: list[OrderCreate] = PField(min_length=1, fail_fast=True)
 
 
 class Order(OrderBase, table=True):

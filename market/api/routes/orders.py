@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Response, status
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import StringConvertor, register_url_convertor
 
+from market.api.batch_checks import precheck_batch
 from market.api.body import JsonBody, Parsed, batch_limits, json_body, order_limits, small_limits
 from market.api.deps import ServiceDep
 from market.models import (
@@ -66,9 +67,13 @@ async def place_order(body: OrderBody, service: ServiceDep) -> Response:
     response_model=BatchResult,
     openapi_extra=json_body(OrderBatch),
 )
-async def place_batch(body: BatchBody, service: ServiceDep) -> Response:
-    """Place several signed orders (`OrderBatch`) atomically (all or none), in the given order."""
+async def place_batch(request: Request, body: BatchBody, service: ServiceDep) -> Response:
+    """Place several signed orders (`OrderBatch`) atomically (all or none), in the given order.
+
+    A batch costs its caller's IP bucket one token per order."""
     orders = body.model.orders
+    caller = request.client.host if request.client else "unknown"
+    precheck_batch(service, orders, caller)  # what needs no signature recovery, first
     result = BatchResult.model_construct(results=await service.place_batch_async(orders))
     return _json(result.model_dump_json())
 
