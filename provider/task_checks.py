@@ -204,6 +204,11 @@ class TaskChecks:
                 "inputHash of the request differs from the envelope's inputs"
                 + (f" bound to target {target!r}" if target is not None else ""),
             )
+        # What the envelope states that a worker would refuse (a newer JAX or StableHLO, a
+        # platform this task cannot run on) is refused now, before the ack: nothing billed.
+        stated = self.sandbox.envelope_refusal(envelope, target)
+        if stated is not None:
+            raise self.reject(*stated)
         return envelope
 
 

@@ -45,6 +45,8 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "envelope_malformed": 422,
     "hash_mismatch": 422,
     "target_unsupported": 422,
+    "version_unsupported": 422,
+    "platform_unsupported": 422,
     "price_above_max": 422,
     "deadline_too_soon": 422,
     "deadline_after_expiry": 422,

@@ -22,6 +22,7 @@ from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.answers import bad_reply, compiled_of, ran_of, reply_of
 from provider.sandbox.compile_store import client_id
+from provider.sandbox.envelope_checks import envelope_refusal, ranges_from_wire
 from provider.sandbox.fair import FairGate
 from provider.sandbox.host_memory import Admission, HostMemory
 from provider.sandbox.isolation import isolation_mode, worker_env
@@ -338,6 +339,23 @@ class Sandbox:
             if refusal is not None:
                 return refusal
         return None
+
+    def envelope_refusal(
+        self, envelope: ProgramEnvelope, target: str | None
+    ) -> tuple[str, str] | None:
+        """Say (code, reason) why a worker would refuse ``envelope`` for what it states.
+
+        Checked in the parent before the ack (nothing billed): the producer's JAX, calling
+        convention and StableHLO versions against the workers' ranges, and the platforms
+        against where the task would run (``target``: a compile task's; None: inference here).
+        """
+        infos = self._pool.worker_infos()
+        ranges = next(filter(None, (ranges_from_wire(i.versions) for i in infos)), None)
+        if target is not None and parse_target(target).is_aot:
+            platform: str | None = "tpu"
+        else:
+            platform = infos[0].platform if infos else None
+        return envelope_refusal(envelope, platform, ranges)
 
     def compile(
         self,

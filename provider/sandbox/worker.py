@@ -83,6 +83,7 @@ def worker_main(
     os.environ.update(env)
     started = time.perf_counter()
     walls = confine(conn.fileno(), limits)
+    from provider.sandbox.envelope_checks import ranges_to_wire
     from provider.sandbox.runtime import WorkerRuntime
 
     runtime = WorkerRuntime(limits, None if cache_root is None else Path(cache_root))
@@ -98,6 +99,7 @@ def worker_main(
                 "device_kind": runtime.local_kind,
                 "seccomp": walls["seccomp"] == "allowlist",
                 "walls": walls,
+                "versions": ranges_to_wire(runtime.ranges),
             }
         )
     )

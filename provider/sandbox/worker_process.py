@@ -62,6 +62,7 @@ class WorkerInfo:
     isolation: str = IsolationMode.RLIMITS.value
     seccomp: bool = False
     walls: dict[str, Any] = field(default_factory=dict)  # measured inside (provider.sandbox.walls)
+    versions: dict[str, Any] = field(default_factory=dict)  # its JAX's ranges (envelope_checks)
 
 
 class Launcher:
@@ -187,6 +188,7 @@ class WorkerProcess:
             isolation=self.process.mode.value,
             seccomp=bool(header.get("seccomp", False)),
             walls=walls,
+            versions=dict(header.get("versions") or {}),
         )
         return self.info
 
