@@ -42,6 +42,23 @@ class MarketReads:
         with Session(self.db, expire_on_commit=False) as session:
             yield session
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """Open a session whose reads all see one committed version of the market: one read
+        transaction (SQLite in WAL mode takes its snapshot at the first read; PostgreSQL runs
+        it REPEATABLE READ). The writer commits each group whole, so every read of the session
+        sees the books between the same two groups."""
+        with Session(self.db, expire_on_commit=False) as session:
+            if self.db.dialect.name == "sqlite":
+                connection = session.connection()
+                connection.exec_driver_sql("BEGIN")
+            else:
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            try:
+                yield session
+            finally:
+                session.rollback()
+
     def now(self) -> int:
         """Return the market clock in whole unix seconds."""
         return int(self.clock())
@@ -90,8 +107,7 @@ class MarketReads:
     ) -> BookPublic:
         """Return a class's live orders by price and terms, best first (`market.presenters`)."""
         now = self.now()
-        owners = self._trading_providers()
-        with self.session() as session:
+        with self.snapshot() as session:
             bids, asks = (
                 levels_sql.book_levels(
                     session=session,
@@ -106,7 +122,7 @@ class MarketReads:
                 )
                 for side, side_owners in (
                     ("bid", self._paying_bidders(session, device_class, now)),
-                    ("ask", owners),
+                    ("ask", self._trading_providers(session)),
                 )
             )
             terms = levels_sql.book_terms(
@@ -121,14 +137,13 @@ class MarketReads:
         market with a match gate leaves out the bids their owners can no longer pay for."""
         return None
 
-    def _trading_providers(self) -> set[str] | None:
+    def _trading_providers(self, session: Session) -> set[str] | None:
         """Return the providers whose asks can trade now (a recent heartbeat) when the market
         matches only those (`guards_funds`), else None (every ask can)."""
         if not self.guards_funds():
             return None
         cutoff = self.clock() - self.settings.provider_offline_after_s
-        with self.session() as session:
-            rows = storage.list_providers(session=session)
+        rows = storage.list_providers(session=session)
         return {p.address for p in rows if p.last_seen >= cutoff}
 
     def offers(

@@ -383,14 +383,14 @@ class Writer:
                     self._books.rebuild(names)
                     if not alone:
                         return False  # the backstop: retried one request at a time
-                    used = sorted(p for p in pairs if nonce_stored(connection, [p]))
+                    hits = sorted(p for p in pairs if nonce_stored(connection, [p]))
                     connection.rollback()  # end the read transaction of the lookups
                 except BaseException:
                     self._disconnect()
                     raise
-                if not used:
+                if not hits:
                     raise
-                owner, nonce = used[0]
+                owner, nonce = hits[0]
                 live[0].future.set_exception(
                     ReplayError(f"nonce {nonce} of {owner} was used before")
                 )

@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 
 from market import storage
 from market import writer as writer_module
+from market.engine import MatchingEngine
 from market.errors import DuplicateOrderError, OrderStateError, ReplayError
 from market.models import CancelCreate, OrderCreate, PlaceResult
 from market.placement import Placed
@@ -143,7 +144,10 @@ def test_memory_when_orders_fill_or_cancel_then_engine_holds_only_the_live_book(
     service: MarketService,
 ) -> None:
     alice, bob = Trader(), Trader()
-    engine = lambda: service.books.get("tpu-v5e").engine  # noqa: E731
+
+    def engine() -> MatchingEngine:
+        return service.books.get("tpu-v5e").engine
+
     ask = bob.ask(START, price=100, quantity=30, nonce=1)
     service.place([OrderCreate.model_validate(ask)])
     bids = [alice.bid(START, price=100, quantity=10, nonce=n) for n in (1, 2, 3)]
