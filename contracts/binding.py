@@ -7,15 +7,12 @@ locally tracked nonces; receipts come back with their events decoded.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-import requests
 from eth_abi.abi import decode as abi_decode
 from eth_abi.abi import encode as abi_encode
 from eth_utils.address import to_checksum_address
-from web3 import Web3
 from web3.contract import Contract
 from web3.types import RPCEndpoint
 
@@ -24,6 +21,7 @@ from contracts.compiler import Artifact, load_contracts
 from contracts.eip712 import Domain
 from contracts.errors import ChainError
 from contracts.messages import Ack, Claim, Plan, Quote, Receipt, TaskRequest, Voucher
+from contracts.rpc_endpoints import connect
 from contracts.states import (
     BATCH_DISPUTED,
     BATCH_NONE,
@@ -43,7 +41,8 @@ from contracts.states import (
     DealStatus,
     TaskStatus,
 )
-from contracts.transactor import ErrorDecoder, Event, Transactor, TxResult, classify, selector_of
+from contracts.transactor import ErrorDecoder, Event, Transactor, TxResult, selector_of
+from contracts.tx_policy import TxPolicy
 
 __all__ = [
     "BATCH_DISPUTED",
@@ -295,6 +294,10 @@ class Escrow(_Bound):
         """Rule on a disputed batch (arbiter only)."""
         return self._send(key, "resolveDispute", deal_id, batch_id, provider_wins)
 
+    def set_arbiter_fee(self, key: str, fee: int) -> TxResult:
+        """Set the fee the key's arbiter charges per ruled dispute (deals opened after take it)."""
+        return self._send(key, "setArbiterFee", fee)
+
     def lapse_dispute(self, key: str, deal_id: int, batch_id: int) -> TxResult:
         """End a dispute left unresolved past the arbitration period, for the client."""
         return self._send(key, "lapseDispute", deal_id, batch_id)
@@ -356,6 +359,15 @@ class Escrow(_Bound):
         """Return how long an arbiter has to rule before a dispute lapses for the client."""
         return int(self._view("arbitrationPeriod"))
 
+    def arbiter_fee(self, arbiter: str) -> int:
+        """Return the fee `arbiter` charges per ruled dispute of deals opened now."""
+        return int(self._view("arbiterFee", to_checksum_address(arbiter)))
+
+    def deal_arbiter_fee(self, deal_id: int) -> tuple[int, int]:
+        """Return a deal's arbiter fee and the fees its client holds in open disputes."""
+        fee, held = self._view("dealArbiterFee", deal_id)
+        return int(fee), int(held)
+
     def deal_count(self) -> int:
         """Return the number of deals opened so far."""
         return int(self._view("dealCount"))
@@ -410,35 +422,22 @@ def decoder(artifacts: dict[str, Artifact]) -> ErrorDecoder:
     return ErrorDecoder([a.abi for a in artifacts.values()])
 
 
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
-
-def connect(rpc_url: str, timeout_s: float = 30.0) -> Web3:
-    """Return a Web3 connected to `rpc_url`; raise ChainError if it does not answer."""
-    session = requests.Session()
-    # Without a proxy configured, skip the per-request scan of the environment for one (it
-    # costs more than a local JSON-RPC round trip); with one, requests keeps honouring it.
-    session.trust_env = any(
-        os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARIABLES
-    )
-    provider = Web3.HTTPProvider(rpc_url, request_kwargs={"timeout": timeout_s}, session=session)
-    w3 = Web3(provider)
-    try:
-        w3.eth.chain_id  # noqa: B018 - the first request: is anything answering, and in time?
-    except Exception as exc:
-        error = classify(exc)
-        raise type(error)(f"no JSON-RPC endpoint answers at {rpc_url}: {error}") from exc
-    return w3
-
-
 class Chain:
     """A connection to a chain with the compiled contracts: deploy or bind them."""
 
-    def __init__(self, rpc_url: str, artifacts: dict[str, Artifact] | None = None) -> None:
+    def __init__(
+        self,
+        rpc_url: str,
+        artifacts: dict[str, Artifact] | None = None,
+        *,
+        policy: TxPolicy | None = None,
+    ) -> None:
+        """Connect to `rpc_url` (one endpoint, or several separated by commas: failover);
+        transactions follow `policy` (fees, replacement, confirmations)."""
         self.rpc_url = rpc_url
         self.w3 = connect(rpc_url)
         self.artifacts = artifacts or load_contracts()
-        self.tx = Transactor(self.w3, decoder(self.artifacts))
+        self.tx = Transactor(self.w3, decoder(self.artifacts), policy=policy)
 
     def deploy(
         self,
