@@ -3,7 +3,9 @@
 One process per region: matching is single-writer per device class inside it, so do not run
 several workers against one database. At start it checks its chain (the RPC answers, its chain
 id is `--chain-id`, or becomes it when none is given; the escrow has code) and prints where it
-listens, where it stores its data and which chain and escrow it serves.
+listens, where it stores its data and which chain and escrow it serves. With the chain down and
+`--chain-id` given it starts all the same: reads are served, what needs the escrow is answered
+503 with `Retry-After`, and `/v1/health` says the chain is missing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from contracts.binding import connect
 from contracts.cli import InputError, check_address
-from contracts.errors import EscrowError
+from contracts.errors import ChainError, EscrowError
 from market.database import SQLITE_FILE
 from market.errors import MarketConfigError
 from market.settings import Settings
@@ -168,14 +170,27 @@ def _serve(args: argparse.Namespace) -> int:
     from market.api.app import create_app
     from market.api.server import serve
 
+    chain_id_given = args.chain_id is not None or bool(os.environ.get("MARKET_CHAIN_ID"))
+    down = False
     try:
-        settings = check_chain(
-            settings_from_args(args),
-            chain_id_given=args.chain_id is not None or bool(os.environ.get("MARKET_CHAIN_ID")),
-        )
+        settings = settings_from_args(args)
+        try:
+            settings = check_chain(settings, chain_id_given=chain_id_given)
+        except ChainError:
+            if not chain_id_given:
+                raise
+            down = True  # serve reads; what needs the escrow answers 503 until the node does
     except (InputError, MarketConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except ChainError as exc:
+        print(
+            f"error: {exc}\n(give --chain-id to start while the chain is down: the market then "
+            "serves reads and says what is missing at /v1/health)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     except EscrowError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
@@ -183,7 +198,12 @@ def _serve(args: argparse.Namespace) -> int:
     url = f"http://{host}:{args.port}"
     print(f"market    {url} (order book page {url}/, API docs {url}/docs)")
     print(f"storage   {_storage(settings)}")
-    if settings.rpc_url:
+    if settings.rpc_url and down:
+        print(
+            f"chain     {settings.chain_id} at {settings.rpc_url}: NOT REACHABLE now; serving "
+            "reads, orders that need the escrow get 503 until it answers (see /v1/health)"
+        )
+    elif settings.rpc_url:
         print(f"chain     {settings.chain_id} at {settings.rpc_url}, escrow {settings.escrow}")
     else:
         print("chain     none (--rpc-url): orders are not checked against an escrow's funds")

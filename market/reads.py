@@ -4,6 +4,7 @@ adds the writes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -16,13 +17,16 @@ from contracts.typed_data import schema as typed_data_schema
 from market import chain_index, presenters, storage, tape
 from market import levels as levels_sql
 from market.books import Books
-from market.errors import NotFoundError, UnknownOrderError
+from market.errors import ChainUnavailableError, NotFoundError, UnknownOrderError
 from market.escrow_reader import EscrowReader
 from market.models import Deal, DealPublic, FillPublic, OrderPublic, ProviderPublic
 from market.presenters import BookPublic, OfferPublic, deal_public, order_public, provider_public
 from market.settings import Settings
 from market.tape import StatsPublic
 from market.verify import checksum
+
+HEALTH_CHAIN_S = 2.0
+"""`MarketReads.health` asks the chain node at most this often."""
 
 
 class MarketReads:
@@ -71,6 +75,41 @@ class MarketReads:
         """Return whether orders and heartbeats need escrow funds behind them (`market.funds`):
         the setting is on and the market can read its escrow."""
         return self.settings.require_funds and self.knows_escrow()
+
+    def health(self) -> dict[str, Any]:
+        """Return what the market serves now and what is missing (`GET /v1/health`): reads
+        are always served; with an escrow configured, the chain node must answer for orders,
+        heartbeats and quotes that need the escrow (answered 503 with `Retry-After` while it
+        does not). The node is asked at most every `HEALTH_CHAIN_S` seconds; no URL and no
+        error text is given (they may carry a key)."""
+        missing: list[str] = []
+        chain: str = "none"
+        if self.knows_escrow():
+            chain = "ok" if self._chain_answers() else "unreachable"
+            if chain != "ok":
+                missing.append(
+                    "chain: the node does not answer; reads are served, orders, heartbeats "
+                    "and quotes that need the escrow are answered 503 until it does"
+                )
+        return {
+            "status": "degraded" if missing else "ok",
+            "chain": chain,
+            "funds_check": self.guards_funds(),
+            "missing": missing,
+        }
+
+    def _chain_answers(self) -> bool:
+        now = time.monotonic()
+        checked = getattr(self, "_chain_checked", None)
+        if checked is not None and now - checked[0] < HEALTH_CHAIN_S:
+            return bool(checked[1])
+        try:
+            self.escrow.head()
+            answers = True
+        except ChainUnavailableError:
+            answers = False
+        self._chain_checked = (now, answers)
+        return answers
 
     def typed_data(self) -> dict[str, Any]:
         """Return the EIP-712 typed-data schema of every settlement message, for this escrow."""

@@ -66,6 +66,15 @@ def domain(service: ServiceDep) -> dict[str, Any]:
     }
 
 
+@router.get("/health", tags=["health"])
+def health(service: ServiceDep) -> dict[str, Any]:
+    """Return `status` (`ok`, or `degraded` with what is `missing`), whether the chain node
+    answers (`chain`: `ok`, `unreachable`, or `none` without an escrow) and whether orders are
+    checked against escrow funds (`funds_check`). Reads are served whatever it says; `/healthz`
+    only says the process serves."""
+    return service.health()
+
+
 @router.get("/typed-data")
 def typed_data(service: ServiceDep) -> dict[str, Any]:
     """Return the EIP-712 typed data of every settlement message, domain filled for the escrow.
