@@ -28,28 +28,30 @@ def test_start_when_chain_is_down_then_reads_served_health_degraded_and_503s_say
     escrow = "0x" + "ab" * 20
     provider = Trader(escrow=escrow)
     now = int(time.time())
-    with market_process(
-        tmp_path / "data", "--rpc-url", rpc, "--escrow", escrow, "--chain-id", str(CHAIN_ID)
-    ) as (url, _):
-        with httpx.Client(base_url=url, timeout=30) as client:
-            health = client.get("/v1/health")
-            reads = [
-                client.get(path)
-                for path in (
-                    "/healthz",
-                    "/v1/book/tpu-v5e",
-                    "/v1/overview",
-                    "/v1/offers",
-                    "/v1/fills",
-                    "/v1/classes",
-                    "/v1/domain",
-                    "/v1/providers",
-                )
-            ]
-            refused = [
-                client.post("/v1/orders", json=provider.ask(now, price=100)),
-                client.post("/v1/providers/heartbeat", json=provider.heartbeat(now)),
-            ]
+    with (
+        market_process(
+            tmp_path / "data", "--rpc-url", rpc, "--escrow", escrow, "--chain-id", str(CHAIN_ID)
+        ) as (url, _),
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        health = client.get("/v1/health")
+        reads = [
+            client.get(path)
+            for path in (
+                "/healthz",
+                "/v1/book/tpu-v5e",
+                "/v1/overview",
+                "/v1/offers",
+                "/v1/fills",
+                "/v1/classes",
+                "/v1/domain",
+                "/v1/providers",
+            )
+        ]
+        refused = [
+            client.post("/v1/orders", json=provider.ask(now, price=100)),
+            client.post("/v1/providers/heartbeat", json=provider.heartbeat(now)),
+        ]
     assert health.status_code == 200
     assert health.json()["status"] == "degraded"
     assert health.json()["chain"] == "unreachable"
