@@ -23,13 +23,21 @@ def indexed_block(*, session: Session, name: str) -> int | None:
     return None if row is None else row.block
 
 
-def set_indexed_block(*, session: Session, name: str, block: int) -> None:
-    """Record the last block the indexer `name` finished."""
+def indexed_hash(*, session: Session, name: str) -> str | None:
+    """Return the hash of the last block the indexer `name` finished, if it was kept."""
+    row = session.get(IndexerState, name)
+    return None if row is None else row.block_hash
+
+
+def set_indexed_block(
+    *, session: Session, name: str, block: int, block_hash: str | None = None
+) -> None:
+    """Record the last block the indexer `name` finished, and its hash when known."""
     row = session.get(IndexerState, name)
     if row is None:
-        session.add(IndexerState(name=name, block=block))
+        session.add(IndexerState(name=name, block=block, block_hash=block_hash))
     else:
-        row.block = block
+        row.block, row.block_hash = block, block_hash
         session.add(row)
 
 

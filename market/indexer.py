@@ -11,8 +11,15 @@ no later run searches or scans from block 0 again. Each run then reads `eth_getL
 ranges up to the head and stores the events of each range together with the new position in one
 SQL transaction: a restart resumes where the last committed range ended and never counts an
 event twice. When the RPC endpoint is down the run records the failure and returns; the next run
-retries. Reorgs are not handled (anvil and L2 sequencers do not reorg in practice); add a
-confirmation depth before a chain that does.
+retries.
+
+Reorgs: the indexer reads only blocks `confirmations` deep under the head (the setting
+`index_confirmations`; 0 on a local chain) and keeps the hash of the last block it indexed.
+A run that finds another block at that height (a reorg deeper than the confirmations replaced
+indexed blocks) forgets everything indexed and indexes again from the deployment block: every
+deal, event and sum is rebuilt from the canonical chain (time proportional to the escrow's
+history; with enough confirmations it does not happen). A range whose last block changed while
+its logs were read is not stored; the next run reads it again.
 
 Each run also reports the accounts whose free balance or stake its events moved (`moved`):
 Deposited and Withdrawn (the account), Staked and Unstaked (the provider), DealOpened (client
@@ -33,6 +40,7 @@ from typing import Any
 from eth_utils.address import to_checksum_address
 from sqlmodel import Session
 from web3 import Web3
+from web3.exceptions import BlockNotFound
 
 from contracts.binding import Chain, Escrow
 from market import chain_index
@@ -63,12 +71,17 @@ class Indexer:
         escrow: str,
         chunk_blocks: int = 2_000,
         from_block: int | None = None,
+        confirmations: int = 0,
         chain_factory: Callable[[str], Chain] = Chain,
     ) -> None:
         """Bind lazily: the chain may be down when the market starts.
 
-        `from_block` is the escrow's deployment block if known (None: found on the first run).
+        `from_block` is the escrow's deployment block if known (None: found on the first run);
+        only blocks `confirmations` under the head are indexed.
         """
+        self.confirmations = confirmations
+        self.reorgs = 0
+        """Reorgs seen under indexed blocks (each rebuilt the index from the canonical chain)."""
         self.service = service
         self.rpc_url = rpc_url
         self.escrow_address = to_checksum_address(escrow)
@@ -108,21 +121,28 @@ class Indexer:
     def _run(self) -> int:
         escrow = self._bind()
         w3 = escrow.tx.w3
-        head = int(w3.eth.block_number)
+        head = int(w3.eth.block_number) - self.confirmations
         last = self.indexed_block()
+        if last is not None and self._reorged(w3, last):
+            last = None
         if last is None:
-            last = self._start(w3, head) - 1
+            last = self._start(w3, max(head, 0)) - 1
         start = last + 1
         total = 0
         moved: set[str] = set()
         while start <= head:
             end = min(head, start + self.chunk_blocks - 1)
+            end_hash = _block_hash(w3, end)
             logs = w3.eth.get_logs({"address": escrow.address, "fromBlock": start, "toBlock": end})
+            if _block_hash(w3, end) != end_hash:
+                break  # a reorg while the logs were read: this range is read again next run
             chunk: set[str] = set()
             with self.service.session() as session:
                 for entry in logs:
                     total += self._apply(session, escrow, entry, chunk)
-                chain_index.set_indexed_block(session=session, name=self.name, block=end)
+                chain_index.set_indexed_block(
+                    session=session, name=self.name, block=end, block_hash=end_hash
+                )
                 session.commit()
             moved |= chunk
             self._unread |= chunk  # committed: read again even if a later range fails
@@ -153,6 +173,23 @@ class Indexer:
             self.service.changed()
         if reread.raised:
             self.service.rematch()  # a deposit can let a bid the gate held back trade
+
+    def _reorged(self, w3: Web3, last: int) -> bool:
+        """Return whether the last indexed block was replaced; if so, forget the index (the
+        next steps index again from the deployment block)."""
+        with self.service.session() as session:
+            kept = chain_index.indexed_hash(session=session, name=self.name)
+        if kept is None or _block_hash(w3, last) == kept:
+            return False
+        self.reorgs += 1
+        log.warning(
+            "indexer: block %d was replaced by a reorg; indexing again from the start", last
+        )
+        with self.service.session() as session:
+            chain_index.reset_chain_index(session=session)
+            session.commit()
+        self.service.changed()
+        return True
 
     def _start(self, w3: Web3, head: int) -> int:
         """Find and store the first block to index; forget other escrows' events."""
@@ -218,6 +255,15 @@ class Indexer:
             session.add(pair)
         session.add(deal)
         return 1
+
+
+def _block_hash(w3: Web3, number: int) -> str | None:
+    """Return the hash of block `number`, or None when the chain has no such block (now)."""
+    try:
+        block = w3.eth.get_block(number) if number >= 0 else None
+    except BlockNotFound:
+        return None
+    return _hex(block["hash"]) if block else None
 
 
 def deployment_block(w3: Web3, address: str, head: int) -> int:

@@ -352,6 +352,9 @@ class IndexerState(SQLModel, table=True):
     name: str = Field(primary_key=True, max_length=64)
     block: int = Field(sa_type=BigInteger)
 
+    # The hash of `block` as indexed (None: recorded before hashes were kept); another hash at
+    # that height now means a reorg replaced indexed blocks.
+    block_hash: str | None = Field(default=None, max_length=66)
 
 # -- providers ----------------------------------------------------------------------------------
 

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     require_funds: bool = True
     min_provider_stake: int = Field(1_000_000, ge=0)
     max_live_orders_per_owner: int = Field(1_000, gt=0)
+    # A signer that bids holds at most one live order per this much free escrow balance
+    # (token base units; 0: no such bound), and the book shows its bids by the same rule.
+    min_balance_per_order: int = Field(100, ge=0)
     max_classes_per_provider: int = Field(16, gt=0)  # a run-time class and compile-<gen> ones
     unopened_deal_hold_s: int = Field(3_600, ge=0)  # a matched deal not opened counts this long
     funds_cache_s: float = Field(2.0, ge=0)
@@ -95,6 +98,9 @@ class Settings(BaseSettings):
     rematch_every_s: float = Field(2.0, gt=0)
     index_every_s: float = Field(2.0, gt=0)
     index_chunk_blocks: int = Field(2_000, gt=0)
+    # Blocks under the head the indexer leaves unread (a reorg replaces no indexed block unless
+    # deeper); a deeper reorg rebuilds the index from the canonical chain (`market.indexer`).
+    index_confirmations: int = Field(0, ge=0)
     # The escrow's deployment block (nothing before it to index); None: the indexer finds it.
     index_from_block: int | None = Field(
         None, ge=0, validation_alias=_env("index_from_block", "MARKET_FROM_BLOCK")

@@ -67,6 +67,7 @@ def create_app(
                 escrow=settings.escrow,
                 chunk_blocks=settings.index_chunk_blocks,
                 from_block=settings.index_from_block,
+                confirmations=settings.index_confirmations,
             )
         app.state.indexer = indexer
         scheduler = start_scheduler(svc, indexer) if settings.run_jobs else None
