@@ -51,6 +51,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         uint128 stake;
         uint128 penalty;
         bytes32 planHash;
+        uint128 arbiterFee; // per ruled dispute, fixed when the deal opens
+        uint128 feesHeld; // the client's fees held by disputes not yet ended
     }
 
     struct Batch {
@@ -77,6 +79,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
     mapping(uint256 dealId => Deal) private _deals;
     mapping(uint256 dealId => mapping(uint32 batchId => Batch)) private _batches;
     mapping(uint256 dealId => mapping(uint256 word => TaskBits)) private _tasks;
+    mapping(address arbiter => uint256) private _arbiterFees;
 
     /// @param settlementToken The ERC-20 every amount is in.
     /// @param minimumChallengeWindow The shortest challenge window a quote may set (> 0): the time
@@ -195,6 +198,8 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         deal.stake = uint128(lockedStake_);
         deal.penalty = uint128(quote.penalty);
         deal.planHash = planHash_;
+        uint256 arbiterFee_ = _arbiterFees[quote.arbiter];
+        if (arbiterFee_ != 0) deal.arbiterFee = uint128(arbiterFee_);
         emit DealOpened(
             dealId,
             msg.sender,
@@ -335,6 +340,17 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         uint64 deadline = uint64(block.timestamp) + _arbitrationPeriod;
         batch.status = BatchStatus.Disputed;
         batch.deadline = deadline;
+        uint256 fee = deal.arbiterFee;
+        if (fee != 0) {
+            uint256 available = _balances[msg.sender];
+            if (fee > available) revert EscrowInsufficientBalance(msg.sender, available, fee);
+            // Safe: checked against the balance; feesHeld counts one fee per open dispute, each
+            // of them below 2^128, and no more disputes than 2^32 batches.
+            unchecked {
+                _balances[msg.sender] = available - fee;
+            }
+            deal.feesHeld += uint128(fee);
+        }
         emit ClaimDisputed(dealId, batchId, deadline);
     }
 
@@ -344,7 +360,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (msg.sender != deal.arbiter) revert EscrowUnauthorized(msg.sender);
         uint64 deadline = _batch(dealId, batchId, BatchStatus.Disputed).deadline;
         if (block.timestamp >= deadline) revert EscrowArbitrationOver(deadline);
-        _endDispute(dealId, deal, batchId, providerWins);
+        _endDispute(dealId, deal, batchId, providerWins, true);
     }
 
     /// @inheritdoc IComputeEscrow
@@ -352,7 +368,7 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         Deal storage deal = _open(dealId);
         uint64 deadline = _batch(dealId, batchId, BatchStatus.Disputed).deadline;
         if (block.timestamp < deadline) revert EscrowArbitrationOpen(deadline);
-        _endDispute(dealId, deal, batchId, false);
+        _endDispute(dealId, deal, batchId, false, false);
     }
 
     // ------------------------------------------------------------------ SLO breach
@@ -437,6 +453,26 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         }
         if (!party) revert EscrowUnauthorized(msg.sender);
         emit CloseAgreementWithdrawn(dealId, msg.sender);
+    }
+
+    // ------------------------------------------------------------------ arbiter fee
+
+    /// @inheritdoc IComputeEscrow
+    function setArbiterFee(uint256 fee) external {
+        if (fee > type(uint128).max) revert EscrowInvalidTerms();
+        _arbiterFees[msg.sender] = fee;
+        emit ArbiterFeeSet(msg.sender, fee);
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function arbiterFee(address arbiter) external view returns (uint256) {
+        return _arbiterFees[arbiter];
+    }
+
+    /// @inheritdoc IComputeEscrow
+    function dealArbiterFee(uint256 dealId) external view returns (uint256 fee, uint256 held) {
+        Deal storage deal = _deals[dealId];
+        return (deal.arbiterFee, deal.feesHeld);
     }
 
     // ------------------------------------------------------------------ views
@@ -583,7 +619,9 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
         if (batch.status != expected) revert EscrowBatchWrongStatus(dealId, batchId, batch.status);
     }
 
-    function _endDispute(uint256 dealId, Deal storage deal, uint32 batchId, bool providerWins) private {
+    function _endDispute(uint256 dealId, Deal storage deal, uint32 batchId, bool providerWins, bool ruled)
+        private
+    {
         Batch storage batch = _batch(dealId, batchId, BatchStatus.Disputed);
         uint256 amount = batch.amount;
         uint256 refund;
@@ -597,6 +635,36 @@ contract ComputeEscrow is IComputeEscrow, EIP712, ReentrancyGuardTransient {
             (refund, penalty) = _refund(deal, amount, batch.tasks);
         }
         emit DisputeResolved(dealId, batchId, providerWins, amount, refund, penalty);
+        uint256 fee = deal.arbiterFee;
+        if (fee != 0) _settleFee(dealId, deal, batchId, fee, ruled && providerWins, ruled && !providerWins);
+    }
+
+    /// @dev Release the fee the client held for a dispute: to the arbiter if the client lost the
+    /// ruling, else back to the client; if the provider lost the ruling, it pays the fee from the
+    /// stake left after the penalty (capped by it).
+    function _settleFee(uint256 dealId, Deal storage deal, uint32 batchId, uint256 fee, bool clientLost, bool providerLost)
+        private
+    {
+        // Safe: the dispute that ends held exactly this fee.
+        unchecked {
+            deal.feesHeld -= uint128(fee);
+        }
+        address arbiter = deal.arbiter;
+        if (clientLost) {
+            _balances[arbiter] += fee;
+            emit ArbiterFeePaid(dealId, batchId, arbiter, deal.client, fee);
+            return;
+        }
+        _balances[deal.client] += fee;
+        if (!providerLost) return;
+        uint256 stakeLeft = deal.stake;
+        uint256 paid = fee < stakeLeft ? fee : stakeLeft;
+        // Safe: paid <= stakeLeft.
+        unchecked {
+            deal.stake = uint128(stakeLeft - paid);
+        }
+        _balances[arbiter] += paid;
+        emit ArbiterFeePaid(dealId, batchId, arbiter, deal.provider, paid);
     }
 
     /// @dev Unlock `amount` of the deal's funds for the client (capped by what is unspent) and pay

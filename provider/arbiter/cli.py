@@ -69,6 +69,13 @@ def _run(args: argparse.Namespace) -> int:
         ),
         from_block=settings.from_block,
     )
+    try:
+        # The fee deals opened from now on take (a deal keeps the fee it opened with).
+        if escrow.arbiter_fee(arbiter.address) != settings.fee:
+            escrow.set_arbiter_fee(key, settings.fee)
+    except EscrowError as exc:
+        print(f"error: setting the arbiter fee on chain failed: {exc}", file=sys.stderr)
+        return 1
     advert = None
     if settings.market_url:
         advert = AdvertJob(

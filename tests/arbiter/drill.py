@@ -206,6 +206,7 @@ def conserved(world: World) -> bool:
     for deal_id in range(1, escrow.deal_count() + 1):
         deal = escrow.get_deal(deal_id)
         owed += deal.max_spend - deal.committed + deal.stake
+        owed += escrow.deal_arbiter_fee(deal_id)[1]  # the client's fees held by open disputes
     return bool(world.token.balance_of(escrow.address) == owed)
 
 

@@ -98,6 +98,8 @@ def test_arbiter_when_given_a_market_then_advertises_its_signed_terms(
     advert = entry["advert"]
     assert advert["role"] == "arbiter" and advert["arbiter"] == address
     assert advert["url"] == arbiter.url and advert["fee"] == FEE == info["fee"]
+    # The fee it advertises is the one the escrow charges for the deals opened from now on.
+    assert world.escrow.arbiter_fee(address) == FEE
     assert advert["evidence_window_s"] == info["evidence_window_s"]
     assert advert["tolerance"]["float32"] == info["tolerance"]["float"]["float32"]
     # Nothing ruled yet: the ruling time is not claimed.

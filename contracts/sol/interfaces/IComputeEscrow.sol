@@ -109,6 +109,15 @@ interface IComputeEscrow {
     event DisputeResolved(
         uint256 indexed dealId, uint32 indexed batchId, bool providerWins, uint256 amount, uint256 refund, uint256 penalty
     );
+    /// @notice Emitted when an arbiter sets the fee it charges per dispute it rules; deals opened
+    /// from then on take it.
+    event ArbiterFeeSet(address indexed arbiter, uint256 fee);
+    /// @notice Emitted when a ruling pays the deal's arbiter its fee, from the side that lost
+    /// (`payer`: the client, from the fee it held when disputing; the provider, from the deal's
+    /// stake left after the penalty).
+    event ArbiterFeePaid(
+        uint256 indexed dealId, uint32 indexed batchId, address indexed arbiter, address payer, uint256 fee
+    );
     /// @notice Emitted when a breached task is refunded with the penalty.
     event BreachRefunded(uint256 indexed dealId, uint32 indexed taskIndex, uint256 refund, uint256 penalty);
     /// @notice Emitted when one party agrees to close a deal early.
@@ -228,16 +237,19 @@ interface IComputeEscrow {
     /// @notice Pay an undisputed batch after its challenge window. Callable by anyone.
     function finalizeClaim(uint256 dealId, uint32 batchId) external;
 
-    /// @notice Dispute a pending batch within its challenge window. Callable by the client.
+    /// @notice Dispute a pending batch within its challenge window. Callable by the client. When
+    /// the deal's arbiter charges a fee, the client's free balance holds one fee for the dispute
+    /// until it ends: paid to the arbiter if the client loses the ruling, returned otherwise.
     function disputeClaim(uint256 dealId, uint32 batchId) external;
 
     /// @notice Rule on a disputed batch before the arbitration period ends. Callable by the
     /// deal's arbiter. A ruling for the client unlocks the batch for it and pays the penalty per
-    /// task from the stake.
+    /// task from the stake. The deal's arbiter fee is paid by the side that loses: by the client
+    /// from the fee it held, or by the provider from the stake left after the penalty.
     function resolveDispute(uint256 dealId, uint32 batchId, bool providerWins) external;
 
     /// @notice End a dispute the arbiter left unresolved past the arbitration period, for the
-    /// client. Callable by anyone.
+    /// client. Callable by anyone. No fee is paid: the client's held fee returns to it.
     function lapseDispute(uint256 dealId, uint32 batchId) external;
 
     /// @notice Refund an acked task not settled by its settlement instant (request deadline,
@@ -274,6 +286,17 @@ interface IComputeEscrow {
 
     /// @notice The shortest challenge window a quote may set.
     function minChallengeWindow() external view returns (uint64);
+
+    /// @notice Set the fee the caller, as an arbiter, charges per dispute it rules. A deal takes
+    /// the fee in force when it opens and keeps it.
+    function setArbiterFee(uint256 fee) external;
+
+    /// @notice The fee `arbiter` charges per ruled dispute of deals opened now.
+    function arbiterFee(address arbiter) external view returns (uint256);
+
+    /// @notice A deal's arbiter fee per ruled dispute and the fees its client holds in
+    /// disputes not yet ended.
+    function dealArbiterFee(uint256 dealId) external view returns (uint256 fee, uint256 held);
 
     /// @notice How long an arbiter has to rule before a dispute lapses for the client.
     function arbitrationPeriod() external view returns (uint64);
