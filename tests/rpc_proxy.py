@@ -48,3 +48,14 @@ class RpcProxy:
         """Stop listening."""
         self.server.shutdown()
         self.server.server_close()
+
+
+class FailingNode(RpcProxy):
+    """Forward to the node until ``failing``, then answer every call with HTTP 503 (the node's
+    provider has an outage)."""
+
+    failing = False
+
+    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
+        """Return a 503 once failing."""
+        return (503, b'{"error":"upstream unavailable"}') if self.failing else None

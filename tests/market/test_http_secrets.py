@@ -21,7 +21,7 @@ import pytest
 
 from contracts.chain import Anvil
 from tests.polling import wait_until
-from tests.rpc_proxy import RpcProxy
+from tests.rpc_proxy import FailingNode
 
 from .chain import ChainWorld, deploy_world
 from .server import market_process
@@ -29,16 +29,6 @@ from .signing import Trader
 
 SECRETS = ("SECRETKEY123", "QUERYKEY456")
 JSON = {"content-type": "application/json"}
-
-
-class FailingNode(RpcProxy):
-    """Forward to the node until `failing`, then answer every call with HTTP 503."""
-
-    failing = False
-
-    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
-        """Return a 503 once failing (the node's provider has an outage)."""
-        return (503, b'{"error":"upstream unavailable"}') if self.failing else None
 
 
 @pytest.fixture(scope="module")

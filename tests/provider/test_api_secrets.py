@@ -25,19 +25,9 @@ from tests.provider.daemon_support import (
     sign_task,
     tiny_mlp_envelope,
 )
-from tests.rpc_proxy import RpcProxy
+from tests.rpc_proxy import FailingNode
 
 SECRET = "SECRETKEY123"
-
-
-class FailingNode(RpcProxy):
-    """Forward to the node until `failing`, then answer every call with HTTP 503."""
-
-    failing = False
-
-    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
-        """Return a 503 once failing (the node's provider has an outage)."""
-        return (503, b'{"error":"upstream unavailable"}') if self.failing else None
 
 
 @pytest.fixture(scope="module")
