@@ -9,7 +9,12 @@ other party's. The arbiter, the client SDK and the provider daemon share these n
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
+
+import numpy as np
 
 from contracts.eip712 import Domain
 from contracts.errors import EscrowError
@@ -22,6 +27,87 @@ EVIDENCE_SIGNATURE_HEADER = "X-Tpumarket-Evidence-Signature"
 EVIDENCE_TARGET_HEADER = "X-Tpumarket-Target"
 READ_EXPIRY_HEADER = "X-Tpumarket-Read-Expiry"
 READ_SIGNATURE_HEADER = "X-Tpumarket-Read-Signature"
+
+
+MEMORY_RTOL = 0.01
+"""Relative tolerance on a compile report's memory figures (XLA's analysis is deterministic
+for one compiler version; 1% allows for a patch release's layout differences)."""
+
+
+DEFAULT_RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-9}
+DEFAULT_ATOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-4, "float64": 1e-12}
+"""Default tolerances by float dtype. float32: the largest difference measured between CPU
+configurations (threads, XLA optimisation level 0, fast math; ``scripts/measure_tolerance.py``,
+docs/arbiter.md) was 3.8e-6 absolute, 8.3e-5 relative: the bounds leave a factor of about 25."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """How far a re-execution may differ from delivered outputs, by dtype kind.
+
+    Floats compare with ``|got - want| <= atol + rtol * |want|`` (NaN equal to NaN in the same
+    place); integers and booleans must be equal. Both parties see the policy before a deal
+    (``GET /v1/info``), so it is part of the terms they accept when they name this arbiter.
+    """
+
+    float_rtol: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
+    float_atol: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ATOL))
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the policy as published."""
+        return {
+            "float": {
+                name: {"rtol": self.float_rtol[name], "atol": self.float_atol[name]}
+                for name in sorted(self.float_rtol)
+            },
+            "integer": "exact",
+            "bool": "exact",
+            "compile_memory_rtol": MEMORY_RTOL,
+        }
+
+    def compare(self, got: Mapping[str, Any], want: Mapping[str, Any]) -> str | None:
+        """Return why ``got`` (re-executed) differs from ``want`` (delivered), or None."""
+        if sorted(got) != sorted(want):
+            return f"output names differ: {sorted(want)} delivered, {sorted(got)} re-executed"
+        for name in sorted(want):
+            a, b = np.asarray(got[name]), np.asarray(want[name])
+            if a.shape != b.shape or a.dtype != b.dtype:
+                return (
+                    f"output {name}: {b.dtype}{list(b.shape)} delivered, "
+                    f"{a.dtype}{list(a.shape)} re-executed"
+                )
+            if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+                key = a.dtype.name
+                rtol, atol = self.float_rtol.get(key, 1e-4), self.float_atol.get(key, 1e-5)
+                x, y = a.astype(np.float64), b.astype(np.float64)
+                if not np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
+                    worst = float(np.nanmax(np.abs(x - y))) if x.size else 0.0
+                    return f"output {name} differs by up to {worst:.3g} (rtol {rtol}, atol {atol})"
+            elif not np.array_equal(a, b):
+                return f"output {name} differs (exact comparison for {a.dtype})"
+        return None
+
+
+def compare_outputs(got: bytes, want: bytes, tolerance: Tolerance) -> str | None:
+    """Return why the safetensors outputs ``got`` differ from ``want`` within ``tolerance``
+    (either not decoding is a difference), or None when they agree."""
+    from contracts.program import ArrayFormat, ProgramFormatError, decode_arrays
+
+    try:
+        a = decode_arrays(got, ArrayFormat.SAFETENSORS)
+        b = decode_arrays(want, ArrayFormat.SAFETENSORS)
+    except ProgramFormatError as exc:
+        return f"outputs are not safetensors: {exc}"
+    return tolerance.compare(a, b)
+
+
+def tolerance_from_policy(policy: Mapping[str, Any]) -> Tolerance:
+    """Return the tolerance an arbiter publishes (``GET /v1/info``'s ``tolerance``)."""
+    floats = policy.get("float", {})
+    return Tolerance(
+        float_rtol={k: float(v["rtol"]) for k, v in floats.items()},
+        float_atol={k: float(v["atol"]) for k, v in floats.items()},
+    )
 
 
 class Role(IntEnum):

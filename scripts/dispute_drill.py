@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from client.accounts import ClientAccount  # noqa: E402
+from client.replicas import (  # noqa: E402
+    Replica,
+    ReplicaReferee,
+    arbiter_tolerance,
+    compare_replicas,
+)
 from contracts.binding import BATCH_PAID, BATCH_REJECTED  # noqa: E402
 from contracts.chain import Anvil  # noqa: E402
 from contracts.evidence import Role  # noqa: E402
@@ -41,7 +49,9 @@ from tests.arbiter.drill import (  # noqa: E402
     dispute,
     make_job,
     send,
+    signed_delivery,
 )
+from tests.contracts.builders import claim, open_deal  # noqa: E402
 from tests.contracts.conftest import World, deploy_world  # noqa: E402
 from tests.polling import wait_until  # noqa: E402
 
@@ -98,16 +108,36 @@ def client_never_answers(world: World, arbiter: ArbiterProcess, job: Job) -> Out
 
 
 def replicas_disagree(world: World, arbiter: ArbiterProcess, job: Job) -> Outcome:
-    # The same task on two providers; their outputs differ, so the client disputes both and
-    # hands its program over for both: the arbiter's re-execution says which one is right.
-    wrong = altered(job.outputs)
-    right_deal, _ = dispute(world, arbiter, job, job.outputs, provider_index=0)
-    wrong_deal, _ = dispute(world, arbiter, job, wrong, provider_index=1)
-    for deal in (right_deal, wrong_deal):
-        send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
-    send(world, arbiter, right_deal, Role.PROVIDER_OUTPUTS, job.outputs, world.providers[0])
-    send(world, arbiter, wrong_deal, Role.PROVIDER_OUTPUTS, wrong, world.providers[1])
-    return [(right_deal, True), (wrong_deal, False)]
+    # The same task on two providers (client.replicas): their outputs differ beyond the
+    # arbiter's tolerance, so neither is vouched; each claims, the SDK's referee disputes both
+    # claims and hands over the program: the arbiter's re-execution says which one is paid.
+    client = world.clients[0]
+    start = int(world.escrow.tx.w3.eth.block_number)
+    replicas = []
+    for index, outputs in ((0, job.outputs), (1, altered(job.outputs))):
+        provider = world.providers[index]
+        deal, _ = open_deal(world, client, provider, penalty=PENALTY)
+        claim(
+            world, provider, deal, [signed_delivery(world, deal, 0, job, outputs, client, provider)]
+        )
+        replicas.append(Replica(deal, 0, outputs))
+    if compare_replicas(replicas, arbiter_tolerance(arbiter.url)).agree:
+        raise AssertionError("the altered replica agrees with the honest one")
+    account = ClientAccount(world.escrow, world.token, client, arbiters=None)
+    referee = ReplicaReferee(account=account, arbiter_url=arbiter.url, from_block=start)
+    for index, replica in enumerate(replicas):
+        batch = referee.dispute(replica)
+        assert batch == 0
+        wait_until(partial(referee.hand_over, replica, 0, job.envelope), 60, "the program")
+        send(
+            world,
+            arbiter,
+            replica.deal_id,
+            Role.PROVIDER_OUTPUTS,
+            replica.outputs,
+            world.providers[index],
+        )
+    return [(replicas[0].deal_id, True), (replicas[1].deal_id, False)]
 
 
 def arbiter_killed_mid_case(
@@ -119,6 +149,11 @@ def arbiter_killed_mid_case(
     arbiter.start()  # its journal holds the case and the provider's evidence
     send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, world.clients[0])
     return [(deal, True)]
+
+
+def has_ruling(arbiter: ArbiterProcess, deal: int) -> bool:
+    """Whether the arbiter's ruling on the deal's batch 0 is on chain."""
+    return arbiter.ruling(deal, 0) is not None
 
 
 CASES: list[Case] = [
@@ -147,7 +182,7 @@ def main() -> None:
                 started = time.monotonic()
                 outcome = case(world, arbiter, job)
                 for deal, _ in outcome:
-                    wait_until(lambda d=deal: arbiter.ruling(d, 0) is not None, 300, "a ruling")
+                    wait_until(partial(has_ruling, arbiter, deal), 300, "a ruling")
                     ruling_s.append(time.monotonic() - started)
                 # Read once every ruling of the case is mined: no transaction of the arbiter
                 # lands between the reads the invariant adds up.

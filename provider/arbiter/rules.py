@@ -18,25 +18,27 @@ when the re-execution agrees (``upheld``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import numpy as np
-
+from contracts.evidence import DEFAULT_ATOL, DEFAULT_RTOL, MEMORY_RTOL, Tolerance
 from contracts.program import ArrayFormat, ProgramFormatError, decode_arrays
 
-MEMORY_RTOL = 0.01
-"""Relative tolerance on a compile report's memory figures (XLA's analysis is deterministic
-for one compiler version; 1% allows for a patch release's layout differences)."""
-
-
-DEFAULT_RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-3, "float64": 1e-9}
-DEFAULT_ATOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-4, "float64": 1e-12}
-"""Default tolerances by float dtype. float32: the largest difference measured between CPU
-configurations (threads, XLA optimisation level 0, fast math; ``scripts/measure_tolerance.py``,
-docs/arbiter.md) was 3.8e-6 absolute, 8.3e-5 relative: the bounds leave a factor of about 25."""
+__all__ = [
+    "DEFAULT_ATOL",
+    "DEFAULT_RTOL",
+    "MEMORY_RTOL",
+    "Rerun",
+    "TaskFacts",
+    "TaskRuling",
+    "Tolerance",
+    "Verdict",
+    "judge_rerun",
+    "judge_without_rerun",
+    "provider_wins",
+]
 
 
 class Verdict(StrEnum):
@@ -54,53 +56,6 @@ class Verdict(StrEnum):
     def provider_wins(self) -> bool:
         """Whether this verdict decides the task for the provider."""
         return self in (Verdict.UPHELD, Verdict.PROGRAM_MISSING, Verdict.PROGRAM_NOT_SIGNED)
-
-
-@dataclass(frozen=True, slots=True)
-class Tolerance:
-    """How far a re-execution may differ from delivered outputs, by dtype kind.
-
-    Floats compare with ``|got - want| <= atol + rtol * |want|`` (NaN equal to NaN in the same
-    place); integers and booleans must be equal. Both parties see the policy before a deal
-    (``GET /v1/info``), so it is part of the terms they accept when they name this arbiter.
-    """
-
-    float_rtol: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RTOL))
-    float_atol: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ATOL))
-
-    def as_json(self) -> dict[str, Any]:
-        """Return the policy as published."""
-        return {
-            "float": {
-                name: {"rtol": self.float_rtol[name], "atol": self.float_atol[name]}
-                for name in sorted(self.float_rtol)
-            },
-            "integer": "exact",
-            "bool": "exact",
-            "compile_memory_rtol": MEMORY_RTOL,
-        }
-
-    def compare(self, got: Mapping[str, Any], want: Mapping[str, Any]) -> str | None:
-        """Return why ``got`` (re-executed) differs from ``want`` (delivered), or None."""
-        if sorted(got) != sorted(want):
-            return f"output names differ: {sorted(want)} delivered, {sorted(got)} re-executed"
-        for name in sorted(want):
-            a, b = np.asarray(got[name]), np.asarray(want[name])
-            if a.shape != b.shape or a.dtype != b.dtype:
-                return (
-                    f"output {name}: {b.dtype}{list(b.shape)} delivered, "
-                    f"{a.dtype}{list(a.shape)} re-executed"
-                )
-            if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
-                key = a.dtype.name
-                rtol, atol = self.float_rtol.get(key, 1e-4), self.float_atol.get(key, 1e-5)
-                x, y = a.astype(np.float64), b.astype(np.float64)
-                if not np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True):
-                    worst = float(np.nanmax(np.abs(x - y))) if x.size else 0.0
-                    return f"output {name} differs by up to {worst:.3g} (rtol {rtol}, atol {atol})"
-            elif not np.array_equal(a, b):
-                return f"output {name} differs (exact comparison for {a.dtype})"
-        return None
 
 
 @dataclass(frozen=True, slots=True)
