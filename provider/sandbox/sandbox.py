@@ -22,6 +22,7 @@ from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.answers import bad_reply, compiled_of, ran_of, reply_of
 from provider.sandbox.compile_store import client_id
+from provider.sandbox.compiler import AOT_ENV, CompilerPool
 from provider.sandbox.envelope_checks import envelope_refusal, ranges_from_wire
 from provider.sandbox.fair import FairGate
 from provider.sandbox.host_memory import Admission, HostMemory
@@ -110,6 +111,9 @@ class Sandbox:
         except BaseException:
             self._pool.close()
             raise
+        self._compiler = CompilerPool(
+            dataclasses.replace(self.limits, warm_up=False), worker_env(AOT_ENV), worker_module
+        )
         self._validated: OrderedDict[bytes, None] = OrderedDict()
         self._validated_lock = threading.Lock()
 
@@ -127,14 +131,17 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Stop every worker and validator."""
+        """Stop every worker, validator and the compiler worker."""
         self._pool.close()
         self._validators.close()
+        self._compiler.close()
 
     @property
     def replacements(self) -> int:
         """How many workers and validators were replaced after a crash, timeout or recycle."""
-        return self._pool.replacements + self._validators.replacements
+        compiler = self._compiler.started
+        extra = 0 if compiler is None else compiler.replacements
+        return self._pool.replacements + self._validators.replacements + extra
 
     @property
     def start_waits(self) -> int:
@@ -158,6 +165,15 @@ class Sandbox:
     def workers(self) -> list[WorkerInfo]:
         """Return the pid, start time and devices of each live worker."""
         return self._pool.worker_infos()
+
+    def compilers(self) -> list[WorkerInfo]:
+        """Return the live compiler workers (none until an AOT compile needed one)."""
+        compiler = self._compiler.started
+        return [] if compiler is None else compiler.worker_infos()
+
+    def _aot_apart(self) -> bool:
+        """Whether TPU-target compiles go to the compiler worker (no worker drives a TPU)."""
+        return all(info.platform != "tpu" for info in self._pool.worker_infos())
 
     def _payload(self, envelope: Envelope) -> bytes | TaskFailure:
         if isinstance(envelope, ProgramEnvelope):
@@ -248,6 +264,7 @@ class Sandbox:
         *,
         client: str | None = None,
         budget_s: float | None = None,
+        compiler: bool = False,
     ) -> tuple[Header, bytes] | TaskFailure:
         started = time.perf_counter()
         prepared = self._prepare(envelope, decoded)
@@ -255,6 +272,9 @@ class Sandbox:
             return prepared
         payload, checked, key = prepared
         tenant = client_id(client)
+        pool, gate = self._pool, self.gate
+        if compiler:
+            pool, gate = self._compiler.pool(), self._compiler.gate
         if not self._is_validated(key):
             with self.validator_gate.held(tenant):
                 verdict = self._validators.call(self._validate_request(request), payload)
@@ -262,12 +282,12 @@ class Sandbox:
             if failure is not None:
                 return failure
         program, need = checked.program_sha256, None if warm is None else warm.key
-        with self.gate.held(tenant):
+        with gate.held(tenant):
             held, retried = self.admission.start(need), False
             while True:
                 allowance = None if held is None else held.amount
                 framed = self.tenancy.request(client, program, payload, allowance)
-                reply = self._pool.call(request, framed, warm=warm, budget_s=budget_s)
+                reply = pool.call(request, framed, warm=warm, budget_s=budget_s)
                 reply = self.tenancy.absorb(client, program, reply)
                 more = None if retried else self.admission.retry_need(reply, held)
                 self.admission.finish(need, reply, held)
@@ -393,6 +413,7 @@ class Sandbox:
             decoded=decoded,
             client=client,
             budget_s=budget_s,
+            compiler=aot and self._aot_apart(),
         )
         result = compiled_of(reply)
         if aot and decoded is not None and isinstance(result, CompileResult):
@@ -441,13 +462,25 @@ class Sandbox:
     def capacity(
         self, *, benchmark: bool = True, aot_targets: tuple[str, ...] = ("v5e:1x1",)
     ) -> Capacity:
-        """Discover devices and measure throughput inside a worker."""
-        reply = self._pool.call(
-            {"op": "capacity", "benchmark": benchmark, "aot_targets": list(aot_targets)}, b""
-        )
-        if isinstance(reply, Diagnosis):
-            raise SandboxError(f"capacity discovery failed: {reply.message}")
-        header, _ = reply
-        if header.get("type") != "capacity":
-            raise SandboxError(f"capacity discovery failed: {header}")
-        return capacity_from_wire(header["capacity"])
+        """Discover devices and measure throughput inside a worker.
+
+        The compile targets are probed where they will be compiled: in the compiler worker
+        when no worker drives a TPU, so no executing worker loads libtpu.
+        """
+        if not aot_targets or not self._aot_apart():
+            return _capacity(self._pool, benchmark, aot_targets)
+        here = _capacity(self._pool, benchmark, ())
+        compiled = _capacity(self._compiler.pool(), False, aot_targets)
+        return dataclasses.replace(here, compile_targets=compiled.compile_targets)
+
+
+def _capacity(pool: WorkerPool, benchmark: bool, aot_targets: tuple[str, ...]) -> Capacity:
+    reply = pool.call(
+        {"op": "capacity", "benchmark": benchmark, "aot_targets": list(aot_targets)}, b""
+    )
+    if isinstance(reply, Diagnosis):
+        raise SandboxError(f"capacity discovery failed: {reply.message}")
+    header, _ = reply
+    if header.get("type") != "capacity":
+        raise SandboxError(f"capacity discovery failed: {header}")
+    return capacity_from_wire(header["capacity"])

@@ -33,6 +33,12 @@ OUTPUT_LINE_BYTES = 4096
 OUTPUT_BYTES = 1 << 20
 """A worker's output is logged up to this many bytes in all (a hostile one cannot flood it)."""
 _log = logging.getLogger("provider.sandbox.worker")
+QUIET_PREFIXES = (
+    "Failed to find host bounds for accelerator type",
+    "WARNING: Logging before InitGoogle()",
+)
+"""Lines libtpu prints whenever it loads on a host without TPU chips (a compiler worker's
+start-up, nothing wrong): not logged."""
 
 
 def _relay(stream: IO[bytes], launcher_pid: int) -> None:
@@ -44,6 +50,8 @@ def _relay(stream: IO[bytes], launcher_pid: int) -> None:
     with stream:
         for line in stream:  # read to the end even past the cap: a full pipe would stall it
             text = line[:OUTPUT_LINE_BYTES].decode("utf-8", "replace").rstrip()
+            if text.startswith(QUIET_PREFIXES):
+                continue
             if text and logged < OUTPUT_BYTES:
                 logged += len(text)
                 _log.info("worker %d: %s", launcher_pid, text)
