@@ -27,7 +27,7 @@ from client.amounts import to_units
 from client.errors import ClientError, ClientInputError
 from client.market_http import MarketHttp
 from client.settings import ClientSettings, load_settings
-from contracts.binding import Chain, Escrow
+from contracts.binding import Chain, Escrow, Token
 from contracts.cli import InputError, check_address, check_contract, check_private_key, dispatch
 from contracts.errors import EscrowError
 
@@ -155,7 +155,7 @@ def escrow_from(args: argparse.Namespace) -> Escrow:
     if not args.escrow:
         raise UsageError("no escrow address: pass --escrow or set TPUMARKET_ESCROW")
     address = check_address(str(args.escrow), what="--escrow")
-    chain = Chain(args.rpc_url)
+    chain = Chain(args.rpc_url, policy=settings_of(args).tx_policy())
     expected = settings_of(args).chain_id  # from a deployment file
     if expected is not None and chain.w3.eth.chain_id != expected:
         raise InputError(
@@ -176,8 +176,12 @@ def account_from(args: argparse.Namespace) -> ClientAccount:
     """Return the client account of `--key` on the escrow of `--escrow`."""
     key = key_from(args)
     escrow = escrow_from(args)
-    token = Chain(args.rpc_url).token(escrow.token())
-    return ClientAccount(escrow, token, key)
+    return ClientAccount(escrow, token_of(args, escrow), key)
+
+
+def token_of(args: argparse.Namespace, escrow: Escrow) -> Token:
+    """Return the escrow's token, sent to under the settings' transaction policy."""
+    return Chain(args.rpc_url, policy=settings_of(args).tx_policy()).token(escrow.token())
 
 
 def market_from(args: argparse.Namespace) -> MarketHttp:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from client.accounts import ClientAccount
-from client.cli import UsageError, escrow_from, key_from
+from client.cli import UsageError, escrow_from, key_from, token_of
 from client.deal_cli import resolve_deal, state_dir_of
 from client.dispute_evidence import EnvelopeStore, ProgramEvidence
 from client.errors import ClientError
@@ -29,7 +29,7 @@ from client.provider_http import ProviderHttp
 from client.session import DealSession
 from client.vouchers import VoucherBook
 from client.watch import deal_logs, find_open_block, market_escrow_block
-from contracts.binding import Chain, Escrow
+from contracts.binding import Escrow
 from contracts.errors import ChainError
 from contracts.messages import Plan
 
@@ -90,7 +90,7 @@ def open_runner(
 ) -> tuple[JobRunner, int]:
     """Check the deal and the provider's terms against the chain; resume the deal's ledger."""
     key = key_from(args)
-    account = ClientAccount(escrow, Chain(args.rpc_url).token(escrow.token()), key)
+    account = ClientAccount(escrow, token_of(args, escrow), key)
     if not 0 < args.deal <= escrow.deal_count():
         raise UsageError(f"no deal {args.deal} on escrow {escrow.address}")
     deal = escrow.get_deal(args.deal)

@@ -18,7 +18,16 @@ from typing import Any
 
 from client.accounts import ClientAccount
 from client.amounts import tokens
-from client.cli import Progress, UsageError, emit_json, escrow_from, key_from, note, print_table
+from client.cli import (
+    Progress,
+    UsageError,
+    emit_json,
+    escrow_from,
+    key_from,
+    note,
+    print_table,
+    token_of,
+)
 from client.errors import ClientError, ProviderRejected, ProviderUnavailable
 from client.job_deal import (
     chain_now,
@@ -36,7 +45,7 @@ from client.ledger import DealLedger, LedgerLocked
 from client.ledger_records import TaskRecord, TaskState
 from client.tasks import chain_states, settle_by
 from client.watch import ClaimWatcher, WatchReport
-from contracts.binding import DEAL_OPEN, Chain
+from contracts.binding import DEAL_OPEN
 
 
 def refund_breaches(runner: JobRunner, wait: bool) -> list[tuple[int, int, int]]:
@@ -98,7 +107,7 @@ def job_refund(args: argparse.Namespace) -> int:
 def job_watch(args: argparse.Namespace) -> int:
     with deal_and_ledger(args) as (escrow, ledger):
         key = key_from(args)
-        account = ClientAccount(escrow, Chain(args.rpc_url).token(escrow.token()), key)
+        account = ClientAccount(escrow, token_of(args, escrow), key)
         deal = escrow.get_deal(args.deal)
         if deal.client.lower() != account.address.lower():
             raise ClientError(f"deal {args.deal} belongs to {deal.client}, not {account.address}")

@@ -5,7 +5,9 @@
 ``TPUMARKET_CLIENT_KEYSTORE`` with ``TPUMARKET_PASSPHRASE_FILE`` (or
 ``TPUMARKET_KEYSTORE_PASSPHRASE``), ``TPUMARKET_DEPLOYMENT`` (a deployment file from
 ``tpumarket chain deploy``: the escrow and its block come from it) and
-``TPUMARKET_CLIENT_STATE``; an empty variable counts as unset. A value that does not validate
+``TPUMARKET_CLIENT_STATE``, and for a real chain ``TPUMARKET_CONFIRMATIONS``,
+``TPUMARKET_REPLACE_AFTER_BLOCKS`` and ``TPUMARKET_MAX_FEE_GWEI``; an empty variable counts
+as unset. A value that does not validate
 is a ``ClientSettingsError`` with a one-line message (the CLI exits 2). The private key is a
 secret: no repr, log or error shows it.
 """
@@ -19,6 +21,7 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from client.errors import ClientInputError
+from contracts.tx_policy import TxPolicy
 
 PREFIX = "TPUMARKET_"
 
@@ -44,6 +47,20 @@ class ClientSettings(BaseSettings):
     deployment: Path | None = None
     chain_id: int | None = None
     client_state: Path = Path.home() / ".tpumarket" / "client"
+    # Sending on a real chain (contracts.tx_policy): blocks under which a transaction counts as
+    # done, blocks it may wait unmined before a replacement, the most paid per gas.
+    confirmations: int = Field(default=1, ge=1)
+    replace_after_blocks: int = Field(default=3, ge=1)
+    max_fee_gwei: float | None = Field(default=None, gt=0)
+
+    def tx_policy(self) -> TxPolicy:
+        """Return the transaction policy the settings describe."""
+        cap = None if self.max_fee_gwei is None else int(self.max_fee_gwei * 10**9)
+        return TxPolicy(
+            confirmations=self.confirmations,
+            replace_after_blocks=self.replace_after_blocks,
+            max_fee_wei=cap,
+        )
 
     @model_validator(mode="before")
     @classmethod

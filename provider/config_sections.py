@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Self
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     NonNegativeFloat,
     PositiveInt,
     ValidationError,
@@ -25,6 +26,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from contracts.fairness import TrustedProxies
+from contracts.tx_policy import TxPolicy
 from provider.errors import ConfigError
 
 ENV_PREFIX = "TPUMARKET_PROVIDER_"
@@ -155,6 +157,12 @@ class SettlementConfig(Section):
     quote_valid_s: float = 600.0
     start_block: int = 0
     arbiter_url: str | None = None
+    # Sending on a real chain (contracts.tx_policy): blocks a settlement transaction must be
+    # under before it counts as done, blocks it may wait unmined before it is replaced with
+    # higher fees, and the most it may pay per gas (None: no cap).
+    confirmations: int = Field(1, ge=1)
+    replace_after_blocks: int = Field(3, ge=1)
+    max_fee_gwei: float | None = Field(None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +199,15 @@ class SettlementConfig(Section):
     def _at_least_one(cls, value: int, info: ValidationInfo) -> int:
         check(value >= 1, f"settlement.{info.field_name} must be at least 1")
         return value
+
+    def tx_policy(self) -> TxPolicy:
+        """Return the transaction policy these keys describe."""
+        cap = None if self.max_fee_gwei is None else int(self.max_fee_gwei * 10**9)
+        return TxPolicy(
+            confirmations=self.confirmations,
+            replace_after_blocks=self.replace_after_blocks,
+            max_fee_wei=cap,
+        )
 
     def margin_s(self, challenge_window: int) -> float:
         """Return how long before a task's settleBy the daemon puts it on chain at the latest."""

@@ -102,7 +102,7 @@ class Daemon:
         self.config = config
         self.warmup = warmup or Warmup()
         self.address = config.address
-        self.chain = chain or Chain(config.rpc_url)
+        self.chain = chain or Chain(config.rpc_url, policy=config.settlement.tx_policy())
         self.escrow: Escrow = self.chain.escrow(config.escrow)
         self.domain = self.escrow.domain
         if config.chain_id is not None and self.domain.chain_id != config.chain_id:

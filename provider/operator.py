@@ -87,7 +87,7 @@ def connect(args: argparse.Namespace) -> Operator:
         address = to_address(config.escrow)
     except ValueError as exc:
         raise ConfigError(f"escrow: {exc}") from exc
-    chain = Chain(config.rpc_url)
+    chain = Chain(config.rpc_url, policy=config.settlement.tx_policy())
     escrow = chain.escrow(address)
     if not chain.w3.eth.get_code(escrow.address):
         raise ConfigError(
