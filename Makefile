@@ -67,17 +67,22 @@ system-deps:
 # at a load of ~5 (22.5 min at ~11), against ~21 min serially on a quiet one; 0: one process.
 PYTEST_WORKERS ?= 3
 
+# The tests run with bytecode cached (pytest's rewritten test modules too): an environment that
+# sets PYTHONDONTWRITEBYTECODE would have every run recompile ~500 modules (~7 s of CPU).
+PYTEST := PYTHONDONTWRITEBYTECODE= JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest
+
 unit: setup setup-xla system-deps
-	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
 
 test: lint typecheck unit
 
 # The fast part: lint, types, import contracts and the tests that start no real component.
 # tests/conftest.py marks slow every test that starts one (anvil, solc, a sandbox worker, a
-# daemon, a server, a subprocess, PostgreSQL, Chromium) by reading what its fixtures and its
-# code start; in this run starting any process or server is an error naming the test.
+# daemon, a server, a subprocess, PostgreSQL, Chromium, the PyTorch compiler) by reading what
+# its fixtures and its code start; in this run starting any process or server is an error
+# naming the test.
 fast: setup
-	JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest -q -m "not slow" $(ARGS)
+	$(PYTEST) -q -m "not slow" $(ARGS)
 
 check: lint typecheck fast
 

@@ -1,15 +1,17 @@
 """Suite-wide rules: a skipped test fails the run, and `make check`'s fast selection.
 
 `slow` marks every test that starts a real component (anvil, the Solidity compiler, sandboxed
-workers, a daemon, a server, a subprocess, PostgreSQL, a browser) or runs a long property
-machine, found by what the test starts, never by its name: the code of every fixture it uses
-(anvil's, the sandbox's...), its own and its module's top level are read, with the suite's
-helpers they call, for the launchers of those components (`LAUNCHERS`). `pytest --slow-reasons
---collect-only -q` prints why each test is slow. `make check` runs the rest (`-m "not slow"`),
-the pure cores, in a few minutes; in that run starting any process, server or multiprocessing
-child raises an error naming the test (`tests.processes.forbid_components`), so a launcher the
-scan misses fails the fast set instead of slowing it; a test module that starts something at
-import (a probe in a `skipif`) is not even imported in that run.
+workers, a daemon, a server, a subprocess, PostgreSQL, a browser, the PyTorch compiler) or
+runs a long property machine, found by what the test starts, never by its name: the code of
+every fixture it uses (anvil's, the sandbox's...), its own and its module's top level are read,
+with the suite's helpers they call, for the launchers of those components (`LAUNCHERS`).
+`pytest --slow-reasons --collect-only -q` prints why each test is slow. `make check` runs the
+rest (`-m "not slow"`), the pure cores, in a few minutes; in that run starting any process,
+server or multiprocessing child raises an error naming the test
+(`tests.processes.forbid_components`), so a launcher the scan misses fails the fast set
+instead of slowing it; a test module that starts something at
+import (a probe in a `skipif`), or imports torch then (seconds of CPU), is not even imported in
+that run.
 
 Every real component (anvil, bubblewrap, Chromium, PostgreSQL, libtpu, the models) is installed
 by the set-up, so a skip means a missing install step, not a choice: the run fails and lists
@@ -38,6 +40,7 @@ import pytest
 from tests import processes
 
 HOST_SKIP = "host:"
+ROOT = Path(__file__).resolve().parent.parent
 # What starts a real component, as the code that starts it reads: the project's launchers (anvil,
 # sandbox workers, a daemon with its own workers, the Solidity compiler, the market's server) and
 # the standard ways to start a process or a server.
@@ -47,8 +50,13 @@ LAUNCHERS = re.compile(
     r"|\bprocesses\.spawn\(|\bspawn\(|\buvicorn\.|HTTPServer\b|\bcreate_server\("
     r"|\.listen\(|\bmultiprocessing\.Process\b|\bsync_playwright\b|\bchromium\b"
     r"|\bisolation_mode\("  # the sandbox's probe of bubblewrap runs it once
-    r"|\bexport_xla\(|\btorch-xla\b"  # the torch_xla export worker, in .venv-xla
+    r"|\bexport_(?:torch_)?xla(?:_many)?\(|\btorch-xla\b"  # the torch_xla export worker (.venv-xla)
+    # torch.export, the PyTorch compiler a model conversion runs (seconds of CPU per model)
+    r"|\bexport_torch(?:ax)?\(|\bexport_silero_vad\(|\btorch\.export\.export\("
 )
+COMPILER_MODULES = frozenset({"torch", "torchax"})
+"""The PyTorch compiler's packages: a test module that imports one at import (seconds of CPU
+before any test runs) is slow as a whole, and left unimported in the fast set."""
 COMPONENT_PARAMS = frozenset({"postgresql"})
 """Parameters that give a test a real component its fixture starts for them alone (the
 `backend` fixture's PostgreSQL; its SQLite runs stay fast)."""
@@ -158,6 +166,58 @@ def _module_starts(path: Path) -> str | None:
     return None
 
 
+@functools.cache
+def _module_imports(path: Path, depth: int = 1) -> str | None:
+    """Return the compiler package (`COMPILER_MODULES`) a module imports at import, directly or
+    through a suite module it imports then (`depth` levels), or None."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return None
+    nodes: list[ast.AST] = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
+    nodes += [n for node in _import_time(tree.body) for n in ast.walk(node)]
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(path, node)
+            modules = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            if module.partition(".")[0] in COMPILER_MODULES:
+                return module.partition(".")[0]
+            helper = _suite_file(module) if depth > 0 else None
+            found = _module_imports(helper, depth - 1) if helper is not None else None
+            if found is not None:
+                return f"{found} (through {module})"
+    return None
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """Return the module an `from ... import` names, a relative one resolved from `path`."""
+    if not node.level:
+        return node.module or ""
+    package = path.parent
+    for _ in range(node.level - 1):
+        package = package.parent
+    if not package.is_relative_to(ROOT):
+        return ""
+    parts = package.relative_to(ROOT).parts
+    return ".".join([*parts, *([node.module] if node.module else [])])
+
+
+def _suite_file(module: str) -> Path | None:
+    """Return the file of a module of the suite (`tests.*`), or None."""
+    if not module.startswith("tests."):
+        return None
+    path = ROOT.joinpath(*module.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _import_time(body: list[ast.stmt]) -> Iterator[ast.AST]:
     """Yield what a module runs when imported: its statements, the decorators and defaults of
     its functions and classes, a class's own statements; not the bodies of functions."""
@@ -215,6 +275,9 @@ def slow_reason(item: pytest.Item) -> str | None:
     what = _module_starts(item.path)
     if what is not None:
         return f"its module starts {what} at import"
+    what = _module_imports(item.path)
+    if what is not None:
+        return f"its module imports {what} at import"
     if _long_run(item) >= LONG_RUN_STEPS:
         return f"a property run of {_long_run(item)} steps"
     return None
@@ -247,9 +310,11 @@ def _fast_set(config: pytest.Config) -> bool:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """In the fast set, leave unimported a test module that starts a component at import."""
+    """In the fast set, leave unimported a test module that starts a component or imports the
+    PyTorch compiler at import."""
     module = collection_path.suffix == ".py" and collection_path.name.startswith("test_")
-    if module and _fast_set(config) and _module_starts(collection_path):
+    at_import = _module_starts, _module_imports
+    if module and _fast_set(config) and any(found(collection_path) for found in at_import):
         return True
     return None
 

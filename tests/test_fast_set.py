@@ -96,3 +96,21 @@ def test_fast_run_when_a_test_starts_a_process_then_it_is_deselected_or_fails_by
     assert "FAILED test_sample.py::test_hides_a_process" in out
     assert "ComponentInFastRun: test_sample.py::test_hides_a_process started a subprocess" in out
     assert "2 deselected" in out, out
+
+
+def test_module_that_imports_torch_at_import_is_slow_and_one_that_imports_it_late_is_not(
+    tmp_path: Path,
+) -> None:
+    guarded = tmp_path / "test_guarded.py"
+    guarded.write_text(
+        "import importlib.util\nif importlib.util.find_spec('torch'):\n    import torch\n"
+    )
+    late = tmp_path / "test_late.py"
+    late.write_text("def test_it():\n    import torch\n\n    assert torch\n")
+    assert conftest._module_imports(guarded) == "torch"
+    assert conftest._module_imports(late) is None
+    # through a helper module of the suite it imports at its top
+    routes = ROOT / "tests" / "client" / "models" / "test_torch_routes.py"
+    assert conftest._module_imports(routes) == "torch (through tests.client.models.torch_zoo)"
+    # the diagnosis tests import torch inside the tests that export, so the others stay fast
+    assert conftest._module_imports(ROOT / "tests/client/models/test_export_hints.py") is None

@@ -14,8 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from client.cli import build_parser
 from client.models import export_torch, run_local
@@ -25,13 +23,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 X = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
 
 
-class _Fn(nn.Module):
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self.fn = fn
+def _module(fn: Any) -> Any:
+    """Return a torch module whose forward is `fn` (torch imported here: the module imports it
+    lazily, so the fast set, whose tests here need no torch, never pays for it)."""
+    import torch
 
-    def forward(self, x: Any) -> Any:
-        return self.fn(x)
+    class _Fn(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return fn(x)
+
+    return _Fn()
 
 
 def _branch(x: Any) -> Any:
@@ -41,13 +42,15 @@ def _branch(x: Any) -> Any:
 
 
 def _cond(x: Any) -> Any:
+    import torch
+
     return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
 
 
 def _failure(fn: Any) -> ExportFailed:
     with warnings.catch_warnings(), pytest.raises(ExportFailed) as raised:
         warnings.simplefilter("ignore")
-        export_torch(_Fn(fn), [X])
+        export_torch(_module(fn), [X])
     return raised.value
 
 
@@ -55,14 +58,18 @@ def _equals_eager(fn: Any) -> None:
     """Export `fn` by torchax, run the program here; it equals torch eager."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = export_torch(_Fn(fn), [X])
+        model = export_torch(_module(fn), [X])
     out = run_local(model.example_envelope())
     got = np.asarray(out[0] if isinstance(out, tuple | list) else out)
+    import torch
+
     np.testing.assert_allclose(got, fn(torch.as_tensor(X)).numpy(), atol=1e-6)
 
 
 @pytest.mark.parametrize("fn", [_branch, _cond], ids=["python_if", "torch_cond"])
 def test_control_flow_hint_names_torch_where_which_exports_and_equals_eager(fn: Any) -> None:
+    import torch
+
     diagnosis = _failure(fn).diagnosis
     assert diagnosis.category is ExportCategory.DATA_DEPENDENT_CONTROL_FLOW, diagnosis
     assert "torch.where(condition, a, b)" in diagnosis.hints[0]
@@ -76,6 +83,8 @@ def test_control_flow_hint_names_torch_where_which_exports_and_equals_eager(fn: 
 
 
 def test_unique_on_torchax_is_a_dynamic_shape_and_the_masked_form_exports() -> None:
+    import torch
+
     diagnosis = _failure(torch.unique).diagnosis
     assert diagnosis.category is ExportCategory.DYNAMIC_SHAPE, diagnosis
     assert diagnosis.op is not None and "unique" in diagnosis.op
@@ -86,6 +95,8 @@ def test_unique_on_torchax_is_a_dynamic_shape_and_the_masked_form_exports() -> N
 
 
 def test_a_generic_failure_of_a_model_that_runs_in_eager_offers_the_other_route() -> None:
+    import torch
+
     inverse = _failure(torch.linalg.inv)  # torchax cannot lower it; eager runs it
     assert inverse.diagnosis.category is ExportCategory.OTHER, inverse.diagnosis
     assert "--from torch-xla" in inverse.diagnosis.hints[0]
