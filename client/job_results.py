@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from client.job_files import JobTask
 from client.provider_http import TaskView
@@ -86,8 +87,7 @@ class TaskResult:
         if view.diagnosis:
             return str(view.diagnosis.get("message") or "")[:100] + resumed
         if view.report:
-            memory = view.report.get("memory_total_bytes")
-            return f"compiled for {view.report.get('device_kind')}, memory {memory} B{resumed}"
+            return compile_line(view.report) + resumed
         try:
             arrays = decode_arrays(view.outputs or b"", ArrayFormat.SAFETENSORS)
         except ProgramFormatError:
@@ -95,6 +95,29 @@ class TaskResult:
         shapes = ", ".join(f"{k}:{tuple(a.shape)}" for k, a in sorted(arrays.items()))
         checked = ", spot-checked" if o.spot_checked else ""
         return f"outputs {shapes}{checked}{resumed}"
+
+
+def byte_size(count: int) -> str:
+    """Return ``count`` bytes in binary units: ``512 B``, ``1.50 MiB``, ``15.75 GiB``."""
+    if count < 1024:
+        return f"{count} B"
+    value, units = count / 1024, ["KiB", "MiB", "GiB", "TiB"]
+    while value >= 1024 and len(units) > 1:
+        value, units = value / 1024, units[1:]
+    return f"{value:.2f} {units[0]}"
+
+
+def compile_line(report: Mapping[str, Any]) -> str:
+    """Return a compile report in one line: the device, the memory it needs and, where the
+    provider measured it, the target's memory: ``memory 1.20 MiB of 15.75 GiB (0.0%)``."""
+    line = f"compiled for {report.get('device_kind')}"
+    needed, total = report.get("memory_total_bytes"), report.get("available_bytes")
+    if not isinstance(needed, int):
+        return line + ", memory not reported"
+    line += f", memory {byte_size(needed)}"
+    if isinstance(total, int) and total > 0:
+        line += f" of {byte_size(total)} ({100 * needed / total:.1f}%)"
+    return line
 
 
 def save_outputs(results: Sequence[TaskResult], out_dir: Path) -> list[Path]:

@@ -3,7 +3,8 @@
 ``tpumarket provider run`` serves its API as soon as the journal is open and its unfinished
 tasks are recovered; the slow parts (the sandbox's workers importing JAX, the capacity
 benchmark, the heartbeat and the ask on the market) warm up behind it. ``GET /v1/health``
-lists what is still warming; a task that arrives meanwhile waits for a worker like any other.
+lists what is still warming: it answers 503 (with ``Retry-After``) while the sandbox's
+workers start, and 200 once tasks can run, the market's phases still warming or not.
 Each phase ends with one ``start phase`` log line (``phase``, ``seconds``), which
 ``scripts/bench-provider-start`` reads.
 """
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 log = logging.getLogger("provider.start")
+TASK_PHASES = ("sandbox",)
+"""Phases without which no task can run: ``/v1/health`` answers 503 while one warms."""
 
 
 def since_process_start() -> float | None:
@@ -47,6 +50,11 @@ class Warmup:
         """Return the phases still running, in the order they began."""
         with self._lock:
             return list(self._running)
+
+    def serving(self) -> bool:
+        """Whether tasks can run: no phase of :data:`TASK_PHASES` is warming or failed."""
+        with self._lock:
+            return not any(n in self._running or n in self.failures for n in TASK_PHASES)
 
     def begin(self, name: str) -> None:
         """Mark ``name`` as warming."""

@@ -63,7 +63,9 @@ class ProgramSignature:
         weights: int,
     ) -> ProgramSignature:
         """Return the signature of a program taking ``in_avals`` (shape, dtype) flat, the first
-        ``weights`` of them its weights; labels are the flat positions."""
+        ``weights`` of them its weights; labels are the positions among their kind
+        (``weight0``, ``input0``, ``output0``: the names ``job export`` prints, while
+        :attr:`TensorSpec.key`, the name in the inputs file, is the flat position)."""
 
         def spec(index: int, label: str, aval: tuple[Sequence[Dim], str]) -> TensorSpec:
             return TensorSpec(index, label, tuple(aval[0]), aval[1])
@@ -71,7 +73,7 @@ class ProgramSignature:
         return cls(
             weights=tuple(spec(i, f"weight{i}", a) for i, a in enumerate(in_avals[:weights])),
             inputs=tuple(
-                spec(weights + i, f"input{weights + i}", a)
+                spec(weights + i, f"input{i}", a)
                 for i, a in enumerate(in_avals[weights:])
             ),
             outputs=tuple(spec(i, f"output{i}", a) for i, a in enumerate(out_avals)),

@@ -87,20 +87,44 @@ def submit(api: TestClient, task: SignedTask) -> Any:
     return api.post("/v1/tasks", content=task.body, headers=task.headers())
 
 
-def test_health_when_workers_start_then_answers_and_names_the_sandbox_warming(
+def test_health_when_workers_start_then_503_naming_the_sandbox_warming_then_200(
     warming: tuple[TestClient, Gate, Daemon],
 ) -> None:
     api, gate, _ = warming
 
     starting = api.get("/v1/health")
 
-    assert starting.status_code == 200
+    assert starting.status_code == 503
+    assert int(starting.headers["Retry-After"]) >= 1
+    assert starting.json()["ok"] is False
     assert starting.json()["warming"] == ["sandbox"]
     assert starting.json()["workers"] == 0
     gate.open.set()
-    wait_until(lambda: api.get("/v1/health").json()["warming"] == [], 60, "the sandbox warm")
+    wait_until(lambda: api.get("/v1/health").status_code == 200, 60, "the sandbox warm")
     ready = api.get("/v1/health").json()
-    assert ready["workers"] >= 1 and ready["failed"] == {}
+    assert ready["ok"] is True and ready["warming"] == [] and ready["failed"] == {}
+    assert ready["workers"] >= 1
+
+
+def test_health_when_workers_fail_to_start_then_503_naming_the_failure(
+    chain_world: ChainWorld, tmp_path: Path
+) -> None:
+    def broken(config: ProviderConfig) -> Sandbox:
+        raise OSError("no bubblewrap here")
+
+    warmup = Warmup()
+    config = provider_config(chain_world, tmp_path)
+    starting = WarmingSandbox(config, warmup, build=broken)
+    daemon = Daemon(config, chain=chain_world.chain, sandbox=cast(Sandbox, starting), warmup=warmup)
+    try:
+        daemon.start(schedule=False)
+        with TestClient(create_app(daemon)) as api:
+            wait_until(lambda: not starting.starting, 60, "the sandbox's start to end")
+            health = api.get("/v1/health")
+            assert health.status_code == 503
+            assert health.json()["failed"] == {"sandbox": "no bubblewrap here"}
+    finally:
+        daemon.close()
 
 
 def test_task_when_workers_start_then_acked_and_delivered_once_they_are_up(

@@ -17,11 +17,16 @@ router = APIRouter(tags=["system"])
 
 
 @router.get("/v1/health")
-async def health(daemon: DaemonDep) -> dict[str, Any]:
+async def health(daemon: DaemonDep, response: Response) -> dict[str, Any]:
     """Say the daemon is up, with its address, live sandbox workers and the start phases
-    still warming (and those that failed: :mod:`provider.warmup`)."""
+    still warming (and those that failed); 503 while no task can run yet
+    (:mod:`provider.warmup`)."""
+    serving = daemon.warmup.serving()
+    if not serving:
+        response.status_code = 503
+        response.headers["Retry-After"] = "1"
     return {
-        "ok": True,
+        "ok": serving,
         "provider": daemon.address,
         "workers": len(daemon.sandbox.workers()),
         "warming": daemon.warmup.warming(),
