@@ -13,7 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contracts.messages import Voucher, task_bitmap
 from contracts.program import encode_envelope
+from provider.config_storage import StorageConfig
+from provider.errors import RejectedError
+from provider.storage_bounds import StorageBounds
 from tests.provider.daemon_support import (
     ChainWorld,
     ServedDaemon,
@@ -21,6 +25,7 @@ from tests.provider.daemon_support import (
     sign_task,
     tiny_mlp_envelope,
 )
+from tests.provider.test_storage_retention import acknowledge, deliver, envelope, open_journal
 
 UPLOAD_BASE = 65_536  # every task here may upload 64 KiB: its price buys no more
 
@@ -130,3 +135,38 @@ def test_deal_when_its_storage_bound_is_reached_then_new_tasks_are_refused_befor
     served_other = httpx.post(daemon.url + "/v1/tasks", headers=task.headers(), content=task.body)
     assert served_other.status_code == 200, served_other.text
     assert acks_of(journal, other) == [0]
+
+
+def test_deal_bound_when_its_tasks_are_settled_then_their_room_is_free_again(
+    tmp_path: Path,
+) -> None:
+    journal = open_journal(tmp_path / "journal.sqlite3")
+    try:
+        size = len(envelope(1, 0))
+        per_unit = -(-size // 500)  # a task priced 500 may upload its body, one priced 1 not
+        config = StorageConfig(
+            deal_max_bytes=3 * size, upload_base_bytes=0, upload_bytes_per_unit=per_unit
+        )
+        bounds = StorageBounds(journal, config, max_envelope_bytes=10**9)
+        assert bounds.upload_cap(500) >= size
+        for price, declared in ((1, size), (500, bounds.upload_cap(500) + 1)):
+            with pytest.raises(RejectedError) as too_large, bounds.admit((1, 0), price, declared):
+                pass
+            assert too_large.value.code == "envelope_too_large"
+        for index in (0, 1):
+            with bounds.admit((1, index), price=500, declared=size):
+                record = acknowledge(journal, 1, index, envelope(1, index))
+            deliver(journal, record, b"o" * size)  # outputs count too
+        with pytest.raises(RejectedError) as full, bounds.admit((1, 2), 500, size):
+            pass
+        assert full.value.code == "deal_storage_full"
+        with bounds.admit((2, 0), 500, size) as cap:  # the bound is per deal
+            assert cap == size
+
+        voucher = journal.record_voucher(Voucher(1, 1_000, task_bitmap([0, 1])), b"\x00" * 65)
+        journal.record_settlement(1, "redeem", {"voucher_seq": voucher.seq}, "0x01")  # prunes
+        assert journal.stored_bytes(1) == 0
+        with bounds.admit((1, 2), 500, size) as cap:
+            assert cap == size
+    finally:
+        journal.close()
