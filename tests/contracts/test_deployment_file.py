@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from contracts.cli import main
 from contracts.deployment import (
     EXISTING_TOKEN,
     DeploymentError,
+    DeploymentRecord,
     deploy,
     parse_deployment,
     read_deployment,
@@ -148,3 +150,30 @@ def _address(key: str) -> str:
     from contracts.messages import address_of
 
     return address_of(key)
+
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+def _table(text: str, header: str) -> list[list[str]]:
+    lines = text[text.index(header) :].splitlines()[2:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_operations_doc_lists_every_deployment_field_and_the_snapshot_gas() -> None:
+    text = OPERATIONS.read_text()
+    fields = [row[0] for row in _table(text, "| field | what |")]
+    assert sorted(fields) == sorted(f.name for f in dataclasses.fields(DeploymentRecord))
+    snapshot = json.loads((OPERATIONS.parents[1] / "contracts" / "gas-snapshot.json").read_text())
+    rows = _table(text, "| step | gas | ETH at 0.01 gwei |")
+    assert rows, "no gas table"
+    for step, gas, eth in rows:
+        assert int(gas) == snapshot[step], (
+            f"{step}: the doc says {gas}, the snapshot {snapshot[step]}"
+        )
+        assert Decimal(eth) == Decimal(snapshot[step]) * Decimal("0.01") / Decimal(10**9), step
