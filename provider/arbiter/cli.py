@@ -43,7 +43,12 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(args.config, host=args.host, port=args.port)
-        chain = Chain(settings.rpc_url)
+        chain = Chain(settings.rpc_url, policy=settings.tx_policy())
+        if settings.chain_id is not None and chain.w3.eth.chain_id != settings.chain_id:
+            raise ProviderError(
+                f"the node serves chain id {chain.w3.eth.chain_id}; the deployment is for chain "
+                f"id {settings.chain_id}"
+            )
         escrow = chain.escrow(settings.escrow)
         if not chain.w3.eth.get_code(escrow.address):
             raise ProviderError(f"no contract at escrow {escrow.address} ({settings.rpc_url})")

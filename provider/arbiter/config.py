@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.tx_policy import TxPolicy
 from provider.errors import ConfigError
 
 ENV_PREFIX = "TPUMARKET_ARBITER_"
@@ -49,6 +50,47 @@ class ArbiterSettings(BaseSettings):
     advert_interval_s: float = Field(
         60.0, ge=1, le=86_400, description="seconds between adverts to the market"
     )
+    deployment: Path | None = Field(
+        None, description="a deployment file: the escrow, its block and the chain id from it"
+    )
+    chain_id: int | None = Field(None, description="the chain the node must serve")
+    confirmations: int = Field(1, ge=1, description="blocks a ruling must be under to count")
+    replace_after_blocks: int = Field(
+        3, ge=1, description="blocks a transaction waits unmined before a replacement"
+    )
+    max_fee_gwei: float | None = Field(None, gt=0, description="the most paid per gas")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_deployment(cls, data: Any) -> Any:
+        """Take the escrow, the first block and the chain id from the deployment file; an
+        escrow also given must be the file's."""
+        if not isinstance(data, dict) or not data.get("deployment"):
+            return data
+        from contracts.deployment import DeploymentError, read_deployment
+
+        try:
+            record = read_deployment(Path(str(data["deployment"])))
+        except DeploymentError as exc:
+            raise ValueError(str(exc)) from None
+        given = data.get("escrow")
+        if given and str(given).lower() != record.escrow.lower():
+            raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
+        return {
+            **data,
+            "escrow": record.escrow,
+            "from_block": data.get("from_block") or record.deployment_block,
+            "chain_id": record.chain_id,
+        }
+
+    def tx_policy(self) -> TxPolicy:
+        """Return the transaction policy the settings describe."""
+        cap = None if self.max_fee_gwei is None else int(self.max_fee_gwei * 10**9)
+        return TxPolicy(
+            confirmations=self.confirmations,
+            replace_after_blocks=self.replace_after_blocks,
+            max_fee_wei=cap,
+        )
 
     @field_validator("key")
     @classmethod

@@ -86,3 +86,31 @@ def test_the_configuration_table_lists_every_setting_with_its_default() -> None:
 def test_the_tolerance_table_is_the_code_s() -> None:
     rows = {r[0]: (float(r[1]), float(r[2])) for r in _table("## The tolerance")}
     assert rows == {k: (DEFAULT_RTOL[k], DEFAULT_ATOL[k]) for k in DEFAULT_RTOL}
+
+
+def test_a_deployment_file_gives_escrow_first_block_and_chain(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import json
+
+    record = {
+        "format": 1,
+        "chain_id": 8453,
+        "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
+        "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
+        "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
+        "deployment_block": 99,
+        "min_challenge_window": 600,
+        "arbitration_period": 604800,
+        "escrow_code": "0x" + "ab" * 32,
+        "token_code": "existing",
+    }
+    path = tmp_path / "deployment.json"
+    path.write_text(json.dumps(record))
+    monkeypatch.setenv("TPUMARKET_ARBITER_KEY", KEY)
+    monkeypatch.delenv("TPUMARKET_ARBITER_ESCROW", raising=False)
+    settings = load_settings(deployment=path, confirmations=4)
+    assert (settings.escrow, settings.from_block, settings.chain_id) == (record["escrow"], 99, 8453)
+    assert settings.tx_policy().confirmations == 4
+    with pytest.raises(ConfigError, match="not the deployment file's"):
+        load_settings(deployment=path, escrow=ESCROW)
