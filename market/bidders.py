@@ -3,7 +3,8 @@
 A wallet can withdraw after its bid rests. Matching is safe against that (the match gate reads
 the balance afresh, `market.funds`), but a book that keeps showing such bids shows a price no
 one can trade at. So a market with a match gate shows a bid only if its owner's last free
-balance read covers one unit of the owner's lowest live bid (an owner never read is shown).
+balance read covers one unit of the owner's lowest live bid and `min_balance_per_order` for
+each of its live orders (an owner never read is shown).
 
 Those figures are refreshed by the indexed escrow events plus a backstop pass. After each run
 of the chain indexer (`market.indexer`), the balance of each owner of live bids that the run's
@@ -49,14 +50,18 @@ class PayingBidders:
 
     def owners(self, session: Session, device_class: str, now: int) -> set[str]:
         """Return the owners of live bids in `device_class` whose last free balance read
-        covers one unit of their lowest bid (unread: shown)."""
+        covers one unit of their lowest bid and `min_balance_per_order` for each of their live
+        orders (unread: shown)."""
         cached = self._funds.balances.cached
+        per_order = self._funds.min_balance_per_order
+        figures = self._funds.commitments.figures
         return {
             owner
             for owner, price in levels_sql.bid_owners(
                 session=session, now=now, device_class=device_class
             )
-            if (balance := cached(owner)) is None or balance >= price
+            if (balance := cached(owner)) is None
+            or (balance >= price and balance >= per_order * figures(owner, now).live)
         }
 
     def refresh(self, limit: int = BIDDERS_PER_PASS) -> int:

@@ -14,7 +14,10 @@ escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `Funds
   reaches `min_provider_stake`;
 - an **order** of either side only in a device class that exists: one with a book (an ask from
   a staked provider made it) or advertised by a registered (so staked) provider; and at most
-  `max_live_orders_per_owner` live orders per signer.
+  `max_live_orders_per_owner` live orders per signer; a signer that bids holds at most one
+  live order per `min_balance_per_order` of its free escrow balance (a barely funded key
+  cannot fill the book with thousands of orders; the book shows its bids by the same rule,
+  `market.bidders`).
 
 Every figure the check needs is in memory, so admitting an order costs a few dictionary reads
 and no SQL, under a lock held for microseconds: what each signer committed (live orders, its
@@ -55,7 +58,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple
@@ -67,65 +69,9 @@ from market import chain_index, storage
 from market.commitments import Commitments
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
+from market.figure_cache import FigureCache
 from market.models import Deal, Provider
 from market.verify import CheckedOrder
-
-
-class _Cache:
-    """Escrow figures by address, each kept `ttl` seconds."""
-
-    def __init__(self, read: Callable[[str], int], ttl: float) -> None:
-        self._read = read
-        self._ttl = ttl
-        self._values: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
-        self.raises = 0  # reads that found a figure higher than the one kept (or none kept)
-
-    def get(self, address: str) -> tuple[int, bool]:
-        """Return the figure of `address` and whether it was read now: the cached one if
-        younger than the cache allows, else read from the escrow."""
-        with self._lock:
-            cached = self._values.get(address)
-        if cached is not None and time.monotonic() - cached[1] <= self._ttl:
-            return cached[0], False
-        return self.read(address), True
-
-    def fresh(self, address: str) -> int | None:
-        """Return the figure of `address` if younger than the cache allows, else None."""
-        with self._lock:
-            cached = self._values.get(address)
-        if cached is None or time.monotonic() - cached[1] > self._ttl:
-            return None
-        return cached[0]
-
-    def cached(self, address: str) -> int | None:
-        """Return the last figure read for `address`, however old, or None."""
-        with self._lock:
-            cached = self._values.get(address)
-        return None if cached is None else cached[0]
-
-    def at_least(self, address: str, need: int) -> int:
-        """Return the figure of `address`, read afresh if the cached one is below `need`."""
-        value, read = self.get(address)
-        return value if read or value >= need else self.read(address)
-
-    def forget(self, address: str) -> None:
-        """Drop the figure of `address`: the next `get` reads it afresh."""
-        with self._lock:
-            self._values.pop(address, None)
-
-    def read(self, address: str) -> int:
-        """Read the figure of `address` from the escrow and cache it."""
-        value = self._read(address)
-        with self._lock:
-            before = self._values.get(address)
-            if before is None or value > before[0]:
-                self.raises += 1
-            self._values[address] = (value, time.monotonic())
-            if len(self._values) > 100_000:
-                self._values.clear()
-        return value
-
 
 HOLDERS_PER_QUERY = 500
 """Accounts looked up per SQL query by `FundsGuard.reread` (bound parameters per statement)."""
@@ -171,6 +117,7 @@ class FundsGuard:
         min_provider_stake: int,
         max_live_orders: int,
         max_classes_per_provider: int,
+        min_balance_per_order: int = 0,
         cache_s: float,
         provider_ttl_s: float = 60.0,
         head: Callable[[], int] | None = None,
@@ -182,13 +129,14 @@ class FundsGuard:
         self.commitments = commitments
         self.min_provider_stake = min_provider_stake
         self.max_live_orders = max_live_orders
+        self.min_balance_per_order = min_balance_per_order
         self.max_classes_per_provider = max_classes_per_provider
         self.unopened_deal_hold_s = commitments.hold_s
         self.provider_ttl_s = provider_ttl_s
         self._head = head
         # Balances are kept until an event moves them (`reread`), not for a time.
-        self.balances = _Cache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), math.inf)
-        self.stakes = _Cache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
+        self.balances = FigureCache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), math.inf)
+        self.stakes = FigureCache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders) in flight
         self._advertised: set[str] | None = None  # classes registered providers advertise
@@ -294,7 +242,7 @@ class FundsGuard:
                     break
                 if not read:
                     raise ReadNeeded(owner)
-                balance = self.balances.read(owner)  # not under the lock: a chain read
+                balance, fresh = self.balances.read(owner), True  # not under the lock
             figures = self.commitments.figures(owner, now)
             with self._lock:  # held across the check and the reservation: no double spend
                 flying_spend, flying_count = self._reserved.get(owner, (0, 0))
@@ -305,7 +253,14 @@ class FundsGuard:
                         f"their expiry); at most {self.max_live_orders}"
                     )
                 needed = figures.bid_spend + figures.deal_spend + flying_spend + spend
-                if needed <= balance or not spend:
+                per_order = self.min_balance_per_order
+                short = needed > balance or count * per_order > balance
+                if short and spend and fresh and needed <= balance:
+                    raise QuotaError(
+                        f"{owner} would hold {count} live orders; its free escrow balance "
+                        f"{balance} covers {balance // per_order} at {per_order} each"
+                    )
+                if not short or not spend:
                     self._reserved[owner] = (flying_spend + spend, flying_count + len(orders))
                     return spend, len(orders)
         raise UnfundedError(

@@ -111,6 +111,7 @@ class MarketService(MarketReads):
             min_provider_stake=settings.min_provider_stake,
             max_live_orders=settings.max_live_orders_per_owner,
             max_classes_per_provider=settings.max_classes_per_provider,
+            min_balance_per_order=settings.min_balance_per_order,
             cache_s=settings.funds_cache_s,
             provider_ttl_s=settings.provider_offline_after_s,
             head=self.escrow.head if self.escrow.known() else None,

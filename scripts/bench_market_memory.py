@@ -8,8 +8,9 @@ The growth per 100k dead orders over the second round is what the market keeps o
 no longer needs (the first also fills SQLite's bounded page caches as the database grows;
 before, the engine kept each order until its expiry, and the writer each nonce). Then the
 server is killed (SIGKILL) and started again on its database: `restart_to_serving_s` is the
-time from the new process to its first `200 /healthz`, with `live_orders` live orders in the
-book and the dead ones stored.
+time from the new process to its first `200 /healthz` (`restart_to_serving_cpu_s`: the CPU
+it used meanwhile, which a loaded host does not stretch), with `live_orders` live orders in
+the book and the dead ones stored.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def sign_pairs(pairs: int, live: int, seed: int, workers: int) -> list[dict[str,
     return dead + rest
 
 
+def _cpu_s(pid: int) -> float:
+    """Return the CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int, field: str = "VmRSS") -> float:
     """Return a process's resident memory in MiB (Linux /proc): `VmRSS` in all, `RssAnon` its
     heap, `RssFile` the pages of mapped files (the database file SQLite reads mapped)."""
@@ -119,6 +126,7 @@ def run(
     started = time.monotonic()
     again, url = start_server(data_dir)
     restart_s = time.monotonic() - started
+    restart_cpu = _cpu_s(again.pid)
     try:
         rss_restarted = rss_mb(again.pid)
         restored = httpx.get(url + "/v1/book/tpu-v5e", params={"levels": 500}).json()
@@ -140,6 +148,7 @@ def run(
         "live_orders": shown,
         "live_orders_after_restart": shown_again,
         "restart_to_serving_s": round(restart_s, 2),
+        "restart_to_serving_cpu_s": round(restart_cpu, 2),
         "rss_after_restart_mb": round(rss_restarted, 1),
     }
     print(f"memory: {json.dumps(figures)}", flush=True)

@@ -159,7 +159,8 @@ def test_other_accounts_deposits_and_withdrawals_never_change_which_bids_of_a_cl
     _register(world, market, provider)
     world.escrow.deposit(client.key, PRICE)
     _place(market, client.bid(market.now(), price=PRICE, quantity=1))
-    other_price = PRICE - 10  # a live bidder too, at its own price level
+    other_price = PRICE + 10  # a live bidder too, at its own price level (and one live order
+    # needs `min_balance_per_order`, 100, of balance)
     world.escrow.deposit(other.key, other_price)
     _place(market, other.bid(market.now(), price=other_price, quantity=1))
     balances = {other.key: other_price, stranger.key: 0}

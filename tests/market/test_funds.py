@@ -217,6 +217,28 @@ def test_flood_when_an_unfunded_key_or_a_funded_one_posts_thousands_of_orders_th
     print(f"market peak RSS after the floods: {peak_rss_mb(pid):.0f} MiB")
 
 
+def test_bids_when_a_barely_funded_key_posts_many_then_its_live_orders_are_bounded_by_balance(
+    world: ChainWorld, url: str
+) -> None:
+    """A key's live orders are bounded by its free balance: one per `min_balance_per_order`
+    (100 base units by default), so 1,000 units hold 10 one-unit bids of price 1, not 1,000."""
+    _seller(world, url, "tpu-v7b")
+    barely = _fresh(world)
+    world.escrow.deposit(barely.key, 1_000)
+    now = int(time.time())
+    bids = [barely.bid(now, price=1, quantity=1, device_class="tpu-v7b") for _ in range(11)]
+    for body in bids[:10]:
+        _post(url, "/v1/orders", body, 201)
+    refused = _post(url, "/v1/orders", bids[10], 403)
+    assert refused["error"] == "QuotaError"
+    assert "would hold 11 live orders" in refused["detail"]
+    assert "covers 10 at 100 each" in refused["detail"]
+    batch = {"orders": [barely.bid(now, price=1, quantity=1, device_class="tpu-v7b")]}
+    _post(url, "/v1/orders/batch", batch, 403)
+    book = httpx.get(url + "/v1/book/tpu-v7b", timeout=10).json()
+    assert sum(level["orders"] for level in book["bids"]) == 10
+
+
 def test_rate_limit_when_a_signer_spreads_over_source_addresses_then_its_own_bucket_holds(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
