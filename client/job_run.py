@@ -206,11 +206,7 @@ def job_run(args: argparse.Namespace) -> int:
                 f"spend {tokens(session.book.total)}/{tokens(cap)}"
             )
 
-        def in_flight() -> int:
-            return sum(
-                1 for t in ledger.tasks.values() if t.run == runner._run and t.state in OPEN_STATES
-            )
-
+        in_flight = runner.in_flight
         with _ctrl_c(runner, in_flight), waiting:
             waiting.phase(lambda: f"{in_flight()} task(s) sent and not yet delivered")
             results = runner.run(

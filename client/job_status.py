@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -160,6 +161,11 @@ def _print_watch(args: argparse.Namespace, report: WatchReport) -> None:
     )
 
 
+def utc(timestamp: int) -> str:
+    """Return a chain timestamp as a UTC time (``2026-12-04 07:30:00 UTC``)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
+
+
 def job_status(args: argparse.Namespace) -> int:
     escrow = escrow_from(args)
     fetch_dir = Path(args.fetch) if args.fetch else None
@@ -257,7 +263,7 @@ def _print_status(
                 str(r["chain"]),
                 "-" if r["batch"] is None else str(r["batch"]),
                 tokens(int(r["amount"])),
-                str(r["settle_by"]),
+                utc(int(r["settle_by"])),
                 str(r["detail"])[:80],
             ]
             for r in rows

@@ -138,7 +138,7 @@ def test_first_ctrl_c_stops_sending_collects_what_is_in_flight_and_pays_it(
         result, stderr = run.finish()
     finally:
         run.stop()
-    assert "interrupted: no more tasks are sent" in stderr
+    assert "interrupted: no more tasks are sent; collecting the 2 in flight" in stderr
     summary = result["summary"]
     assert summary["interrupted"] == 1
     assert [t["state"] for t in result["tasks"]] == ["paid", "paid", "not sent", "not sent"]
