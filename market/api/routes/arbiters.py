@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from market.api.body import JsonBody, Parsed, heartbeat_limits, json_body
 from market.api.deps import ServiceDep
+from market.api.errors import DESCRIPTIONS, ErrorPublic
 from market.arbiters import (
     ArbiterAdvertCreate,
     ArbiterPublic,
@@ -20,12 +21,20 @@ from market.arbiters import (
 
 router = APIRouter(prefix="/v1/arbiters", tags=["arbiters"])
 
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The error statuses a route answers beyond the app's defaults (413, 422, 429)."""
+    return {s: {"model": ErrorPublic, "description": DESCRIPTIONS[s]} for s in statuses}
+
+
 AdvertBody = Annotated[
     Parsed[ArbiterAdvertCreate], Depends(JsonBody(ArbiterAdvertCreate, heartbeat_limits))
 ]
 
 
-@router.post("", openapi_extra=json_body(ArbiterAdvertCreate))
+@router.post(
+    "", openapi_extra=json_body(ArbiterAdvertCreate), responses=_errors(401, 403, 409, 415)
+)
 async def advertise(body: AdvertBody, service: ServiceDep) -> ArbiterPublic:
     """Record an arbiter's signed advert (the signature covers the advert's canonical JSON)."""
     raw: dict[str, Any] = from_json(body.raw)["advert"]
@@ -38,7 +47,7 @@ def arbiters(service: ServiceDep) -> list[ArbiterPublic]:
     return list_arbiters(service=service)
 
 
-@router.get("/{address}")
+@router.get("/{address}", responses=_errors(404))
 def arbiter(address: str, service: ServiceDep) -> ArbiterPublic:
     """Return one arbiter's latest advert (404 if it never advertised)."""
     return get_arbiter(service=service, address=address)
