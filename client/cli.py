@@ -27,6 +27,7 @@ from client.amounts import to_units
 from client.errors import ClientError, ClientInputError
 from client.market_http import MarketHttp
 from client.settings import ClientSettings, load_settings
+from client.waits import reported
 from contracts.binding import Chain, Escrow, Token
 from contracts.cli import InputError, check_address, check_contract, check_private_key, dispatch
 from contracts.errors import EscrowError
@@ -212,7 +213,8 @@ def guarded(handler: Handler) -> Handler:
     def run(args: argparse.Namespace) -> int:
         try:
             settings_of(args)
-            return handler(args)
+            with reported():  # a request unanswered for seconds is named on stderr
+                return handler(args)
         except (InputError, ClientInputError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 2

@@ -23,6 +23,7 @@ from web3.exceptions import Web3Exception
 
 from client.errors import ClientError
 from client.market_http import MarketHttp
+from client.waits import reported
 from contracts.binding import DEAL_CLOSED, DEAL_OPEN, Chain, DealState, Escrow, Token
 from contracts.errors import EscrowError
 from provider.asks import live_asks, post_ask, signed_ask
@@ -449,7 +450,8 @@ def guarded(handler: Handler) -> Handler:
 
     def run(args: argparse.Namespace) -> int:
         try:
-            return handler(args)
+            with reported():  # a request unanswered for seconds is named on stderr
+                return handler(args)
         except (UsageError, ConfigError) as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 2
