@@ -1,7 +1,8 @@
 """``tpumarket provider verify-journal``: check a whole journal, streamed, in constant memory.
 
 Every deal's receipt chain (links, hashes, signatures), every sealed deal's rows against the
-checkpoint its seal signed, every stored blob against its hash. It opens the journal read-only
+checkpoint its seal signed, every stored blob against its hash, every kept output against its
+receipt's hash. It opens the journal read-only
 and takes no lock: it runs beside a live daemon (SQLite's WAL gives it a consistent view of
 each deal). The provider and escrow domain come from the journal's meta (written by the
 daemon at every open); ``--provider`` (or the config's key) names the provider it must be.
@@ -21,7 +22,12 @@ from contracts.messages import Domain, address_of
 from provider.errors import ProviderError
 from provider.journal.schema import SCHEMA_VERSION
 from provider.journal.store import DOMAIN_META
-from provider.journal.verification import VerifyReport, verify_blobs, verify_deals
+from provider.journal.verification import (
+    VerifyReport,
+    verify_blobs,
+    verify_deals,
+    verify_task_data,
+)
 
 JOURNAL_FILE = "journal.sqlite3"
 
@@ -80,6 +86,7 @@ def verify_journal(path: Path, provider: str | None, *, quiet: bool = True) -> V
 
         report = verify_deals(db, expected, domain, progress=progress)
         verify_blobs(db, report)
+        verify_task_data(db, report)
         if str(meta["provider"]).lower() != expected.lower():
             report.problems.append(
                 f"the journal was opened for provider {meta['provider']}, not {expected}"

@@ -343,3 +343,17 @@ def verify_blobs(db: sqlite3.Connection, report: VerifyReport) -> None:
         report.blobs += 1
         if hashlib.sha256(bytes(data)).digest() != bytes(sha):
             report.problems.append(f"blob {bytes(sha).hex()}: content differs from its hash")
+
+
+def verify_task_data(db: sqlite3.Connection, report: VerifyReport) -> None:
+    """Check every kept output against the hash its receipt commits to (outputs are kept out
+    of the rows a seal signs, :mod:`provider.journal.retention`)."""
+    rows = db.execute(
+        "SELECT t.deal_id, t.task_index, t.data, r.receipt_json FROM task_data t "
+        "JOIN receipts r ON r.deal_id = t.deal_id AND r.task_index = t.task_index "
+        "WHERE t.part = 'outputs'"
+    )
+    for deal, index, data, receipt_json in rows:
+        receipt = Receipt.from_json(json.loads(receipt_json))
+        if hashlib.sha256(bytes(data)).digest() != receipt.output_hash:
+            report.problems.append(f"deal {deal} task {index}: outputs differ from their receipt")

@@ -324,3 +324,18 @@ def test_retention_when_killed_mid_prune_then_the_journal_stays_consistent(
         reopened.close()
     report = verify_journal(path, PROVIDER)
     assert report.ok, report.problems
+
+
+def test_verify_journal_when_kept_outputs_are_changed_then_the_task_fails(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = open_journal(path)
+    try:
+        for index in (0, 1):
+            deliver(journal, acknowledge(journal, 1, index, envelope(1, index)), b"out-%d" % index)
+    finally:
+        journal.close()
+    assert verify_journal(path, PROVIDER).ok
+    with sqlite3.connect(path) as db:  # task data is not append-only: no trigger to go around
+        db.execute("UPDATE task_data SET data = X'00' WHERE part = 'outputs' AND task_index = 1")
+    report = verify_journal(path, PROVIDER)
+    assert report.problems == ["deal 1 task 1: outputs differ from their receipt"]
