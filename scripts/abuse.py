@@ -23,7 +23,12 @@ on its own deal, pacing itself, while the attacks run one after the other:
    the ``claimReceipts`` calldata and posted to the daemon by the attacker
    (``scripts/abuse_replay.py``);
 10. one address holding more slow connections than either service may hold in all while a
-    normal client calls both (``scripts/abuse_flood.py``).
+    normal client calls both (``scripts/abuse_flood.py``);
+11. task submissions and signed reads for thousands of deal ids never opened;
+12. 64 KB voucher bodies of thousands of unknown keys or bitmap words;
+13. the victim's result tokens revoked by a stranger, then by the victim;
+14. every fill of a fresh ask taken and never opened, then the chain's clock moved past each
+    quote the daemon signs for them (``scripts/abuse_costs.py``).
 
 Then 1,000 live-update streams are opened and left idle (the normal client paused) and the
 market's CPU share measured. The last line of stdout is one JSON object: ``unauthorized_reads``
@@ -37,6 +42,11 @@ any of the victim's result: receipt, outputs, report, diagnosis or access token)
 run; ``tests/provider/test_api_secrets.py`` and ``tests/market/test_http_secrets.py`` run the
 services with a key in the node's URL while the node errs),
 ``normal_refused_under_connection_flood`` (the normal calls of attack 10 that failed),
+``max_stall_ms_normal`` (the longest any one call of the normal client took during the
+attacks; by attack in ``max_stall_ms_normal_by_attack``), ``stake_locked_by_unopened_quotes``
+(the stake the quotes of attack 14's fills still hold, valid and unopened, once each fill has
+used the quotes the window rules allow: ``provider/quotes.py``; while the first are valid:
+``stake_held_by_unopened_quotes_while_valid``),
 ``normal_p99_ms_under_abuse`` (the normal client's order placements, cancels and task
 submissions during the attacks; ``normal_p99_ms_alone``: the same calls in the 30 s before
 them), ``peak_rss_mb`` (VmHWM of market + daemon),
@@ -66,6 +76,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.abuse_attacks import ATTACKS, Tally  # noqa: E402
+from scripts.abuse_costs import COST_ATTACKS, unopened_fills  # noqa: E402
 from scripts.abuse_flood import connection_flood  # noqa: E402
 from scripts.abuse_probes import idle_streams, routes_as_stranger  # noqa: E402
 from scripts.abuse_replay import claimed_replay  # noqa: E402
@@ -109,7 +120,7 @@ def run(world: World, quick: bool) -> dict[str, Any]:
     started = time.monotonic()
     down: set[str] = set()  # services found dead or not answering after any attack
     try:
-        for name, attack in ATTACKS:
+        for name, attack in ATTACKS + COST_ATTACKS:
             world.normal.phase = name
             began = time.monotonic()
             figures = attack(world, tally, quick)
@@ -126,6 +137,9 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         world.normal.phase = "10_connection_flood"
         tally.figures["10_connection_flood"] = connection_flood(world, tally, quick)
         say(f"connection flood: {json.dumps(tally.figures['10_connection_flood'])}")
+        world.normal.phase = "14_unopened_fills"  # last: it moves the chain's clock on
+        tally.figures["14_unopened_fills"] = unopened_fills(world, tally, quick)
+        say(f"unopened fills: {json.dumps(tally.figures['14_unopened_fills'])}")
     finally:
         abuse_s = time.monotonic() - started
         stop.set()
@@ -146,6 +160,21 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "secrets_in_responses": tally.secrets_in_responses,
         "normal_refused_under_connection_flood": tally.normal_refused_under_flood,
         "slow_connections_left_open": tally.slow_connections_left,
+        "max_stall_ms_normal": round(max(latencies, default=0.0), 1),
+        "max_stall_ms_normal_by_attack": {
+            phase: round(max(ms), 1)
+            for phase, ms in world.normal.by_phase.items()
+            if phase != "alone"
+        },
+        "max_stall_ms_normal_by_call": {
+            kind: round(max(ms), 1) for kind, ms in world.normal.by_kind.items()
+        },
+        "stake_locked_by_unopened_quotes": tally.figures["14_unopened_fills"][
+            "stake_locked_after_window"
+        ],
+        "stake_held_by_unopened_quotes_while_valid": tally.figures["14_unopened_fills"][
+            "stake_held_while_valid"
+        ],
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),
         "normal_p99_ms_alone": round(percentile(baseline, 0.99), 1),

@@ -51,6 +51,13 @@ def _credentials(world: World) -> dict[str, dict[str, Any]]:
     }
 
 
+class _Values(dict[str, str]):
+    """Path parameters by name; one no probe knows is "0" (a route added later is called)."""
+
+    def __missing__(self, key: str) -> str:
+        return "0"
+
+
 def routes_as_stranger(world: World, tally: Tally) -> dict[str, Any]:
     """Call every route of both OpenAPI documents with every credential of the attacker."""
     victim = world.victim
@@ -62,12 +69,13 @@ def routes_as_stranger(world: World, tally: Tally) -> dict[str, Any]:
         "voucher": voucher.to_json(),
         "signature": "0x" + voucher.sign(domain, world.attacker.key).hex(),
     }
-    values = {
-        "deal_id": str(victim.deal_id),
-        "task_index": "0",
-        "device_class": DEVICE_CLASS,
-        "order_id": world.victim_bid,
-    }
+    values = _Values(
+        deal_id=str(victim.deal_id),
+        task_index="0",
+        device_class=DEVICE_CLASS,
+        order_id=world.victim_bid,
+        address=victim.address,
+    )
     calls = 0
     for service, base in (("daemon", world.daemon), ("market", world.market)):
         with client(base, "127.0.0.8") as http:
@@ -75,7 +83,9 @@ def routes_as_stranger(world: World, tally: Tally) -> dict[str, Any]:
             for name, credential in _credentials(world).items():
                 for template, methods in paths.items():
                     path = template.format_map(
-                        {**values, "deal_id": world.market_deal} if service == "market" else values
+                        _Values(values, deal_id=world.market_deal)
+                        if service == "market"
+                        else values
                     )
                     for method in methods:
                         headers = dict(credential["headers"])

@@ -33,6 +33,8 @@ SLO_MS = 10_000
 PRICE = 2_000  # per unit, of the market deal's ask and bid
 DEPOSIT = 10 * UNIT
 DEVICE_CLASS = "cpu"
+QUOTE_VALID_S = 120
+"""The daemon's per-fill quotes are valid this long (chain seconds; attack 14 waits them out)."""
 
 
 @dataclass
@@ -75,6 +77,9 @@ class Normal:
     errors: list[str] = field(default_factory=list)
     orders_placed: int = 0
     tasks_acked: list[int] = field(default_factory=list)
+    chain_clock: threading.Lock = field(default_factory=threading.Lock)
+    """Held while a task is signed and sent (its deadline is read from the chain's clock), and
+    by attack 14 while it moves that clock on, so no request is signed against the old time."""
 
 
 @dataclass
@@ -218,7 +223,9 @@ def deliver(world: World, client: Client) -> None:
 
 def build_world(st: Stack, say: Callable[[str], None]) -> World:
     """Start the provider, open the deals, deliver a task each, match a deal on the market."""
-    provider = st.start_provider("p1", PLAN, slo_ms=SLO_MS, wait=False)
+    provider = st.start_provider(
+        "p1", PLAN, slo_ms=SLO_MS, settlement={"quote_valid_s": QUOTE_VALID_S}, wait=False
+    )
     model = spin_model()  # exported while the daemon starts
     envelope = model.example_envelope()
     provider.ready()
@@ -308,13 +315,14 @@ def normal_client(world: World, stop: threading.Event) -> None:
                 cancel = trader.cancel(order_id, now)
                 timed(partial(market.post, "/v1/orders/cancel", json=cancel), "cancel")
             if turn % 3 == 0:
-                request = world.sign_task(party)
-                signature = request.sign(world.st.escrow.domain, party.key)
-                headers = world.task_headers(request, signature)
-                acked = timed(
-                    partial(daemon.post, "/v1/tasks", content=world.envelope, headers=headers),
-                    "task",
-                )
+                with normal.chain_clock:
+                    request = world.sign_task(party)
+                    signature = request.sign(world.st.escrow.domain, party.key)
+                    headers = world.task_headers(request, signature)
+                    acked = timed(
+                        partial(daemon.post, "/v1/tasks", content=world.envelope, headers=headers),
+                        "task",
+                    )
                 if acked is not None and acked.status_code == 200:
                     normal.tasks_acked.append(request.task_index)
             stop.wait(0.1)  # the normal client's own pace
