@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic import Field as PField
 from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from market import advert_text
 from market.deal_states import DealStatus
 
 INT64 = 2**63 - 1
@@ -351,10 +352,10 @@ class IndexerState(SQLModel, table=True):
 
     name: str = Field(primary_key=True, max_length=64)
     block: int = Field(sa_type=BigInteger)
-
     # The hash of `block` as indexed (None: recorded before hashes were kept); another hash at
     # that height now means a reorg replaced indexed blocks.
     block_hash: str | None = Field(default=None, max_length=66)
+
 
 # -- providers ----------------------------------------------------------------------------------
 
@@ -370,7 +371,12 @@ class AdvertIn(BaseModel):
     price: int = PField(ge=0, le=INT64)
     throughput: float = PField(ge=0, le=1e12, description="measured units per second")
     capacity: int = PField(default=0, ge=0, le=INT64, description="units it can sell now")
-    endpoint: str = PField(default="", max_length=256)
+    endpoint: str = PField(default="", max_length=256, description="empty, or an http(s) URL")
+
+    # What every visitor is shown: free text normalized, a URL only http(s) (422 naming the
+    # field otherwise; `market.advert_text`).
+    _device_kind = field_validator("device_kind")(advert_text.free_text)
+    _endpoint = field_validator("endpoint")(advert_text.http_url)
 
 
 class HeartbeatCreate(BaseModel):
@@ -436,6 +442,11 @@ class ProviderPublic(ProviderBase):
     disputes_won: int
     disputes_lost: int
     reliability: float = PField(description="(paid + p) / (paid + refunded + penalties + 2p)")
+    has_history: bool = PField(
+        default=False,
+        description="whether any value it was paid, refunded or penalised settled on chain; "
+        "without, `reliability` is the prior alone (the page shows it as new)",
+    )
 
 
 # -- views --------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic import Field as PField
 
+from market import advert_text
 from market.deal_states import DealStatus
 from market.levels import AskGroup, Level
 from market.models import (
@@ -155,6 +156,9 @@ class OfferPublic(BaseModel):
     device_kind: str = PField(description="from the provider's latest heartbeat; '' if none")
     online: bool = PField(description="heartbeat seen recently")
     reliability: float | None = PField(description="reputation (docs/market.md); None: unknown")
+    has_history: bool = PField(
+        default=False, description="whether the provider has value settled on chain (else new)"
+    )
     plan: str
     slo_ms: int = PField(description="worst latency offered")
     memory: int = PField(description="bytes offered")
@@ -218,6 +222,7 @@ def _offer(g: AskGroup, known: ProviderPublic | None) -> OfferPublic:
         device_kind=known.device_kind if known else "",
         online=bool(known and known.online),
         reliability=known.reliability if known else None,
+        has_history=bool(known and known.has_history),
         plan=g.plan,
         slo_ms=g.slo_ms,
         memory=g.memory,
@@ -260,8 +265,12 @@ def provider_public(row: Provider, sums: Sequence[ProviderClient], prior: int) -
     paid = sum(by_client)
     refunded = sum(int(s.refunded) for s in sums)
     penalties = sum(int(s.penalties) for s in sums)
+    shown = {k: v for k, v in row.model_dump().items() if k in ProviderPublic.model_fields}
+    # A row stored before the advert rules (`market.advert_text`) is served by them too.
+    shown["device_kind"] = advert_text.shown_text(row.device_kind)
+    shown["endpoint"] = advert_text.shown_url(row.endpoint)
     return ProviderPublic(
-        **{k: v for k, v in row.model_dump().items() if k in ProviderPublic.model_fields},
+        **shown,
         paid=str(paid),
         clients=sum(1 for p in by_client if p > 0),
         top_client_share=round(max(by_client) / paid, 4) if paid else 0.0,
@@ -273,6 +282,7 @@ def provider_public(row: Provider, sums: Sequence[ProviderClient], prior: int) -
         reliability=round(
             reliability(paid=paid, refunded=refunded, penalties=penalties, prior=prior), 4
         ),
+        has_history=bool(paid or refunded or penalties),
     )
 
 

@@ -6,8 +6,9 @@
 
 const state = {
   data: null, selected: null, book: null, offers: [], sort: "price", take: null,
-  fetching: false, again: false,
+  fetching: false, again: false, announce: false, errors: {},
 };
+const INT64 = 2n ** 63n - 1n;
 const SORT_DESCENDING_FIRST = new Set(["reliability", "memory", "capacity", "quantity"]);
 const GIB = 2 ** 30;
 
@@ -24,14 +25,24 @@ function tokens(units) {
   return sign + whole + (frac ? "." + frac : "");
 }
 const tokenNumber = (units) => Number(units) / 10 ** decimals();
-// Tokens typed by a person to base units (a string), or null if not a number of tokens.
-function toUnits(text) {
-  const m = /^\s*(\d*)(?:\.(\d*))?\s*$/.exec(text || "");
-  if (!m || (!m[1] && !m[2])) return null;
-  const d = decimals();
-  const frac = (m[2] || "").slice(0, d).padEnd(d, "0");
-  return (BigInt(m[1] || "0") * 10n ** BigInt(d) + BigInt(frac || "0")).toString();
+// A number a person typed ("2", "1.5", ".25", "1e-3"), exactly: {digits, exp} for
+// digits × 10^exp, or {error} saying why it is not a number the filter can use.
+function parseNumber(text) {
+  const m = /^\s*([+-]?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d{1,3}))?\s*$/.exec(text);
+  if (!m || (!m[2] && !m[3])) return { error: "is not a number" };
+  const fraction = m[3] || "";
+  const digits = BigInt((m[2] || "") + fraction || "0");
+  if (m[1] === "-" && digits !== 0n) return { error: "must not be negative" };
+  return { digits, exp: (m[4] ? Number(m[4]) : 0) - fraction.length };
 }
+// digits × 10^exp rounded down (or up) to an integer, as a BigInt.
+function scaled(n, shift, up) {
+  const exp = n.exp + shift;
+  if (exp >= 0) return n.digits * 10n ** BigInt(exp);
+  const div = 10n ** BigInt(-exp), q = n.digits / div;
+  return up && q * div !== n.digits ? q + 1n : q;
+}
+const asNumber = (n) => Number(n.digits) * 10 ** n.exp;
 const bytes = (n) => {
   const v = Number(n);
   if (v >= GIB) return +(v / GIB).toPrecision(4) + " GiB";
@@ -71,19 +82,50 @@ function bookQuery() {
   return q;
 }
 
+// Each numeric filter: its query parameter, from the typed number, or an error. A filter with
+// an error is not applied, and the page says so next to it.
+const NUMBER_FILTERS = {
+  max_slo_ms: (n) => ["max_slo_ms", scaled(n, 0, false)],
+  min_memory_gib: (n) => ["min_memory", BigInt(Math.ceil(asNumber(n) * GIB))],
+  max_price_tokens: (n) => ["max_price", scaled(n, decimals(), false)],
+  min_reliability_pct: (n) => {
+    const pctValue = asNumber(n);
+    if (pctValue > 100) return { error: "must be at most 100" };
+    return ["min_reliability", String(pctValue / 100)];
+  },
+};
+const FILTER_LABELS = {
+  max_slo_ms: "SLO ≤ ms", min_memory_gib: "memory ≥ GiB", max_price_tokens: "price ≤",
+  min_reliability_pct: "reliability ≥ %",
+};
+
 function offerQuery() {
   const f = el("offer-filters").elements, q = new URLSearchParams({ sort: state.sort, limit: "200" });
   if (state.selected) q.set("device_class", state.selected);
   if (f.plan.value) q.set("plan", f.plan.value);
-  if (/^\d+$/.test(f.max_slo_ms.value)) q.set("max_slo_ms", f.max_slo_ms.value);
-  const gib = parseFloat(f.min_memory_gib.value);
-  if (gib >= 0) q.set("min_memory", String(Math.ceil(gib * GIB)));
-  const price = toUnits(f.max_price_tokens.value);
-  if (price !== null) q.set("max_price", price);
-  const rel = parseFloat(f.min_reliability_pct.value);
-  if (rel >= 0 && rel <= 100) q.set("min_reliability", String(rel / 100));
+  const errors = {};
+  for (const [name, toParam] of Object.entries(NUMBER_FILTERS)) {
+    const text = f[name].value;
+    if (!text.trim()) continue;
+    const n = parseNumber(text);
+    let result = n.error ? n : !Number.isFinite(asNumber(n)) ? { error: "is too large" } : toParam(n);
+    if (!result.error && typeof result[1] === "bigint" && result[1] > INT64) result = { error: "is too large" };
+    if (result.error) errors[name] = `${FILTER_LABELS[name]}: “${text.trim().slice(0, 24)}” ${result.error}; not applied`;
+    else q.set(result[0], String(result[1]));
+  }
   if (f.online.checked) q.set("online", "true");
+  state.errors = errors;
   return q;
+}
+
+function showFilterErrors() {
+  const f = el("offer-filters").elements;
+  for (const name of Object.keys(NUMBER_FILTERS)) {
+    const message = state.errors[name] || "";
+    if (el(`${name}-error`).textContent !== message) el(`${name}-error`).textContent = message;
+    if (message) f[name].setAttribute("aria-invalid", "true");
+    else f[name].removeAttribute("aria-invalid");
+  }
 }
 
 async function refresh() {
@@ -99,6 +141,7 @@ async function refresh() {
     state.book = book;
     state.offers = offers;
     render();
+    if (state.announce) { state.announce = false; announce(); }
   } catch (err) {
     // The stream's reconnect or the next change triggers another refresh.
   } finally {
@@ -117,8 +160,9 @@ function render() {
     const note = document.createElement("small");
     note.textContent = s.last_price != null ? ` ${tokens(s.last_price)} ${change(s)}` : "";
     b.appendChild(note);
-    if (name === state.selected) b.className = "active";
-    b.addEventListener("click", () => { state.selected = name; clearBookFilters(); refresh(); });
+    b.className = name === state.selected ? "active" : "";
+    b.setAttribute("aria-pressed", String(name === state.selected));
+    b.addEventListener("click", () => { state.selected = name; clearBookFilters(); userRefresh(); });
     return b;
   }));
   renderStats(d.stats[state.selected]);
@@ -147,7 +191,11 @@ function renderStats(s) {
   el("stat-range").textContent = has && s.high_24h != null ? `${tokens(s.high_24h)} / ${tokens(s.low_24h)}` : "—";
   el("stat-volume").textContent = s ? `${fmt(s.volume_24h)} units in ${fmt(s.trades_24h)} trades` : "—";
   const b = state.book;
-  el("stat-quote").textContent = b ? `${b.best_bid != null ? tokens(b.best_bid) : "—"} / ${b.best_ask != null ? tokens(b.best_ask) : "—"}` : "—";
+  let quote = b ? `${b.best_bid != null ? tokens(b.best_bid) : "—"} / ${b.best_ask != null ? tokens(b.best_ask) : "—"}` : "—";
+  if (b && b.best_bid != null && b.best_ask != null && b.spread == null && !b.tradable) {
+    quote += " (mixed terms: this bid and this ask differ in plan, SLO or memory, so they cannot trade with each other; pick terms in the order book to see what trades)";
+  }
+  el("stat-quote").textContent = quote;
 }
 
 function setOptions(select, values, label) {
@@ -188,16 +236,43 @@ function renderBook() {
   el("spread").textContent = text;
 }
 
+// "new" for a provider with no value settled on chain (its reliability is only the prior).
+const reliabilityText = (r, hasHistory) => (hasHistory === false ? "new" : pct(r));
+
+function reliabilityCell(r, hasHistory) {
+  const td = cell(reliabilityText(r, hasHistory));
+  if (hasHistory === false) {
+    td.className = "new";
+    td.title = "no deal of this provider has settled on chain yet";
+  }
+  return td;
+}
+
+function distinct(values) {
+  return [...new Set(values.filter((v) => v))].sort();
+}
+
+function shownOffers() {
+  const f = el("offer-filters").elements;
+  return state.offers.filter((o) => (!f.provider.value || o.provider === f.provider.value)
+    && (!f.device_kind.value || o.device_kind === f.device_kind.value));
+}
+
 function renderOffers() {
   const f = el("offer-filters").elements;
   const plans = state.book ? state.book.choices.plans : [];
   setOptions(f.plan, plans, (v) => v);
+  const kinds = new Map(state.offers.map((o) => [o.provider, o.device_kind]));
+  setOptions(f.provider, distinct(state.offers.map((o) => o.provider)),
+    (v) => short(v) + (kinds.get(v) ? ` (${kinds.get(v)})` : ""));
+  setOptions(f.device_kind, distinct(state.offers.map((o) => o.device_kind)), (v) => v);
+  showFilterErrors();
   for (const b of document.querySelectorAll("#offers-card th button")) {
     const field = b.dataset.sort, on = state.sort.replace("-", "") === field;
     b.parentElement.setAttribute("aria-sort", on ? (state.sort.startsWith("-") ? "descending" : "ascending") : "none");
     b.className = on ? "sorted" : "";
   }
-  el("offers").replaceChildren(...state.offers.map((o) => {
+  el("offers").replaceChildren(...shownOffers().map((o) => {
     const take = document.createElement("button");
     take.type = "button";
     take.textContent = "Take";
@@ -212,8 +287,9 @@ function renderOffers() {
     }
     const last = document.createElement("td");
     last.appendChild(take);
-    return row([last, who, cell(pct(o.reliability)), cell(`${fmt(o.slo_ms)} ms`), cell(bytes(o.memory)),
-      cell(o.plan, "l"), cell(tokens(o.price), "price"), cell(fmt(o.quantity)), cell(fmt(o.capacity))], "offer");
+    return row([last, cell(tokens(o.price), "price"), cell(fmt(o.quantity)), who,
+      reliabilityCell(o.reliability, o.has_history), cell(`${fmt(o.slo_ms)} ms`), cell(bytes(o.memory)),
+      cell(o.plan, "l"), cell(fmt(o.capacity))], "offer");
   }));
 }
 
@@ -233,13 +309,30 @@ function renderFills(d) {
   ], f.aggressor)));
 }
 
+// A provider's advertised URL: a link only if it is http(s); anything else is shown as text.
+function endpointCell(url) {
+  const td = cell("", "l");
+  let parsed = null;
+  try { parsed = url ? new URL(url) : null; } catch (err) { parsed = null; }
+  if (parsed && (parsed.protocol === "http:" || parsed.protocol === "https:")) {
+    const a = document.createElement("a");
+    a.href = parsed.href;
+    a.rel = "noopener noreferrer nofollow";
+    a.textContent = parsed.host;
+    td.appendChild(a);
+  } else {
+    td.textContent = url || "—";
+  }
+  return td;
+}
+
 function renderProviders(d) {
   el("providers").replaceChildren(...d.providers.map((p) => row([
     cell(short(p.address) + (p.online ? "" : " (offline)"), "l"), cell(p.device_class, "l"),
     cell(p.device_kind, "l"), cell(fmt(p.device_count)), cell(tokens(p.price)),
-    cell(Number(p.throughput).toFixed(2)), cell(pct(p.reliability)),
+    cell(Number(p.throughput).toFixed(2)), reliabilityCell(p.reliability, p.has_history),
     cell(`${tokens(p.paid)} (${p.clients}) / ${tokens(p.refunded)} + ${tokens(p.penalties)}`),
-    cell(ago(p.last_seen)),
+    cell(ago(p.last_seen)), endpointCell(p.endpoint),
   ])));
 }
 
@@ -280,8 +373,24 @@ function connect() {
   source.onerror = () => { live.textContent = "reconnecting…"; live.className = "live off"; };
 }
 
-el("book-filters").addEventListener("change", () => refresh());
-el("offer-filters").addEventListener("change", () => refresh());
+// What a person's action changed, said once in the live region (not on every live update).
+function announce() {
+  const shown = shownOffers().length, b = state.book;
+  const errors = Object.keys(state.errors).length;
+  let text = `${shown} offer${shown === 1 ? "" : "s"}`;
+  if (b) text += `, ${b.bids.length} bid and ${b.asks.length} ask levels`;
+  if (state.selected) text += ` for ${state.selected}`;
+  if (errors) text += `; ${errors} filter${errors === 1 ? "" : "s"} not applied`;
+  el("announce").textContent = text;
+}
+
+function userRefresh() {
+  state.announce = true;
+  refresh();
+}
+
+el("book-filters").addEventListener("change", () => userRefresh());
+el("offer-filters").addEventListener("change", () => userRefresh());
 el("offer-filters").addEventListener("submit", (e) => e.preventDefault());
 for (const b of document.querySelectorAll("#offers-card th button")) {
   b.addEventListener("click", () => {
@@ -289,7 +398,7 @@ for (const b of document.querySelectorAll("#offers-card th button")) {
     const current = state.sort.replace("-", "");
     if (current === field) state.sort = state.sort.startsWith("-") ? field : "-" + field;
     else state.sort = SORT_DESCENDING_FIRST.has(field) ? "-" + field : field;
-    refresh();
+    userRefresh();
   });
 }
 window.addEventListener("resize", () => { if (state.data) render(); });

@@ -83,17 +83,29 @@ const Charts = (() => {
     return out;
   }
 
-  function empty(canvas, ctx, message) {
+  // The chart's text alternative: what a reader of the picture would take from it.
+  function describe(canvas, title, summary) {
+    canvas.setAttribute("aria-label", `${title}: ${summary}`);
+  }
+
+  const num = (v) => String(+v.toPrecision(6));
+
+  function empty(canvas, ctx, message, title) {
     text(ctx, message, 10, 20);
     canvas.dataset.axes = JSON.stringify({ x: [], y: [], empty: message });
+    describe(canvas, title, message);
   }
 
   // Cumulative units of the book's levels against price (tokens), bids green, asks red.
   function depth(canvas, book, price) {
     const { ctx, w, h } = setup(canvas);
-    if (!book || (!book.bids.length && !book.asks.length)) return empty(canvas, ctx, "no resting orders");
+    if (!book || (!book.bids.length && !book.asks.length)) return empty(canvas, ctx, "no resting orders", "Depth chart");
     const cum = (levels) => { let t = 0; return levels.map((l) => [price(l.price), (t += l.quantity)]); };
     const bids = cum(book.bids), asks = cum(book.asks);
+    const side = (name, points) => (points.length
+      ? `${name} ${points[points.length - 1][1].toLocaleString("en-US")} units from ${num(points[0][0])} to ${num(points[points.length - 1][0])} tokens`
+      : `no ${name}`);
+    describe(canvas, "Depth chart", `${side("bids", bids)}; ${side("asks", asks)}`);
     const prices = [...bids, ...asks].map((p) => p[0]);
     let lo = Math.min(...prices), hi = Math.max(...prices);
     if (lo === hi) { lo -= Math.abs(lo) * 0.05 || 1; hi += Math.abs(hi) * 0.05 || 1; }
@@ -120,11 +132,16 @@ const Charts = (() => {
   // Bars [start, open, high, low, close, volume]: close line, high-low ticks, volume at the foot.
   function history(canvas, bars, price) {
     const { ctx, w, h } = setup(canvas);
-    if (!bars.length) return empty(canvas, ctx, "no trades in the last 3 hours");
+    if (!bars.length) return empty(canvas, ctx, "no trades in the last 3 hours", "Price history chart");
     let lo = Math.min(...bars.map((b) => price(b[3]))), hi = Math.max(...bars.map((b) => price(b[2])));
     if (lo === hi) { lo -= Math.abs(lo) * 0.05 || 1; hi += Math.abs(hi) * 0.05 || 1; }
     const t0 = bars[0][0], t1 = Math.max(bars[bars.length - 1][0] + 60, t0 + 60);
     const clock = (t) => new Date(t * 1000).toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit" });
+    const volume = bars.reduce((sum, b) => sum + b[5], 0);
+    describe(canvas, "Price history chart", `${bars.length} one-minute bars from ${clock(t0)} to ${clock(t1)}; `
+      + `last close ${num(price(bars[bars.length - 1][4]))} tokens, high ${num(Math.max(...bars.map((b) => price(b[2]))))}, `
+      + `low ${num(Math.min(...bars.map((b) => price(b[3]))))}; `
+      + `${volume.toLocaleString("en-US")} units traded`);
     const { x, y, box } = axes(canvas, ctx, w, h, {
       x: [t0, t1], y: [lo, hi], xTitle: "time (1-minute bars)", yTitle: "price (tokens)",
       xFormat: clock, xTicks: timeTicks, yFormat: (v) => String(+v.toPrecision(6)),

@@ -24,4 +24,4 @@ def test_the_api_schema_lists_exactly_the_enum() -> None:
 
 def test_a_chain_record_starts_opened_and_compares_equal_to_its_text() -> None:
     assert ChainDeal.model_fields["status"].default == DealStatus.OPENED
-    assert DealStatus.CLOSED == "closed"
+    assert DealStatus.CLOSED.value == "closed" and str(DealStatus.CLOSED) == "closed"

@@ -334,7 +334,8 @@ def test_offers_when_sorted_filtered_and_taken_then_the_exact_command_shows(
                            ".length === 2")  # fmt: skip
     rows = _offer_rows(page)
     assert "1.2" in rows[0] and "TPU v6e spot" in rows[0] and "300 ms" in rows[0]
-    assert "2.5" in rows[1] and "50.0%" in rows[1] and "32 GiB" in rows[1]
+    assert "2.5" in rows[1] and "new" in rows[1] and "32 GiB" in rows[1]  # nothing settled
+    assert "%" not in rows[1]
     page.locator("[data-testid=offers] th button[data-sort=price]").click()  # now descending
     page.wait_for_function(
         "() => document.querySelector('[data-testid=offers] tbody tr').innerText.includes('2.5')"
@@ -408,4 +409,194 @@ def test_recent_matches_when_classes_trade_within_one_second_then_newest_first(
     page.wait_for_selector("[data-testid=live].on")
     page.locator("[data-testid=fills] tbody tr").first.wait_for()
     assert _cells(page, "[data-testid=fills] tbody tr")[0][1:4] == ["cpu-b", "0.35", "10"]
+    page.close()
+
+
+# -- accessibility: WCAG 2.1 AA by axe-core, at phone and desktop widths ------------------------
+
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+AXE_RUN = """async () => {
+  const result = await axe.run(document, {
+    runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]},
+    rules: {"target-size": {enabled: true}},
+  });
+  return result.violations.map(v => ({
+    id: v.id, impact: v.impact, help: v.help,
+    nodes: v.nodes.slice(0, 5).map(n => n.target.join(" ") + ": " + n.failureSummary),
+  }));
+}"""
+
+
+@pytest.mark.parametrize("viewport", {"desktop": (1400, 900), "phone": (375, 812)})
+def test_page_when_checked_by_axe_at_each_width_then_no_wcag_21_aa_violation(
+    server: str, browser: Any, v6e: dict[str, Trader], viewport: str
+) -> None:
+    _seed(server)
+    page = browser.new_page()
+    width = 1400 if viewport == "desktop" else 375
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v6e")
+    page.wait_for_selector("[data-testid=offers] tbody tr")
+    page.wait_for_selector("[data-testid=asks] tbody tr")
+    page.evaluate(AXE.read_text() + "\n;0")  # evaluated, not a <script>: the page's CSP stands
+    violations = page.evaluate(AXE_RUN)
+    assert violations == [], json.dumps(violations, indent=1)
+    page.close()
+
+
+def test_page_at_phone_width_then_targets_reachable_prices_visible_and_labels_say_what(
+    server: str, browser: Any, v6e: dict[str, Trader]
+) -> None:
+    page = browser.new_page()
+    page.set_viewport_size({"width": 375, "height": 812})
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v6e")
+    page.wait_for_selector("[data-testid=offers] tbody tr")
+    tabs = page.eval_on_selector_all(
+        "[data-testid=classes] button",
+        "bs => bs.map(b => [b.dataset.class, b.getAttribute('aria-pressed')])",
+    )
+    assert ["tpu-v6e", "true"] in tabs and all(p in ("true", "false") for _, p in tabs)
+    assert [p for _, p in tabs].count("true") == 1
+    # Every control a finger taps is at least 24 px both ways (links inside a sentence aside).
+    small = page.evaluate(
+        """() => [...document.querySelectorAll('button, input, select, .scroll')]
+          .map(e => [e.name || e.dataset.sort || e.dataset.class || e.className,
+                     e.getBoundingClientRect()])
+          .filter(([, r]) => r.width && (r.width < 24 || r.height < 24))
+          .map(([n, r]) => `${n} ${Math.round(r.width)}x${Math.round(r.height)}`)"""
+    )
+    assert small == []
+    # The first offer's price is on screen without scrolling sideways.
+    price = page.locator("[data-testid=offers] tbody tr td.price").first.bounding_box()
+    assert price is not None and price["x"] >= 0 and price["x"] + price["width"] <= 375
+    # Each table's scroll box takes the keyboard's focus.
+    for box in page.locator(".scroll").all():
+        assert box.get_attribute("tabindex") == "0" and box.get_attribute("aria-label")
+    # The red of asks on a card reads at 4.5:1 or more.
+    ratio = page.evaluate(
+        """() => {
+          const lum = (c) => { const v = c.match(/\\d+/g).slice(0, 3).map(Number).map(x => x / 255)
+            .map(x => x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4);
+            return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+          const cell = document.querySelector('tr.ask td.price');
+          const card = getComputedStyle(document.querySelector('.card')).backgroundColor;
+          const a = lum(getComputedStyle(cell).color), b = lum(card);
+          return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+        }"""
+    )
+    assert ratio >= 4.5
+    bid_heads = _cells(page, "[data-testid=bids] thead tr")  # th cells are cells too
+    assert bid_heads[0][3:5] == ["needs SLO ≤", "needs memory ≥"]
+    assert _cells(page, "[data-testid=asks] thead tr")[0][3:5] == ["offers SLO ≤", "offers memory"]
+    assert page.locator("[data-testid=offers] thead th").first.inner_text() == "take the offer"
+    # The Market card explains a best bid above the best ask that cannot trade.
+    quote = page.locator("#stat-quote").inner_text()
+    assert quote.startswith("2 / 1.2 (mixed terms") and "cannot trade" in quote
+    for chart in ("depth-chart", "history-chart"):
+        label = page.locator(f"[data-testid={chart}]").get_attribute("aria-label")
+        assert page.locator(f"[data-testid={chart}]").get_attribute("role") == "img"
+        assert label and ("units" in label or "no " in label), label
+    assert "bids 2 units from 2 to 2 tokens" in (
+        page.locator("[data-testid=depth-chart]").get_attribute("aria-label") or ""
+    )
+    page.close()
+
+
+def _offers_after(page: Any, count: int) -> list[str]:
+    page.wait_for_function(
+        f"() => document.querySelectorAll('[data-testid=offers] tbody tr').length === {count}"
+    )
+    return _offer_rows(page)
+
+
+def test_offer_filters_when_typed_wrong_then_said_and_by_provider_and_device_kind(
+    server: str, browser: Any, v6e: dict[str, Trader]
+) -> None:
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "tpu-v6e")
+    _offers_after(page, 2)
+    filters = page.locator("[data-testid=offer-filters]")
+    price = filters.locator("input[name=max_price_tokens]")
+    price.fill("1.5")
+    price.press("Tab")
+    assert "1.2" in _offers_after(page, 1)[0]
+    assert "1 offer" in page.locator("[data-testid=announce]").inner_text()
+    price.fill("1e-3")  # 0.001 tokens: no offer that cheap (it was silently ignored)
+    price.press("Tab")
+    _offers_after(page, 0)
+    assert price.get_attribute("aria-invalid") is None
+    price.fill("-1")
+    price.press("Tab")
+    errors = page.locator("[data-testid=filter-errors]")
+    errors.get_by_text("must not be negative").wait_for()
+    assert price.get_attribute("aria-invalid") == "true"
+    assert "price ≤: “-1” must not be negative; not applied" in errors.inner_text()
+    _offers_after(page, 2)  # not applied: both offers
+    price.fill("abc")
+    price.press("Tab")
+    errors.get_by_text("is not a number").wait_for()
+    reliability = filters.locator("input[name=min_reliability_pct]")
+    reliability.fill("150")
+    reliability.press("Tab")
+    errors.get_by_text("must be at most 100").wait_for()
+    price.fill("")
+    reliability.fill("")
+    reliability.press("Tab")
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=filter-errors]').innerText.trim()"
+    )
+    filters.locator("select[name=device_kind]").select_option("TPU v6e spot")
+    [spot] = _offers_after(page, 1)
+    assert v6e["spot"].address[-4:] in spot
+    filters.locator("select[name=device_kind]").select_option("")
+    _offers_after(page, 2)
+    filters.locator("select[name=provider]").select_option(v6e["fast"].address)
+    [fast] = _offers_after(page, 1)
+    assert v6e["fast"].address[-4:] in fast and "2.5" in fast
+    page.close()
+
+
+HOSTILE_KIND = '<img src=x onerror="document.title=1">\u202e TPU'
+HOSTILE_URLS = (
+    "javascript:document.title='pwned'",
+    "data:text/html,<b>x</b>",
+    "https://ok.example:8443/",
+)
+
+
+def test_page_when_the_api_serves_hostile_provider_strings_then_text_and_http_links_only(
+    server: str, browser: Any, v6e: dict[str, Trader]
+) -> None:
+    """The page is checked on its own: the overview it reads is replaced by one whose
+    provider strings are hostile (the API refuses them: `test_adverts.py`)."""
+    page = browser.new_page()
+    overview = httpx.get(server + "/v1/overview", timeout=10).json()
+    base = overview["providers"][0]
+    overview["providers"] = [
+        base | {"address": "0x" + f"{i:040x}", "device_kind": HOSTILE_KIND, "endpoint": url}
+        for i, url in enumerate(HOSTILE_URLS)
+    ]
+
+    def serve(route: Any) -> None:
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(overview))
+
+    page.route("**/v1/overview", serve)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(server + "/")
+    table = page.locator("[data-testid=providers]")
+    table.locator("tbody tr").nth(2).wait_for()
+    assert table.locator("img").count() == 0
+    assert page.title() != "1" and page.title() != "pwned"
+    assert table.inner_text().count("<img src=x") == 3  # shown as text
+    links = table.locator("a").all()
+    assert [link.get_attribute("href") for link in links] == ["https://ok.example:8443/"]
+    assert "javascript:document.title='pwned'" in table.inner_text()
+    assert errors == []
     page.close()
