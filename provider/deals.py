@@ -16,10 +16,13 @@ What a stranger's made-up deal id costs (issue 22, item 4):
   ``max_waiting`` lookups wait for one; beyond, a lookup is refused at once with
   ``chain_busy`` (503, ``Retry-After``). Lookups of the same id share one read.
 - **No read for an id already found missing**: a not-found answer is kept for
-  ``negative_ttl_s`` (default half the cache's TTL: 1 s) in a map bounded to ``max_negative`` ids, oldest dropped
-  first. Id 0 and ids of 2**64 or above are never read (the escrow numbers deals from 1).
-  A deal opened within ``negative_ttl_s`` after someone asked for its id is refused as
-  ``deal_not_found`` until the entry lapses.
+  ``negative_ttl_s`` (default half the cache's TTL: 1 s) in a map bounded to ``max_negative``
+  ids, oldest dropped first. Id 0 and ids of 2**64 or above are never read (the escrow numbers
+  deals from 1).
+- **No false "missing" for the next deals.** Deals are numbered in order, so a stranger could
+  ask for the next ids every second to have a deal refused just after it opens. An id within
+  :data:`FRONTIER_IDS` above the highest deal seen is answered from the negative map as
+  ``deal_not_found_recently`` (503, ``Retry-After``: clients retry) rather than a final 404.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ MAX_DEAL_ID = 2**64
 """No deal id reaches this (the escrow counts deals from 1): larger ids are never read."""
 MAX_NEGATIVE = 4096
 MAX_READS = 4
+FRONTIER_IDS = 1_024
+"""Ids this far above the highest deal seen may be opened any moment (see the module doc)."""
 MAX_WAITING = 64
 
 
@@ -84,6 +89,7 @@ class DealCache:
         self._negative_ttl_s = ttl_s / 2 if negative_ttl_s is None else negative_ttl_s
         self._max_negative = max_negative
         self._missing: OrderedDict[int, float] = OrderedDict()  # id -> when found missing
+        self._highest = 0  # the highest deal id read
         self._lock = threading.Lock()
         self._refreshing: set[int] = set()
         self._reading: dict[int, Future[DealState]] = {}  # one read per id at a time
@@ -159,6 +165,11 @@ class DealCache:
             return None
         missing_at = self._missing.get(deal_id)
         if missing_at is not None and self._clock() - missing_at < self._negative_ttl_s:
+            if deal_id <= self._highest + FRONTIER_IDS:
+                raise RejectedError(
+                    "deal_not_found_recently",
+                    f"deal {deal_id} did not exist {self._negative_ttl_s:g} s ago; retry",
+                )
             raise RejectedError("deal_not_found", f"deal {deal_id} does not exist")
         return None
 
@@ -182,6 +193,7 @@ class DealCache:
             self.reads += 1
             self._deals[deal_id] = CachedDeal(state, self._clock())
             self._missing.pop(deal_id, None)
+            self._highest = max(self._highest, deal_id)
         return state
 
     def _refresh_in_background(self, deal_id: int) -> None:

@@ -22,6 +22,9 @@ log = logging.getLogger("provider.api")
 
 STATUS_BY_CODE: Final[dict[str, int]] = {
     "bad_request": 400,
+    "task_index_out_of_range": 400,
+    "task_index_out_of_order": 400,
+    "counterparty_has_code": 400,
     "access_required": 401,
     "insufficient_budget": 402,
     "access_denied": 403,
@@ -30,6 +33,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "deal_not_found": 404,
     "deal_not_open": 409,
     "deal_expired": 409,
+    "deal_closing": 409,
     "window_too_short": 409,
     "unknown_plan": 409,
     "task_index_used": 409,
@@ -58,6 +62,7 @@ STATUS_BY_CODE: Final[dict[str, int]] = {
     "voucher_leaves_cap_short": 422,
     "chain_unavailable": 503,
     "chain_busy": 503,
+    "deal_not_found_recently": 503,
     "too_many_requests": 429,
     "overloaded": 503,
     "storage_full": 503,
@@ -80,11 +85,25 @@ def error_body(code: str, reason: str) -> dict[str, str]:
     return {"error": code, "reason": reason}
 
 
+UNKNOWN_CODE_STATUS: Final = 500
+"""The status of a code `STATUS_BY_CODE` lacks: a server error (a code added where it is raised
+and not here is the server's fault, never the caller's), logged."""
+
+
+def status_of(code: str) -> int:
+    """Return the HTTP status of an error code; an unknown code is a 500, logged."""
+    status = STATUS_BY_CODE.get(code)
+    if status is None:
+        log.error("error code %r has no HTTP status: answered 500", code)
+        return UNKNOWN_CODE_STATUS
+    return status
+
+
 def render(
     code: str, reason: str, *, retry_after: float | None = None
 ) -> tuple[int, dict[str, str], dict[str, str]]:
     """Return the status, body and headers of an error answer (see the module docstring)."""
-    status = STATUS_BY_CODE.get(code, 400)
+    status = status_of(code)
     headers: dict[str, str] = {}
     if status >= 500 and (code in SERVER_REASONS or status != 503):
         reason = SERVER_REASONS.get(code, SERVER_REASONS["internal_error"])
@@ -103,7 +122,7 @@ def rejected_answer(exc: Exception) -> tuple[int, dict[str, str], dict[str, str]
         code, reason = "provider_error", str(exc)
     else:
         code, reason = "internal_error", "internal error"
-    if STATUS_BY_CODE.get(code, 400) >= 500:
+    if STATUS_BY_CODE.get(code, UNKNOWN_CODE_STATUS) >= 500:
         log.warning("request failed", extra={"code": code}, exc_info=exc)
     return render(code, reason)
 

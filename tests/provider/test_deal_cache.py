@@ -63,3 +63,24 @@ def test_missing_ids_when_asked_again_then_answered_without_a_read_until_they_la
         assert cache.get(deal_id) is state and cache.reads == 8  # cached: no read
     finally:
         cache.close()
+
+
+def test_next_deal_id_when_asked_before_it_opens_then_retryable_never_a_final_not_found(
+    chain_world: ChainWorld,
+) -> None:
+    clock = Clock()
+    cache = DealCache(chain_world.escrow, {PLAN.struct_hash(): PLAN}, ttl_s=2.0, clock=clock)
+    try:
+        asyncio.run(cache.aget(chain_world.open_deal()))  # the highest deal seen
+        upcoming = chain_world.escrow.deal_count() + 1
+        assert _missing(cache, upcoming) == "deal_not_found"  # read: not opened yet
+        assert _missing(cache, upcoming) == "deal_not_found_recently"  # from the map
+        reads = cache.reads
+        assert chain_world.open_deal() == upcoming
+        assert _missing(cache, upcoming) == "deal_not_found_recently"  # 503: the client retries
+        assert cache.reads == reads
+        clock.now += 1.0  # by the retry (Retry-After 2 s) the entry has lapsed
+        assert asyncio.run(cache.aget(upcoming)).expiry > 0
+        assert cache.reads == reads + 1
+    finally:
+        cache.close()
