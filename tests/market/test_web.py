@@ -13,7 +13,7 @@ import pytest
 from sqlmodel import Session
 
 from market.database import database_url, make_engine
-from market.models import ChainDeal, Deal, ProviderClient
+from market.models import ChainDeal, Deal, Provider, ProviderClient
 
 from .server import ROOT, market_server
 from .signing import Trader
@@ -599,4 +599,43 @@ def test_page_when_the_api_serves_hostile_provider_strings_then_text_and_http_li
     assert [link.get_attribute("href") for link in links] == ["https://ok.example:8443/"]
     assert "javascript:document.title='pwned'" in table.inner_text()
     assert errors == []
+    page.close()
+
+
+def test_hostile_adverts_when_posted_then_refused_and_an_older_row_shows_as_plain_text(
+    server: str, data_dir: Path, browser: Any
+) -> None:
+    """Over real HTTP: each hostile advert is refused naming its field; a row stored before
+    the rule (written to the database here) reaches the API and the page defused."""
+    attacker = Trader()
+    now = int(time.time())
+    for field, value in (
+        ("device_kind", '<img src=x onerror="document.title=1">'),
+        ("device_kind", "TPU\u202e\x1b[31m"),
+        ("endpoint", "javascript:document.title='pwned'"),
+    ):
+        body = attacker.heartbeat(now, device_class="cpu-x", **{field: value})
+        response = httpx.post(server + "/v1/providers/heartbeat", json=body, timeout=10)
+        assert response.status_code == 422
+        assert response.json()["problems"][0]["loc"] == ["body", "advert", field]
+    _post(server, "/v1/providers/heartbeat", attacker.heartbeat(now, device_class="cpu-x"))
+    engine = make_engine(url=database_url(data_dir=data_dir, url=None))
+    with Session(engine) as session:
+        row = session.get(Provider, attacker.address)
+        assert row is not None
+        row.device_kind = '<img src=x onerror="document.title=1">'
+        row.endpoint = "javascript:document.title='pwned'"
+        session.add(row)
+        session.commit()
+    engine.dispose()
+    listed = {p["address"]: p for p in httpx.get(server + "/v1/providers", timeout=10).json()}
+    shown = listed[attacker.address]
+    assert shown["endpoint"] == "" and shown["device_kind"].startswith("\ufffdimg src=x")
+    page = browser.new_page()
+    page.goto(server + "/")
+    row_shown = page.locator("[data-testid=providers] tbody tr", has_text=attacker.address[-4:])
+    row_shown.wait_for()
+    assert row_shown.locator("img, a").count() == 0
+    assert "\ufffdimg src=x" in row_shown.inner_text()
+    assert page.title() not in ("1", "pwned")
     page.close()
