@@ -100,12 +100,18 @@ def error_response(
     return JSONResponse(body, status_code=status, **kw)
 
 
+UNKNOWN_KIND_STATUS = 500
+"""The status of a market error no rule of `STATUS` names: a server error (a kind added where it
+is raised and not here is the server's fault, never the caller's), logged."""
+
+
 def status_of(exc: MarketError) -> int:
-    """Return the HTTP status of a market error (400 if no rule names it)."""
+    """Return the HTTP status of a market error; a kind no rule names is a 500, logged."""
     for kind, status in STATUS:
         if isinstance(exc, kind):
             return status
-    return 400
+    log.error("%s has no HTTP status: answered 500", type(exc).__name__)
+    return UNKNOWN_KIND_STATUS
 
 
 def retry_after_s(exc: RateLimitedError) -> int:
