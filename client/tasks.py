@@ -13,6 +13,7 @@ from client.provider_http import TaskView
 from contracts.binding import TASK_CLAIMED, TASK_REFUNDED, TASK_VOUCHED, Escrow
 from contracts.messages import Ack, Receipt, TaskRequest
 from contracts.program import ProgramEnvelope, request_input_hash
+from contracts.settle_by import settle_by as settle_by  # the one copy, shared with the daemon
 
 DEADLINE_SLACK_S = 2
 """Seconds a request's deadline adds to the SLO, for transit and clock skew (agreed protocol)."""
@@ -26,11 +27,6 @@ CHAIN_STATES: dict[int, ChainState] = {
 def request_deadline(now: float, slo_ms: int, slack_s: int = DEADLINE_SLACK_S) -> int:
     """Return the deadline a request sent at ``now`` carries: ``now + ceil(slo) + slack``."""
     return int(now) + math.ceil(slo_ms / 1000) + slack_s
-
-
-def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
-    """Return a task's settlement instant: claimable until it, refundable only after it."""
-    return min(deadline, expiry) + challenge_window
 
 
 def chain_states(

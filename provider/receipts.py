@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from contracts.messages import KIND_COMPILE, STATUS_SUCCESS, Plan, Receipt, TaskRequest, Voucher
 from contracts.pricing import price
+from contracts.settle_by import settle_by as settle_by  # the one copy, used by the settlement jobs
 from provider.diagnosis import Diagnosis
 from provider.lifecycle import SettlementAction, TaskState
 from provider.sandbox.results import CompileResult, InferenceResult, TaskFailure
@@ -178,15 +179,6 @@ def voucher_tasks(voucher: Voucher) -> list[int]:
             word >>= 1
             bit += 1
     return out
-
-
-def settle_by(deadline: int, expiry: int, challenge_window: int) -> int:
-    """Return a task's settlement instant, as the escrow computes it.
-
-    Until it (inclusive) the provider may claim the task; after it the client may refund it.
-    The deadline counts at most up to the deal's expiry.
-    """
-    return min(deadline, expiry) + challenge_window
 
 
 # ---- the deal's cap: every acked task stays payable ------------------------------------------
