@@ -32,8 +32,14 @@ The last line of stdout is one JSON object: ``tasks_acked``, ``tasks_paid``,
 more than one task index, from the escrow's events and the requests the daemons journaled),
 then durations, fault counts and details.
 
+With ``--reorgs`` the chain mines a block each second and, while the workload and the
+settlement run, reorgs of
+1-5 blocks and dropped transactions are injected (``scripts/soak_chain_faults.py``); every
+process counts a transaction done 6 blocks deep, and the JSON adds ``reorgs_injected`` and
+``txs_dropped_resent`` (dropped transactions whose sender and nonce the chain holds at the end).
+
 Usage: scripts/soak [--tasks N] [--batch N] [--freeze-s S] [--window S] [--rounds N]
-                    [--faults F,...] [--work-dir DIR]   (logs and journals are kept there)
+                    [--faults F,...] [--reorgs] [--work-dir DIR]   (logs, journals kept there)
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ sys.path.insert(0, str(REPO))
 from contracts.messages import ZERO_ADDRESS  # noqa: E402
 from contracts.pricing import flat  # noqa: E402
 from contracts.program import encode_arrays, encode_envelope  # noqa: E402
+from scripts.soak_chain_faults import MAX_DEPTH, ChainFaults  # noqa: E402
 from tests.e2e.audit import audit, read_chain, read_journal  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402
     UNIT,
@@ -192,6 +199,7 @@ class Soak:
             "TPUMARKET_RPC_URL": self.st.rpc_url,
             "TPUMARKET_ESCROW": self.st.escrow.address,
             "TPUMARKET_CLIENT_KEY": self.st.client,
+            "TPUMARKET_CONFIRMATIONS": str(self.st.confirmations),
         }
 
     def start(self, deal: Deal, action: str, extra: list[str]) -> ClientRun:
@@ -543,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--late-fraction", type=float, default=0.05, help="share of p2's tasks made late"
     )
+    parser.add_argument(
+        "--reorgs",
+        action="store_true",
+        help="anvil mines a block each second; reorgs of 1-5 blocks and dropped transactions are "
+        "injected while the workload runs; every process counts a transaction done 6 blocks deep",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir")
     args = parser.parse_args(argv)
@@ -555,7 +569,17 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tpumarket-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     say(f"work dir {work}")
-    with stack(work, market=True, min_challenge_window=args.window) as st, _log(work) as log:
+    chain_faults = None
+    with (
+        stack(
+            work,
+            market=True,
+            min_challenge_window=args.window,
+            block_time=1 if args.reorgs else None,
+            confirmations=MAX_DEPTH + 1 if args.reorgs else 1,
+        ) as st,
+        _log(work) as log,
+    ):
         soak = Soak(args, st, work, log=log)
         for name in PLANS:  # both daemons start at once
             st.start_provider(name, PLANS[name], slo_ms=SLO_MS[name], wait=False)
@@ -567,18 +591,25 @@ def main(argv: list[str] | None = None) -> int:
         files = write_inputs(soak)
         setup_s = time.monotonic() - started
         plan = schedule(batches, faults, args.rounds)
+        if args.reorgs:
+            chain_faults = ChainFaults(st.rpc_url, seed=args.seed)
+            chain_faults.start()
         for number in range(batches):
             deal = soak.deals[number % len(soak.deals)]
             chunk = files[number * args.batch : (number + 1) * args.batch]
             run_batch(soak, number, deal, chunk, plan.get(number))
         workload_s = time.monotonic() - started - setup_s
-        end = settle_all(soak)
+        end = settle_all(soak)  # vouchers, claims, refunds and closes: still under faults
+        if chain_faults is not None:
+            chain_faults.stop()
         for process in reversed(st.processes):
             process.stop()
         journals = [work / p.name / JOURNAL for p in st.providers]
         result = audit(st.escrow, st.token, journals, client_acked=client_acks(soak))
         figures = result.figures()
         figures["inputs_paid_twice"] = inputs_paid_twice(soak, journals)
+        if chain_faults is not None:
+            figures.update(chain_faults.figures())
         figures.update(end)
         figures.update(
             {

@@ -26,6 +26,7 @@ from contracts.binding import Chain, Escrow, Token
 from contracts.chain import Anvil, free_port
 from contracts.messages import ZERO_ADDRESS, Plan, Quote, address_of
 from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
+from contracts.tx_policy import TxPolicy
 from tests import processes
 from tests.polling import wait_until
 
@@ -131,6 +132,7 @@ class Stack:
     spare_keys: list[str]
     work: Path
     market_url: str | None = None
+    confirmations: int = 1
     processes: list[Process] = field(default_factory=list)
     providers: list[Provider] = field(default_factory=list)
 
@@ -149,7 +151,10 @@ class Stack:
             "market",
             ["-m", "market.cli", "market", "serve", *flags],
             self.work / "market.log",
-            {"DATABASE_URL": ""},
+            {
+                "DATABASE_URL": "",
+                "TPUMARKET_MARKET_INDEX_CONFIRMATIONS": str(self.confirmations - 1),
+            },
         )
         self.processes.append(process)
         process.start()
@@ -179,6 +184,8 @@ class Stack:
         # Redeem every voucher at once; settle every second, allowing 2 s per transaction: the
         # daemon then serves windows from (1 + 2) / 0.5 = 6 s (MIN_WINDOW is 10).
         jobs: dict[str, float] = {"redeem_threshold": 1, "interval_s": 1, "tx_allowance_s": 2}
+        if self.confirmations > 1:  # each transaction waits for its confirmations
+            jobs.update(confirmations=self.confirmations, tx_allowance_s=2 * self.confirmations)
         jobs.update(settlement or {})
         lines = [
             f'rpc_url = "{self.rpc_url}"',
@@ -269,18 +276,29 @@ class Stack:
 
 @contextlib.contextmanager
 def stack(
-    work: Path, *, market: bool = False, min_challenge_window: int = MIN_WINDOW
+    work: Path,
+    *,
+    market: bool = False,
+    min_challenge_window: int = MIN_WINDOW,
+    block_time: float | None = None,
+    confirmations: int = 1,
 ) -> Iterator[Stack]:
-    """Start anvil, deploy, fund the client's wallet; stop everything after."""
-    anvil = Anvil.start(accounts=10)
+    """Start anvil, deploy, fund the client's wallet; stop everything after.
+
+    With `block_time` the chain mines a block that often (not on each transaction) and keeps
+    its history, so reorgs can be injected (`anvil_reorg`); every process then counts a
+    transaction done, and the market indexes a block, only `confirmations` blocks deep.
+    """
+    anvil = Anvil.start(accounts=10, block_time=block_time, keep_history=block_time is not None)
     try:
-        chain = Chain(anvil.url)
+        chain = Chain(anvil.url, policy=TxPolicy(confirmations=confirmations))
         keys = anvil.keys
         deployment = chain.deploy(keys[0], min_challenge_window=min_challenge_window)
         escrow, token = chain.escrow(deployment.escrow), chain.token(deployment.token)
         token.mint(keys[0], address_of(keys[1]), CLIENT_FUNDS)
         token.approve(keys[1], escrow.address, 2**256 - 1)
         built = Stack(anvil, chain, escrow, token, keys[0], keys[1], keys[2], keys[3:], work)
+        built.confirmations = confirmations
     except BaseException:
         anvil.stop()
         raise
