@@ -155,18 +155,12 @@ class Daemon:
             self.lock.release()
             raise
         self.service = TaskService(
-            private_key=config.private_key,
-            address=self.address,
+            config,
             domain=self.domain,
             journal=self.journal,
             deals=self.deals,
             sandbox=self.sandbox,
-            slo_s=config.slo_s,
-            workers=config.pool_size,
             metrics=self.metrics,
-            settlement=config.settlement,
-            max_envelope_bytes=config.max_envelope_bytes,
-            output_memory_bytes=config.output_memory_bytes,
             clock=self.clock.now,
             refresh_settled=self._refresh_settled,
         )

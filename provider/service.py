@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from contracts.messages import Ack, Domain, Plan, TaskRequest
-from provider.config import SettlementConfig
+from provider.config import ProviderConfig
 from provider.counterparty import CounterpartyCode, chain_code
 from provider.deal_budget import DealBudget
 from provider.deals import DealCache
@@ -75,62 +75,52 @@ class TaskService:
 
     def __init__(
         self,
+        config: ProviderConfig,
         *,
-        private_key: str,
-        address: str,
         domain: Domain,
         journal: Journal,
         deals: DealCache,
         sandbox: Sandbox,
-        slo_s: int,
-        workers: int,
         metrics: ProviderMetrics,
-        settlement: SettlementConfig | None = None,
-        max_envelope_bytes: int = 256 * 1024 * 1024,
         clock: Callable[[], float] = time.time,
         refresh_settled: Callable[[int], None] | None = None,
-        output_memory_bytes: int | None = None,
         counterparty: CounterpartyCode | None = None,
-        allow_counterparty_code: bool = False,
     ) -> None:
         """Wire the service; :meth:`recover` re-runs what a previous process left unfinished.
 
-        ``clock`` is the daemon's time (:class:`provider.clock.ChainClock`); ``settlement``
-        says which challenge windows the settlement jobs can meet; ``refresh_settled(deal)``
-        reads the chain's settlement of a deal's overdue tasks before a budget refusal.
-        ``output_memory_bytes`` bounds the delivered outputs kept in memory (default:
-        :func:`provider.output_memory.output_memory_budget`). ``counterparty`` judges the
-        code of deals' clients (by default read through the deals' escrow; contract wallets
-        refused unless ``allow_counterparty_code``).
+        ``config`` is the provider's settings, read where each is used: the key, the SLO, the
+        worker pool, the envelope cap, the output memory (``output_memory_bytes``, default
+        :func:`provider.output_memory.output_memory_budget`) and ``settlement`` (which challenge
+        windows the settlement jobs can meet). The rest are the parts it runs with: ``clock``
+        is the daemon's time (:class:`provider.clock.ChainClock`); ``refresh_settled(deal)``
+        reads the chain's settlement of a deal's overdue tasks before a budget refusal;
+        ``counterparty`` judges the code of deals' clients (by default read through the deals'
+        escrow, contract wallets refused).
         """
-        self.address = address
+        self.config = config
+        self.address = config.address
         self.domain = domain
         self.journal = journal
         self.deals = deals
         self.sandbox = sandbox
-        self.slo_s = slo_s
         self.metrics = metrics
-        self.settlement = settlement or SettlementConfig()
-        self.max_envelope_bytes = max_envelope_bytes
         self._clock = clock
-        self._signer = DomainSigner(private_key, domain)
+        self._signer = DomainSigner(config.private_key, domain)
         self._acked = {k: metrics.tasks_acked.labels(name) for k, name in KIND_NAMES.items()}
         self._lock = threading.Lock()
-        self.outputs = OutputMemory(
-            output_memory_budget() if output_memory_bytes is None else output_memory_bytes
-        )
+        memory = config.output_memory_bytes
+        self.outputs = OutputMemory(output_memory_budget() if memory is None else memory)
         self.checks = TaskChecks(
-            address=address,
+            address=self.address,
             domain=domain,
             deals=deals,
             sandbox=sandbox,
             signer=self._signer,
-            slo_s=slo_s,
-            settlement=self.settlement,
-            max_envelope_bytes=max_envelope_bytes,
+            slo_s=config.slo_s,
+            settlement=config.settlement,
+            max_envelope_bytes=config.max_envelope_bytes,
             metrics=metrics,
-            counterparty=counterparty
-            or CounterpartyCode(chain_code(deals.escrow.tx.w3), allow_code=allow_counterparty_code),
+            counterparty=counterparty or CounterpartyCode(chain_code(deals.escrow.tx.w3)),
         )
         self.check_request = self.checks.check_request
         self.order = IndexOrder(self._acked_indexes)
@@ -146,11 +136,11 @@ class TaskService:
             signer=self._signer,
             outputs=self.outputs,
             metrics=metrics,
-            workers=workers,
+            workers=config.pool_size,
             clock=clock,
         )
         self.vouchers = VoucherDesk(
-            address=address,
+            address=self.address,
             domain=domain,
             journal=journal,
             deals=deals,
