@@ -306,6 +306,43 @@ def test_expire_forgets_every_order_past_its_expiry_so_memory_holds_the_window(
     assert restored.records() == engine.records()
 
 
+def test_release_when_orders_filled_or_cancelled_then_only_live_ones_stay_remembered(
+    engine: MatchingEngine,
+) -> None:
+    engine.place(ask("a1", quantity=5, expiry=NOW + 10), now=NOW)
+    engine.place(ask("a2", price=150, expiry=NOW + 20), now=NOW)
+    engine.place(bid("b1", quantity=5), now=NOW)  # fills a1 and itself
+    engine.place(bid("b2", price=90, quantity=3), now=NOW)
+    engine.cancel("a2")
+    assert engine.record("a1").state is OrderState.FILLED  # kept until released
+    assert sorted(engine.release()) == ["a1", "a2", "b1"]
+    assert engine.release() == []
+    assert [r.order_id for r in engine.records()] == ["b2"]
+    with pytest.raises(UnknownOrderError):
+        engine.record("a1")
+    restored = MatchingEngine.restore(engine.snapshot())
+    assert restored.records() == engine.records()
+    # What stays live trades on, in both, and an expiry after a release finds nothing stale.
+    for e in (engine, restored):
+        assert trades(e.place(ask("a3", price=90, quantity=3), now=NOW + 1)) == [
+            ("b2", "a3", 90, 3)
+        ]
+        assert e.expire(NOW + 3_600) == []
+        assert len(e) == 2  # b2 and a3: filled, not yet released
+
+
+def test_release_when_many_orders_die_then_memory_follows_the_live_book(
+    engine: MatchingEngine,
+) -> None:
+    for i in range(2_000):  # every pair fills at once, each with its own expiry
+        engine.place(ask(f"a{i}", expiry=NOW + 100 + i), now=NOW)
+        engine.place(bid(f"b{i}", expiry=NOW + 100 + i), now=NOW)
+        engine.release()
+    engine.place(bid("resting", price=1), now=NOW)
+    assert len(engine) == 1
+    assert len(engine.snapshot()["orders"]) == 1
+
+
 def test_expire_when_partially_filled_then_expired_quantity_is_the_remainder(
     engine: MatchingEngine,
 ) -> None:
