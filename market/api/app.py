@@ -21,6 +21,7 @@ from market.api.deps import limit_ip
 from market.api.fast import FastOrders, MarketApp
 from market.api.limits import BodySizeLimit, SecurityHeaders
 from market.api.routes import arbiters, book, deals, orders, providers, stream
+from market.arbiters import ArbiterAdvertCreate
 from market.indexer import Indexer
 from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
@@ -100,7 +101,15 @@ def create_app(
     for module in (orders, deals, providers, arbiters, book, stream):
         app.include_router(module.router, dependencies=limited)
     # The bodies the routes read themselves (`market.api.body`), published all the same.
-    publish_schemas(app, OrderCreate, OrderBatch, CancelCreate, HeartbeatCreate, QuoteAttach)
+    publish_schemas(
+        app,
+        OrderCreate,
+        OrderBatch,
+        CancelCreate,
+        HeartbeatCreate,
+        QuoteAttach,
+        ArbiterAdvertCreate,
+    )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(SecurityHeaders)
     if fast_orders:

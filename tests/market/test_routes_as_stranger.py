@@ -79,6 +79,10 @@ def _sample(schema: dict[str, Any], document: dict[str, Any]) -> Any:
     """Return a well-typed value of `schema` (patterns from `SAMPLES_BY_PATTERN`)."""
     schema = _resolve(schema, document)
     kind = schema.get("type")
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
     if kind == "object":
         props = schema.get("properties", {})
         return {name: _sample(sub, document) for name, sub in props.items()}
@@ -90,6 +94,8 @@ def _sample(schema: dict[str, Any], document: dict[str, Any]) -> Any:
         return 1.0
     if kind == "boolean":
         return False
+    if kind == "string" and "pattern" not in schema and "default" in schema:
+        return schema["default"]  # a well-formed value where the field has rules (an endpoint)
     return SAMPLES_BY_PATTERN.get(schema.get("pattern", ""), "sample")
 
 
