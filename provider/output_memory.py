@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from provider.errors import ConfigError
 from provider.journal import Key
@@ -18,7 +19,8 @@ OUTPUT_MEMORY_ENV = "TPUMARKET_PROVIDER_OUTPUT_MEMORY_BYTES"
 class OutputMemory:
     """Delivered outputs kept in memory for the answers that follow, within a byte budget.
 
-    Every delivered output is journaled (on disk, in the data dir) with its receipt; this keeps
+    Every delivered output is journaled (on disk, in the data dir) with its receipt until the
+    task is settled (then pruned, and dropped here too: :meth:`discard`); this keeps
     the most recent ones in memory so the answer to ``wait=`` and the first fetch skip the
     journal. Oldest first out once the budget (or ``max_items``) is full; an output larger than
     a quarter of the budget is never kept (it is read back from the journal). Thread-safe.
@@ -52,6 +54,14 @@ class OutputMemory:
                 self.held_bytes -= len(dropped)
                 self.evicted += 1
             return True
+
+    def discard(self, deal_id: int, indexes: Iterable[int]) -> None:
+        """Drop the outputs of a deal's tasks (pruned from the journal once settled)."""
+        with self._lock:
+            for index in indexes:
+                dropped = self._items.pop((deal_id, index), None)
+                if dropped is not None:
+                    self.held_bytes -= len(dropped)
 
     def get(self, key: Key) -> bytes | None:
         """Return the outputs of task ``key`` if they are in memory."""

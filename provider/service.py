@@ -110,6 +110,7 @@ class TaskService:
         self._lock = threading.Lock()
         memory = config.output_memory_bytes
         self.outputs = OutputMemory(output_memory_budget() if memory is None else memory)
+        journal.on_prune(self.outputs.discard)  # settled outputs leave memory with the journal
         self.checks = TaskChecks(
             address=self.address,
             domain=domain,

@@ -31,7 +31,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from provider.errors import RejectedError
 from provider.journal.records import DealBook, Key
@@ -94,9 +94,16 @@ class Retention:
     _deals: dict[int, DealBook]
     _blobs: set[bytes]
     _charged: dict[int, int]
+    _prune_listeners: list[Callable[[int, list[int]], object]]
+
+    def on_prune(self, listener: Callable[[int, list[int]], object]) -> None:
+        """Call ``listener(deal_id, indexes)`` after each prune commits (to drop copies kept
+        elsewhere, such as outputs in memory)."""
+        self._prune_listeners.append(listener)
 
     def _load_retention(self) -> None:
         """Count the charged bytes each deal holds (at open)."""
+        self._prune_listeners = []
         self._charged = {
             int(deal): int(total)
             for deal, total in self._db.execute(
@@ -211,6 +218,8 @@ class Retention:
             "task data pruned",
             extra={"deal": deal_id, "tasks": len(todo), "bytes": released, "reason": reason},
         )
+        for listener in self._prune_listeners:
+            listener(deal_id, todo)
         return todo
 
     def _has_receipt(self, deal: str, index: int) -> bool:

@@ -33,6 +33,7 @@ from contracts.program import ProducerVersions, ProgramEnvelope, encode_envelope
 from provider.errors import JournalError
 from provider.journal import AckRecord, Journal, OutputsPrunedError
 from provider.journal.command import verify_journal
+from provider.output_memory import OutputMemory
 from provider.receipts import build_receipt
 from tests import processes
 
@@ -339,3 +340,19 @@ def test_verify_journal_when_kept_outputs_are_changed_then_the_task_fails(tmp_pa
         db.execute("UPDATE task_data SET data = X'00' WHERE part = 'outputs' AND task_index = 1")
     report = verify_journal(path, PROVIDER)
     assert report.problems == ["deal 1 task 1: outputs differ from their receipt"]
+
+
+def test_outputs_in_memory_when_their_task_is_pruned_then_dropped_too(tmp_path: Path) -> None:
+    memory = OutputMemory(1_000_000)
+    journal = open_journal(tmp_path / "journal.sqlite3")
+    try:
+        journal.on_prune(memory.discard)
+        for index in (0, 1):
+            deliver(journal, acknowledge(journal, 1, index, envelope(1, index)), b"out-%d" % index)
+            memory.put((1, index), b"out-%d" % index)
+        voucher = journal.record_voucher(Voucher(1, 500, task_bitmap([0])), b"\x00" * 65)
+        journal.record_settlement(1, "redeem", {"voucher_seq": voucher.seq}, "0x01")
+        assert memory.get((1, 0)) is None and memory.get((1, 1)) == b"out-1"
+        assert memory.held_bytes == len(b"out-1")
+    finally:
+        journal.close()
