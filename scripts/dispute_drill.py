@@ -38,6 +38,7 @@ from client.replicas import (  # noqa: E402
 from contracts.binding import BATCH_PAID, BATCH_REJECTED  # noqa: E402
 from contracts.chain import Anvil  # noqa: E402
 from contracts.evidence import Role  # noqa: E402
+from contracts.messages import address_of  # noqa: E402
 from contracts.program import encode_arrays  # noqa: E402
 from tests.arbiter.drill import (  # noqa: E402
     EVIDENCE_WINDOW_S,
@@ -140,6 +141,34 @@ def replicas_disagree(world: World, arbiter: ArbiterProcess, job: Job) -> Outcom
     return [(replicas[0].deal_id, True), (replicas[1].deal_id, False)]
 
 
+ARBITER_FEE = 20_000
+"""The fee the arbiter charges in the fee case (base units)."""
+
+
+def fee_paid_by_the_loser(world: World, arbiter: ArbiterProcess, job: Job) -> Outcome:
+    # With a fee: the client that disputes a correct delivery pays it from what its dispute
+    # held; the provider whose outputs are altered pays it from the deal's stake.
+    escrow, client = world.escrow, world.clients[0]
+    escrow.set_arbiter_fee(world.arbiter, ARBITER_FEE)
+    escrow.deposit(client, 2 * ARBITER_FEE)  # each dispute holds one fee
+    try:
+        right, _ = dispute(world, arbiter, job, job.outputs)
+        wrong_outputs = altered(job.outputs)
+        wrong, _ = dispute(world, arbiter, job, wrong_outputs)
+    finally:
+        escrow.set_arbiter_fee(world.arbiter, 0)
+    before = escrow.balance_of(address_of(world.arbiter))
+    for deal, outputs in ((right, job.outputs), (wrong, wrong_outputs)):
+        send(world, arbiter, deal, Role.CLIENT_PROGRAM, job.envelope, client)
+        send(world, arbiter, deal, Role.PROVIDER_OUTPUTS, outputs, world.providers[0])
+    for deal in (right, wrong):
+        wait_until(partial(has_ruling, arbiter, deal), 300, "a ruling")
+    paid = escrow.balance_of(address_of(world.arbiter)) - before
+    if paid != 2 * ARBITER_FEE:
+        raise AssertionError(f"the arbiter was paid {paid}, not two fees of {ARBITER_FEE}")
+    return [(right, True), (wrong, False)]
+
+
 def arbiter_killed_mid_case(
     world: World, arbiter: ArbiterProcess, job: Job
 ) -> list[tuple[int, bool]]:
@@ -163,6 +192,7 @@ CASES: list[Case] = [
     provider_never_delivered,
     client_never_answers,
     replicas_disagree,
+    fee_paid_by_the_loser,
     arbiter_killed_mid_case,
 ]
 
