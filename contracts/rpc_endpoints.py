@@ -107,6 +107,11 @@ class FailoverProvider(JSONBaseProvider):
         assert last is not None
         raise last
 
+    @property
+    def endpoint_uri(self) -> str:
+        """Return every endpoint, comma-separated (the RPC URL setting this was made from)."""
+        return ",".join(str(p.endpoint_uri) for p in self.providers)
+
     def is_connected(self, show_traceback: bool = False) -> bool:
         """Return whether any endpoint answers."""
         return any(p.is_connected(show_traceback) for p in self.providers)

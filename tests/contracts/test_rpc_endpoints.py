@@ -53,6 +53,7 @@ def test_an_endpoint_down_at_start_or_mid_run_is_failed_over(node: Anvil) -> Non
         chain = Chain(f"{dead}, {proxy.url}, {node.url}")
         provider = chain.w3.provider
         assert isinstance(provider, FailoverProvider)
+        assert provider.endpoint_uri == f"{dead},{proxy.url},{node.url}"  # what logs name
         assert provider.failovers == 1  # the dead one was passed over at the first request
         key, to = node.keys[0], Account.create().address
         _send(chain, key, to)
