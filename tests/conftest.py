@@ -95,8 +95,17 @@ def pytest_configure(config: pytest.Config) -> None:
     a run of the fast set, make starting any component an error naming the test."""
     processes.install()
     config.pluginmanager.register(_Reaper(), "tpumarket-reaper")
-    if _fast_set(config):
+    if _fast_set(config) and not _xdist_controller(config):
         processes.forbid_components()
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Return whether this process hands the tests to worker processes (`pytest -n N`): it runs
+    none itself, and starting its workers is not a component; each worker keeps the guard."""
+    workers = (
+        config.getoption("numprocesses", None) if config.pluginmanager.has_plugin("xdist") else None
+    )
+    return bool(workers) and not hasattr(config, "workerinput")
 
 
 def _defined_in_tests(obj: object) -> bool:
