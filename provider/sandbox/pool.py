@@ -15,6 +15,7 @@ from provider.diagnosis import Diagnosis, Stage, crash, timeout
 from provider.errors import SandboxClosedError, WorkerStartError
 from provider.sandbox.channel import PipeChannel
 from provider.sandbox.limits import SandboxLimits
+from provider.sandbox.stages import StageClock
 from provider.sandbox.wire import FrameError, Header, pack, unpack
 from provider.sandbox.worker_process import (
     FRAME_OVERHEAD,
@@ -80,6 +81,7 @@ class WorkerPool:
         self._closed = False
         self._waiters: ThreadPoolExecutor | None = None  # async callers waiting for a worker
         self.replacements = 0
+        self.stretched = 0  # stage limits moved to the task's budget: the worker was starved
         self.start_waits = 0  # tasks that found no ready worker while replacements started
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-spawn")
         self._starting = 0  # workers spawned and not yet ready, outside the idle queue
@@ -338,18 +340,21 @@ class WorkerPool:
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request and follow the stage reports; a diagnosis means: retire it."""
         loop = asyncio.get_running_loop()
-        limit, deadline = _bounded(self._first_limit(stage), cutoff, loop.time())
+        clock = StageClock(self.limits, stage, cutoff, loop.time(), worker.process.pid)
         try:
-            await pipe.send(pack(request, payload), deadline)
+            await pipe.send(pack(request, payload), clock.deadline)
         except TimeoutError:
-            return timeout(stage, limit)
+            return timeout(stage, clock.limit)
         except OSError:
             return crash(stage, worker.process.exitcode)
         while True:
             try:
-                header, body = unpack(await pipe.recv(deadline))
+                header, body = unpack(await pipe.recv(clock.deadline))
             except TimeoutError:
-                return timeout(stage, limit)
+                if not clock.overrun(loop.time()):
+                    self.stretched += 1
+                    continue
+                return timeout(clock.stage, clock.limit)
             except FrameError:
                 return crash(stage, None)
             except (EOFError, OSError):
@@ -362,27 +367,11 @@ class WorkerPool:
             try:
                 new_stage = Stage(str(header.get("stage")))
             except ValueError:
-                return crash(stage, None)
-            new_limit = self._stage_limit(stage, new_stage)
-            if new_limit is not None:
-                limit, deadline = _bounded(new_limit, cutoff, loop.time())
+                return crash(clock.stage, None)
+            clock.enter(new_stage, loop.time())
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
-
-    def _first_limit(self, stage: Stage) -> float:
-        """Return the deadline's length for a request that starts at ``stage``."""
-        if stage is Stage.EXECUTE:
-            return self.limits.execute_timeout_s
-        return self.limits.validate_timeout_s
-
-    def _stage_limit(self, stage: Stage, new_stage: Stage) -> float | None:
-        """Return the new deadline's length when the worker enters compile or execute."""
-        if new_stage is Stage.COMPILE and stage is not Stage.COMPILE:
-            return self.limits.compile_timeout_s
-        if new_stage is Stage.EXECUTE and stage is not Stage.EXECUTE:
-            return self.limits.execute_timeout_s
-        return None
 
     def _exchange(
         self,
@@ -393,7 +382,7 @@ class WorkerPool:
         cutoff: float | None = None,
     ) -> tuple[Header, bytes] | Diagnosis:
         """Send one request; follow the worker's stage reports under each stage's deadline."""
-        limit, deadline = _bounded(self._first_limit(stage), cutoff, time.monotonic())
+        clock = StageClock(self.limits, stage, cutoff, time.monotonic(), worker.process.pid)
         try:
             worker.conn.send_bytes(pack(request, payload))
         except OSError:
@@ -401,10 +390,13 @@ class WorkerPool:
             return crash(stage, worker.process.exitcode)
         max_frame = self.limits.max_output_bytes + FRAME_OVERHEAD
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = clock.deadline - time.monotonic()
             if remaining <= 0 or not worker.conn.poll(remaining):
+                if not clock.overrun(time.monotonic()):
+                    self.stretched += 1  # starved by the host's load: on to the budget
+                    continue
                 self._retire(worker, kill=True)
-                return timeout(stage, limit)
+                return timeout(stage, clock.limit)
             try:
                 header, body = unpack(worker.conn.recv_bytes(max_frame))
             except (EOFError, OSError, FrameError):
@@ -419,9 +411,7 @@ class WorkerPool:
             except ValueError:
                 self._retire(worker, kill=True)
                 return crash(stage, None)
-            new_limit = self._stage_limit(stage, new_stage)
-            if new_limit is not None:
-                limit, deadline = _bounded(new_limit, cutoff, time.monotonic())
+            clock.enter(new_stage, time.monotonic())
             stage = new_stage
             if self._on_stage is not None and worker.info is not None:
                 self._on_stage(worker.info.pid, stage)
@@ -485,10 +475,3 @@ class WorkerPool:
         self._spawner.shutdown(wait=False)
         if waiters is not None:
             waiters.shutdown(wait=False, cancel_futures=True)
-
-
-def _bounded(limit: float, cutoff: float | None, now: float) -> tuple[float, float]:
-    """A stage's limit and deadline, cut to the task's budget (``cutoff``, same clock)."""
-    if cutoff is None or now + limit <= cutoff:
-        return limit, now + limit
-    return max(0.0, cutoff - now), cutoff

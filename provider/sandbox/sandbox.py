@@ -8,6 +8,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -142,6 +143,11 @@ class Sandbox:
         compiler = self._compiler.started
         extra = 0 if compiler is None else compiler.replacements
         return self._pool.replacements + self._validators.replacements + extra
+
+    @property
+    def stretched(self) -> int:
+        """Stage limits moved to a task's budget: the host's load starved the worker."""
+        return self._pool.stretched
 
     @property
     def start_waits(self) -> int:
@@ -469,9 +475,12 @@ class Sandbox:
         """
         if not aot_targets or not self._aot_apart():
             return _capacity(self._pool, benchmark, aot_targets)
-        here = _capacity(self._pool, benchmark, ())
-        compiled = _capacity(self._compiler.pool(), False, aot_targets)
-        return dataclasses.replace(here, compile_targets=compiled.compile_targets)
+        with ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe") as probe:
+            # The compiler worker starts while the executing one measures: no added wait.
+            compiled = probe.submit(lambda: _capacity(self._compiler.pool(), False, aot_targets))
+            here = _capacity(self._pool, benchmark, ())
+            targets = compiled.result().compile_targets
+        return dataclasses.replace(here, compile_targets=targets)
 
 
 def _capacity(pool: WorkerPool, benchmark: bool, aot_targets: tuple[str, ...]) -> Capacity:
