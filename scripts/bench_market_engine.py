@@ -15,6 +15,13 @@ of random limit orders over 3 device classes, both from the orders' wire form (d
 objects): the engine's time includes building its validated `Order`, the peer's its own order
 object. Runs alternate between the two (interleaved), the fastest of each counts, and the units
 traded are compared once outside the clock.
+
+`versus_peer_signed` times both from the signed order's JSON text, as the market receives it:
+ours parses it into `OrderCreate`, verifies it (`market.verify.Verifier`: fields, expiry, the
+owner's signature, an ask's quote and its signature) and matches; the peer decodes it with
+`json`, rebuilds the same EIP-712 messages, recovers each signature through coincurve's key API
+(`PublicKey.from_signature_and_message`, the library's documented path) and compares the
+signer, then matches. Both recover the same signatures with the same libsecp256k1.
 """
 
 from __future__ import annotations
@@ -26,7 +33,10 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from market.engine import MatchingEngine, Order, Side
 from market.native import built_extensions
@@ -275,6 +285,128 @@ def versus_peer(orders: int = 100_000, rounds: int = 5) -> dict[str, float | int
     }
 
 
+def signed_stream(orders: int, seed: int = 11) -> list[bytes]:
+    """Return `orders` signed asks and bids over `PEER_CLASSES` (16 keys) as JSON request bodies."""
+    from tests.market.signing import Trader
+
+    rng = random.Random(seed)
+    traders = [Trader(key="0x" + rng.randbytes(32).hex()) for _ in range(16)]
+    now = int(time.time())
+    bodies: list[bytes] = []
+    for _ in range(orders):
+        device_class = rng.choice(tuple(PEER_CLASSES))
+        bid = rng.random() < 0.5
+        skew = -0.005 if bid else 0.005
+        price = max(1, round(PEER_CLASSES[device_class] * (1 + rng.gauss(skew, 0.01))))
+        fields: dict[str, Any] = {
+            "device_class": device_class,
+            "quantity": rng.randint(1, 100),
+            "price": price,
+        }
+        trader = rng.choice(traders)
+        body = trader.bid(now, **fields) if bid else trader.ask(now, **fields)
+        bodies.append(json.dumps(body, separators=(",", ":")).encode())
+    return bodies
+
+
+def _ours_signed(bodies: list[bytes]) -> tuple[float, int]:
+    """Parse, verify and place `bodies` on a fresh engine; return (seconds, units traded)."""
+    from contracts.messages import Domain
+    from contracts.orders import market_domain
+    from market.models import OrderCreate
+    from market.verify import Verifier
+    from tests.market.signing import CHAIN_ID, ESCROW
+
+    verifier = Verifier(
+        market_domain(CHAIN_ID, ESCROW),
+        Domain(chain_id=CHAIN_ID, verifying_contract=ESCROW),
+        86_400,
+    )
+    engine = MatchingEngine()
+    place, check, parse = engine.place, verifier.order, OrderCreate.model_validate_json
+    now = int(time.time())
+    units = 0
+    start = time.perf_counter()
+    for body in bodies:
+        for fill in place(check(parse(body), now, 0.0).order, now=now):
+            units += fill.quantity
+    return time.perf_counter() - start, units
+
+
+def _peer_signed(bodies: list[bytes]) -> tuple[float, int]:
+    """Decode, verify (coincurve's key API) and place `bodies` on a fresh lightmatchingengine."""
+    import coincurve
+    from lightmatchingengine.lightmatchingengine import LightMatchingEngine
+    from lightmatchingengine.lightmatchingengine import Side as PeerSide
+
+    from contracts.hashing import keccak256
+    from contracts.messages import Domain, Quote
+    from contracts.orders import Ask, Bid, market_domain
+    from contracts.orders import digest as order_digest
+    from contracts.orders import struct_hash as message_struct_hash
+    from tests.market.signing import CHAIN_ID, ESCROW
+
+    domain = market_domain(CHAIN_ID, ESCROW)
+    quote_prefix = b"\x19\x01" + Domain(chain_id=CHAIN_ID, verifying_contract=ESCROW).separator()
+    keys = ("owner", "device_class", "quantity", "price", "plan", "slo_ms", "memory", "expiry")
+
+    def signer(digest: bytes, signature_hex: str) -> str:
+        raw = bytes.fromhex(signature_hex[2:])
+        public = coincurve.PublicKey.from_signature_and_message(
+            raw[:64] + bytes([raw[64] - 27]), digest, hasher=None
+        )
+        return "0x" + keccak256(public.format(compressed=False)[1:])[-20:].hex()
+
+    sides = {"bid": PeerSide.BUY, "ask": PeerSide.SELL}
+    engine = LightMatchingEngine()
+    add = engine.add_order
+    units = 0
+    start = time.perf_counter()
+    for body in bodies:
+        w = json.loads(body)
+        terms = {k: w[k] for k in keys}
+        message: Ask | Bid
+        if w["side"] == "ask":
+            struct = message_struct_hash(Quote.from_json(w["quote"]))
+            if signer(keccak256(quote_prefix + struct), w["quote_signature"]) != w["owner"].lower():
+                raise ValueError("quote not signed by its provider")
+            message = Ask(**terms, nonce=w["nonce"], quote_hash=struct)
+        else:
+            message = Bid(**terms, nonce=w["nonce"])
+        if signer(order_digest(message, domain), w["signature"]) != w["owner"].lower():
+            raise ValueError("order not signed by its owner")
+        order, trades = add(w["device_class"], w["price"], w["quantity"], sides[w["side"]])
+        if trades:
+            units += order.cum_qty
+    return time.perf_counter() - start, units
+
+
+def versus_peer_signed(orders: int = 4_000, rounds: int = 9) -> dict[str, float | int | bool]:
+    """Return ours and the peer's orders/s from the signed order's JSON text (fastest of
+    `rounds` interleaved runs each), their ratio, the median of each round's ratio (steadier
+    on a loaded host: a round's two runs are adjacent in time), and whether both traded the
+    same units."""
+    bodies = signed_stream(orders)
+    best = {"ours": float("inf"), "peer": float("inf")}
+    traded = {"ours": -1, "peer": -1}
+    runners = {"ours": _ours_signed, "peer": _peer_signed}
+    ratios: list[float] = []
+    for number in range(rounds):
+        taken: dict[str, float] = {}
+        for name in ("ours", "peer") if number % 2 == 0 else ("peer", "ours"):
+            gc.collect()
+            taken[name], traded[name] = runners[name](bodies)
+            best[name] = min(best[name], taken[name])
+        ratios.append(taken["peer"] / taken["ours"])
+    return {
+        "engine_signed_orders_per_s": round(orders / best["ours"]),
+        "peer_signed_orders_per_s": round(orders / best["peer"]),
+        "engine_vs_peer_signed": round(best["peer"] / best["ours"], 2),
+        "engine_vs_peer_signed_median": round(sorted(ratios)[len(ratios) // 2], 2),
+        "same_units_traded_signed": traded["ours"] == traded["peer"],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the benchmark and print its JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -282,10 +414,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="replays; the fastest counts")
     parser.add_argument("--peer", action="store_true", help="also time lightmatchingengine")
+    parser.add_argument(
+        "--signed-only", action="store_true", help="only ours against the peer from signed orders"
+    )
     args = parser.parse_args(argv)
+    if args.signed_only:
+        print(json.dumps(versus_peer_signed()))
+        return 0
     print(json.dumps(run(args.orders, args.seed, args.repeat)))
     if args.peer:
         print(json.dumps(versus_peer()))
+        print(json.dumps(versus_peer_signed()))
     return 0
 
 
