@@ -18,7 +18,7 @@ from contracts.program import (
     decode_envelope,
     encode_envelope,
 )
-from provider.capacity import Capacity, capacity_from_wire
+from provider.capacity import Capacity, capacity_from_wire, tpu_compiler_available
 from provider.diagnosis import Category, Diagnosis, Stage, diagnose
 from provider.errors import SandboxError
 from provider.sandbox.answers import bad_reply, compiled_of, ran_of, reply_of
@@ -178,8 +178,10 @@ class Sandbox:
         return [] if compiler is None else compiler.worker_infos()
 
     def _aot_apart(self) -> bool:
-        """Whether TPU-target compiles go to the compiler worker (no worker drives a TPU)."""
-        return all(info.platform != "tpu" for info in self._pool.worker_infos())
+        """Whether TPU-target compiles go to the compiler worker: libtpu is installed and no
+        worker drives a TPU (without libtpu there is nothing to keep out of the workers)."""
+        infos = self._pool.worker_infos()
+        return tpu_compiler_available() and all(info.platform != "tpu" for info in infos)
 
     def _payload(self, envelope: Envelope) -> bytes | TaskFailure:
         if isinstance(envelope, ProgramEnvelope):
