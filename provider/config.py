@@ -164,7 +164,7 @@ class ProviderConfig(BaseSettings):
     # allowlist); /v1/info then lists what they lack. Off: such workers are refused.
     sandbox_weak_isolation: bool = False
     log_level: str = "INFO"
-    settlement: SettlementConfig = Field(default_factory=SettlementConfig)
+    settlement: SettlementConfig = Field(default_factory=lambda: SettlementConfig())
     http: HttpConfig = Field(default_factory=lambda: HttpConfig())
     storage: StorageConfig = Field(default_factory=lambda: StorageConfig())
     ask: AskConfig | None = None

@@ -160,9 +160,9 @@ class SettlementConfig(Section):
     # Sending on a real chain (contracts.tx_policy): blocks a settlement transaction must be
     # under before it counts as done, blocks it may wait unmined before it is replaced with
     # higher fees, and the most it may pay per gas (None: no cap).
-    confirmations: int = Field(1, ge=1)
-    replace_after_blocks: int = Field(3, ge=1)
-    max_fee_gwei: float | None = Field(None, gt=0)
+    confirmations: int = Field(default=1, ge=1)
+    replace_after_blocks: int = Field(default=3, ge=1)
+    max_fee_gwei: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
     @classmethod

@@ -189,7 +189,7 @@ class QuoteJob:
             client=client,
             arbiter=terms.arbiter,
             max_spend=max_spend,
-            stake=locked_stake(terms.stake, terms.max_spend, max_spend),
+            stake=locked_stake(terms.stake, terms.max_spend, min(max_spend, terms.max_spend)),
             penalty=terms.penalty,
             duration=terms.duration,
             challenge_window=terms.challenge_window,
@@ -206,7 +206,7 @@ class QuoteJob:
         """Return the ask's signed terms, refusing terms this daemon cannot serve."""
         ask = record.get("ask")
         raw = ask.get("quote") if isinstance(ask, dict) else None
-        if not isinstance(raw, dict):
+        if not isinstance(raw, dict) or not isinstance(ask, dict):
             raise QuoteRefused("the deal's ask carries no quote terms")
         try:
             terms = Quote.from_json(raw)
@@ -224,14 +224,28 @@ class QuoteJob:
             )
         if int(record["max_spend"]) <= 0:
             raise QuoteRefused("the deal's spend is zero")
-        if int(record["max_spend"]) > terms.max_spend:
-            raise QuoteRefused(
-                f"the deal's spend {record['max_spend']} is above the ask's {terms.max_spend}"
-            )
+        self._check_fill(record, ask)
         problem = self.settlement.window_problem(terms.challenge_window)
         if problem is not None:
             raise QuoteRefused(problem)
         return terms
+
+    @staticmethod
+    def _check_fill(record: Mapping[str, Any], ask: Mapping[str, Any]) -> None:
+        """Refuse a fill of more units than the ask offers or below its price. A fill at a
+        resting bid's higher price spends more than the ask's terms name: it is still this
+        ask's units, and its stake share is capped at the ask's whole stake."""
+        try:
+            units, price = int(record["quantity"]), int(record["price"])
+            offered, asked = int(ask["quantity"]), int(ask["price"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise QuoteRefused(f"the deal record lacks its fill's terms: {exc}") from exc
+        if units > offered:
+            raise QuoteRefused(f"the fill's {units} units are more than the ask's {offered}")
+        if price < asked:
+            raise QuoteRefused(f"the fill's price {price} is below the ask's {asked}")
+        if units * price != int(record["max_spend"]):
+            raise QuoteRefused("the deal's spend is not its units times its price")
 
     def _fresh_nonce(self) -> int:
         """Return a random 64-bit quote nonce the escrow has not seen used."""

@@ -328,3 +328,41 @@ def test_ask_whose_window_is_below_what_the_daemon_needs_then_no_quote(
         assert node.journal.quotes() == []
     finally:
         node.close()
+
+
+def test_an_ask_that_fills_a_resting_bid_above_its_price_is_quoted_at_the_fill_s_spend(
+    chain_world: ChainWorld, market_url: str, quoting: Daemon, provider_key: str
+) -> None:
+    """A fill is at the resting order's price: an ask arriving under a resting bid sells its
+    units at the bid's higher price, so the deal spends more than the ask's terms name. The
+    daemon quotes that spend (its units are the ask's, its stake share at most the ask's)."""
+    world = chain_world
+    world.escrow.deposit(world.client, 4 * PRICE)
+    domain = market_domain(world.domain.chain_id, world.escrow.address)
+    order = Bid(
+        owner=address_of(world.client),
+        device_class="cpu",
+        quantity=1,
+        price=2 * PRICE,
+        plan=plan_kind(PLAN),
+        slo_ms=SLO_S * 1000,
+        memory=0,
+        expiry=world.chain_time() + 1_800,
+        nonce=next(_nonces),
+    )
+    market = MarketHttp(market_url)
+    try:
+        market.place_bid(order, domain, world.client)
+        post_ask(world, market_url, provider_key, quantity=1)
+        records = market.wait_for_deals(address_of(world.client), order_id(order, domain))
+    finally:
+        market.close()
+    assert [(r["price"], int(r["max_spend"])) for r in records] == [(2 * PRICE, 2 * PRICE)]
+    assert quoting.quotes is not None
+    sent = quoting.quotes.run()
+    assert [q.market_deal_id for q in sent] == [records[0]["deal_id"]]
+    quote = sent[0].quote
+    assert (quote.max_spend, quote.stake) == (2 * PRICE, STAKE)
+    signature = quote.sign(world.domain, provider_key)
+    opened = world.escrow.open_deal(world.client, quote, signature, 2 * PRICE)
+    assert opened.event("DealOpened").args["dealId"] > 0
