@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from client.accounts import ClientAccount
+from client.amounts import tokens
 from client.ledger import DealLedger
 from client.ledger_records import BatchRecord, ChainState, TaskRecord, TaskState
 from contracts.binding import (
@@ -243,6 +244,12 @@ class ClaimWatcher:
                 accepted.append(batch_id)
                 ledger.save()
                 continue
+            short = self._fee_missing()
+            if short is not None:
+                ledger.set_batch(replace(batch, verdict="to_dispute", reason=why))
+                ledger.save()
+                self._say(f"batch {batch_id}: not disputed ({why}): {short}; will retry")
+                continue
             try:
                 self.account.dispute(ledger.deal_id, batch_id)
             except EscrowChallengeWindowClosed:
@@ -263,6 +270,19 @@ class ClaimWatcher:
                 self._say(f"disputed batch {batch_id}: {why}")
             ledger.save()
         return tuple(accepted), tuple(disputed), tuple(missed)
+
+    def _fee_missing(self) -> str | None:
+        """Say what is missing when a dispute would hold the arbiter's fee from the client's
+        free escrow balance and that balance is short (the dispute would revert); else None."""
+        fee, _ = self.escrow.deal_arbiter_fee(self.ledger.deal_id)
+        free = self.escrow.balance_of(self.account.address)
+        if fee <= free:
+            return None
+        return (
+            f"a dispute holds the arbiter's fee of {tokens(fee)} tokens from the free escrow "
+            f"balance, which is {tokens(free)}: deposit {tokens(fee - free)} more "
+            "(`tpumarket client deposit AMOUNT`)"
+        )
 
     def _follow_disputes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """Record how disputes ended; lapse those the arbiter left past its period."""
