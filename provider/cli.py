@@ -48,11 +48,13 @@ def _run(args: argparse.Namespace) -> int:
     """Serve the daemon: its API answers once the journal is open and its unfinished tasks
     recovered, while the sandbox's workers, the capacity benchmark, the heartbeat and the ask
     warm up behind it (:mod:`provider.warmup`)."""
-    from provider.config import load_config
-    from provider.warmup import Warmup, report, since_process_start
+    from provider.config import load_config, to_address
+    from provider.warmup import Warmup, since_process_start
 
     imported = since_process_start()
     warmup = Warmup()
+    if imported is not None:
+        warmup.record("process", imported)  # the interpreter and the CLI, before any phase
     try:
         config = load_config(args.config)
         # A relative data dir is the operator's working directory's, also for the sandbox.
@@ -61,14 +63,13 @@ def _run(args: argparse.Namespace) -> int:
             config = config.replace(host=args.host)
         if args.port is not None:  # validated like the config's own value
             config = config.replace(port=args.port)
+        to_address(config.escrow)  # checked again with the chain below; no workers for a typo
+    except ValueError as exc:
+        print(f"error: escrow: {exc}", file=sys.stderr)
+        return 2
     except ProviderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from provider.logs import configure_logging
-
-    configure_logging(config.log_level, scheduler=config.log_scheduler)
-    if imported is not None:
-        report("process", imported)  # the interpreter and the config, before any phase
     # The workers import JAX for seconds: start them before this process's own imports.
     from provider.warm_sandbox import WarmingSandbox
 
@@ -88,6 +89,7 @@ def _serve(
         from provider.api import create_app
         from provider.api.server import serve
         from provider.daemon import Daemon
+        from provider.logs import configure_logging
         from provider.operator import connect
         from provider.sandbox import Sandbox
 
@@ -100,6 +102,8 @@ def _serve(
     except EscrowError as exc:  # the chain does not answer
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    configure_logging(config.log_level, scheduler=config.log_scheduler)
+    warmup.log_from_now()
     try:
         with warmup.phase("journal"):
             daemon = Daemon(config, sandbox=cast(Sandbox, sandbox), warmup=warmup)

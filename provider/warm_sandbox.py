@@ -23,10 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contracts.program import ProgramEnvelope
 from provider.capacity import Capacity
 from provider.config import ProviderConfig
 from provider.errors import RejectedError, SandboxError
 from provider.sandbox import Sandbox, SandboxLimits, WorkerInfo
+from provider.sandbox.envelope_checks import envelope_refusal
 from provider.sandbox.targets import parse_target, platform_refusal
 from provider.warmup import Warmup
 
@@ -135,6 +137,18 @@ class WarmingSandbox:
             return self._refusal_while_starting(target)
         return self.wait().target_refusal(target)
 
+    def envelope_refusal(self, envelope: ProgramEnvelope, target: str | None) -> Any:
+        """Say (code, reason) why a worker would refuse ``envelope``; while the workers start,
+        only what needs no worker is checked (the platform by the configured one)."""
+        if not self.starting:
+            return self.wait().envelope_refusal(envelope, target)
+        if target is not None and parse_target(target).is_aot:
+            platform: str | None = "tpu"
+        else:
+            platforms = [p for p in (self._config.jax_platforms or "").split(",") if p]
+            platform = platforms[0] if len(platforms) == 1 else None
+        return envelope_refusal(envelope, platform, None)
+
     def compile(self, *args: Any, **kwargs: Any) -> Any:
         """Compile in the sandbox (waiting for its workers)."""
         return self.wait().compile(*args, **kwargs)
@@ -161,7 +175,14 @@ class WarmingSandbox:
             sandbox.close()
 
     def __getattr__(self, name: str) -> Any:
-        """Forward anything else to the sandbox, waiting for its workers."""
+        """Forward anything else to the sandbox once its workers are up; refused (503) while
+        they start, never waited for (a caller may be the API's event loop)."""
         if name.startswith("_"):
             raise AttributeError(name)
+        if self.starting:
+            raise RejectedError(
+                "overloaded",
+                f"the provider is starting: its sandbox workers are not ready yet; retry after "
+                f"{RETRY_AFTER_S} s",
+            )
         return getattr(self.wait(), name)

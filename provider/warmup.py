@@ -42,6 +42,8 @@ class Warmup:
     def __init__(self) -> None:
         """Start with nothing warming."""
         self._lock = threading.Lock()
+        self._held: list[tuple[str, float, str | None]] | None = []
+        """Phases ended before :meth:`log_from_now`: logged then (a config error stays one line)."""
         self._running: dict[str, float] = {}
         self.failures: dict[str, str] = {}
         """Phases that failed, with their error (the daemon serves on without them)."""
@@ -74,7 +76,22 @@ class Warmup:
             if error is not None:
                 self.failures[name] = error
         if began is not None:
-            report(name, time.monotonic() - began, error)
+            self.record(name, time.monotonic() - began, error)
+
+    def record(self, name: str, seconds: float, error: str | None = None) -> None:
+        """Log a phase's ``start phase`` line (held until :meth:`log_from_now`)."""
+        with self._lock:
+            if self._held is not None:
+                self._held.append((name, seconds, error))
+                return
+        report(name, seconds, error)
+
+    def log_from_now(self) -> None:
+        """Log the phases held so far, and every later one as it ends."""
+        with self._lock:
+            held, self._held = self._held or [], None
+        for name, seconds, error in held:
+            report(name, seconds, error)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
