@@ -26,6 +26,7 @@ from client.export_cli import write_program
 from client.job_deal import with_deal
 from client.job_run import job_run
 from client.job_status import job_refund, job_status, job_watch
+from client.replica_run import job_run_replicated
 
 FROM_BLOCK_ENV = "TPUMARKET_ESCROW_BLOCK"
 
@@ -39,6 +40,12 @@ def _job_export(args: argparse.Namespace) -> int:
 
     model = export_silero_vad(batch=args.batch, chunks=args.chunks)
     return write_program(args, model, None)
+
+
+def _job_run(args: argparse.Namespace) -> int:
+    if args.replica_deal is not None:
+        return job_run_replicated(args)
+    return job_run(args)
 
 
 def _add_deal_options(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +123,22 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument(
         "--wait-refunds", action="store_true", help="wait to refund breached tasks on chain"
     )
-    run.set_defaults(handler=guarded(with_deal(job_run)))
+    run.add_argument(
+        "--replica-deal",
+        default=None,
+        help="also run every input on this second deal (same arbiter) and compare the outputs "
+        "within the arbiter's tolerance: disagreeing ones are paid by neither voucher and go "
+        "to the arbiter (needs --arbiter-url; client.replica_run)",
+    )
+    run.add_argument(
+        "--replica-provider-url", default=None, help="the replica deal's provider endpoint"
+    )
+    run.add_argument(
+        "--wait-rulings",
+        action="store_true",
+        help="with --replica-deal: wait until the arbiter has ruled every disagreement",
+    )
+    run.set_defaults(handler=guarded(with_deal(_job_run)))
 
     status = actions.add_parser(
         "status", parents=[common], help="a deal's tasks with their state on chain"

@@ -44,8 +44,16 @@ from client.session import POLL_BACKOFF_S, DealSession
 from client.tasks import TaskOutcome, TaskSpec
 from client.watch import Evidence
 
+HELD_BACK = "held back from vouchers: "
+"""How the ledger's reason starts for a task kept out of every voucher (``hold_back``)."""
+
 Done = Callable[[TaskResult], None]
 Say = Callable[[str], None]
+
+
+def held_back(ledger: DealLedger) -> set[int]:
+    """Return the tasks of the deal held back from every voucher (``JobRunner.hold_back``)."""
+    return {i for i, t in ledger.tasks.items() if (t.reason or "").startswith(HELD_BACK)}
 
 
 @dataclass
@@ -82,9 +90,10 @@ class JobRunner(BatchSettlement):
         cls, session: DealSession, ledger: DealLedger, *, say: Say | None = None
     ) -> JobRunner:
         """Continue the deal where the ledger left it: same voucher total, fresh indices."""
+        held = held_back(ledger)
         session.payments.restore(
-            ledger.paid,
-            ledger.settled_elsewhere,
+            {i: a for i, a in ledger.paid.items() if i not in held},
+            ledger.settled_elsewhere | held,
             ledger.last_signed,
             ledger.last_tasks,
             vouched={i for i, t in ledger.tasks.items() if t.chain == ChainState.VOUCHED},
@@ -93,6 +102,16 @@ class JobRunner(BatchSettlement):
         runner = cls(session, ledger, say=say)
         session.on_update = runner._record
         return runner
+
+    def hold_back(self, index: int, why: str) -> None:
+        """Keep a verified task out of every voucher of the deal (say its replicas disagree):
+        it leaves the voucher book, and the ledger records why, so a later run of the deal
+        leaves it out too. The chain then settles it: the provider's claim, disputed and
+        ruled, or the client's refund."""
+        self.session.payments.mark_claimed(index)
+        if index in self.ledger.tasks:
+            self.ledger.update(index, reason=HELD_BACK + why)
+            self.ledger.save()
 
     # ---- interruptions ----------------------------------------------------------------------
 
