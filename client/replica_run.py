@@ -87,17 +87,23 @@ def compare_pairs(
     return disagreeing
 
 
-def referee_step(referee: ReplicaReferee, replica: Replica, envelope: bytes) -> str:
-    """Dispute the replica's claim, hand the arbiter the program; return where it stands."""
+def referee_step(
+    referee: ReplicaReferee, replica: Replica, envelope: bytes, handed: set[tuple[int, int]]
+) -> str:
+    """Dispute the replica's claim, hand the arbiter the program (once: ``handed`` keeps the
+    replicas it holds); return where the replica stands."""
     batch = referee.dispute(replica)
     if batch is None:
         return "not claimed yet"
-    if not referee.hand_over(replica, batch, envelope):
-        return f"batch {batch} disputed, the arbiter has not taken it yet"
     ruled = referee.outcome(replica, batch)
-    if ruled is None:
-        return f"batch {batch} disputed, awaiting the arbiter's ruling"
-    return RULED_PAID if ruled else RULED_REFUNDED
+    if ruled is not None:
+        return RULED_PAID if ruled else RULED_REFUNDED
+    key = (replica.deal_id, replica.task_index)
+    if key not in handed:
+        if not referee.hand_over(replica, batch, envelope):
+            return f"batch {batch} disputed, the arbiter has not taken it yet"
+        handed.add(key)
+    return f"batch {batch} disputed, awaiting the arbiter's ruling"
 
 
 def job_run_replicated(args: argparse.Namespace) -> int:
@@ -181,12 +187,15 @@ def job_run_replicated(args: argparse.Namespace) -> int:
                 f"{second_replica.task_index}): {pair.difference}; held back from both "
                 "vouchers, their claims go to the arbiter"
             )
+        handed: set[tuple[int, int]] = set()
         while True:
             undecided = 0
             for pair, first, second_replica in disagreeing:
                 assert pair.first.outcome is not None
                 envelope = encode_envelope(pair.first.outcome.spec.envelope)
-                pair.rulings = [referee_step(referee, r, envelope) for r in (first, second_replica)]
+                pair.rulings = [
+                    referee_step(referee, r, envelope, handed) for r in (first, second_replica)
+                ]
                 undecided += any(r not in (RULED_PAID, RULED_REFUNDED) for r in pair.rulings)
             if not undecided or not args.wait_rulings:
                 break

@@ -112,7 +112,8 @@ class ReplicaReferee:
 
     def hand_over(self, replica: Replica, batch_id: int, envelope: bytes) -> bool:
         """Upload the task's program envelope to the arbiter; return False while the arbiter
-        has not taken the dispute yet (call again), True once it holds the program."""
+        has not taken the dispute yet (call again), True once it holds the program (or has
+        ruled the case already)."""
         try:
             upload_evidence(
                 self.arbiter_url,
@@ -127,6 +128,8 @@ class ReplicaReferee:
         except EvidenceUploadError as exc:
             if "unknown_case" in str(exc):
                 return False
+            if "case_closed" in str(exc):
+                return True  # ruled already: nothing left to hand over
             raise
         return True
 
