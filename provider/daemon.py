@@ -163,6 +163,7 @@ class Daemon:
             metrics=self.metrics,
             clock=self.clock.now,
             refresh_settled=self._refresh_settled,
+            ready=self.warmup.serving,
         )
         self.capacity: Capacity | None = None
         self.heartbeat: Heartbeat | None = None

@@ -85,6 +85,7 @@ class TaskService:
         clock: Callable[[], float] = time.time,
         refresh_settled: Callable[[int], None] | None = None,
         counterparty: CounterpartyCode | None = None,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         """Wire the service; :meth:`recover` re-runs what a previous process left unfinished.
 
@@ -95,9 +96,12 @@ class TaskService:
         is the daemon's time (:class:`provider.clock.ChainClock`); ``refresh_settled(deal)``
         reads the chain's settlement of a deal's overdue tasks before a budget refusal;
         ``counterparty`` judges the code of deals' clients (by default read through the deals'
-        escrow, contract wallets refused).
+        escrow, contract wallets refused). ``ready()`` says whether tasks can run now (the
+        workers are up): before, a valid task is refused as ``overloaded`` rather than acked,
+        since waiting for the workers could take it past its deadline.
         """
         self.config = config
+        self._ready = ready
         self.address = config.address
         self.domain = domain
         self.journal = journal
@@ -190,6 +194,10 @@ class TaskService:
         if price > request.max_price:
             raise checks.reject(
                 "price_above_max", f"the plan charges {price}, above maxPrice {request.max_price}"
+            )
+        if not self._ready():
+            raise checks.reject(
+                "overloaded", "the daemon's workers are still starting: retry after Retry-After"
             )
         for attempt in (0, 1):
             with self._lock:

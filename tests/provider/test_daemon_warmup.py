@@ -1,8 +1,9 @@
 """The daemon serves while its sandbox's workers start (``provider.warm_sandbox``).
 
 The workers are held back by a gate the test opens, so "still starting" is a state the test
-controls, not a race: the health lists the sandbox as warming, a task is acked and waits for
-the workers, a compile target the configured platform cannot serve is refused as before, and
+controls, not a race: the health lists the sandbox as warming, a task is refused with
+Retry-After (acked, it could pass its deadline waiting) and acked once they are up, a compile
+target the configured platform cannot serve is refused as before, and
 a platform target on a host whose platform only the workers know gets a 503 with
 ``Retry-After`` before any ack.
 """
@@ -127,19 +128,26 @@ def test_health_when_workers_fail_to_start_then_503_naming_the_failure(
         daemon.close()
 
 
-def test_task_when_workers_start_then_acked_and_delivered_once_they_are_up(
+def test_task_when_workers_start_then_503_retry_after_and_acked_once_they_are_up(
     warming: tuple[TestClient, Gate, Daemon], chain_world: ChainWorld
 ) -> None:
+    """A task acked before the workers are up could pass its deadline waiting for them (the
+    provider's penalty for its own start): it is refused with Retry-After, nothing acked, and
+    the same request is acked once they are up."""
     api, gate, _ = warming
     world = chain_world
     envelope, _ = tiny_mlp_envelope()
     deal_id = world.open_deal()
+    task = sign_task(world, world.client, deal_id, 0, envelope)
 
-    acked = submit(api, sign_task(world, world.client, deal_id, 0, envelope))
+    refused = submit(api, task)
 
-    assert acked.status_code == 200, acked.text
-    assert acked.json()["state"] == "acked"
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"] == "overloaded" and int(refused.headers["Retry-After"]) >= 1
     gate.open.set()
+    wait_until(lambda: api.get("/v1/health").status_code == 200, 60, "the sandbox warm")
+    acked = submit(api, task)
+    assert acked.status_code == 200, acked.text
     headers = access(world, deal_id, 0)
     result = api.get(f"/v1/tasks/{deal_id}/0", params={"wait": 60}, headers=headers)
     assert result.status_code == 200, result.text
