@@ -63,12 +63,13 @@ def _run(args: argparse.Namespace) -> int:
             config = config.replace(host=args.host)
         if args.port is not None:  # validated like the config's own value
             config = config.replace(port=args.port)
+    except ProviderError as exc:  # a ConfigError names its key (it is a ValueError too)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         to_address(config.escrow)  # checked again with the chain below; no workers for a typo
     except ValueError as exc:
         print(f"error: escrow: {exc}", file=sys.stderr)
-        return 2
-    except ProviderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
         return 2
     # The workers import JAX for seconds: start them before this process's own imports.
     from provider.warm_sandbox import WarmingSandbox
