@@ -160,6 +160,13 @@ class ProviderHttp:
             with self._lock:
                 self._tokens[key] = (str(body["access_token"]), int(body["access_expires_at"]))
         outputs: bytes | None = None
+        if receipt is not None and body.get("outputs_released_after_settlement"):
+            raise ProviderRejected(
+                410,
+                "outputs_pruned",
+                f"task {key[1]} of deal {key[0]} is settled on chain and the provider has "
+                "released its outputs: they can no longer be fetched",
+            )
         if body.get("outputs_b64") is not None:
             outputs = base64.b64decode(body["outputs_b64"])
         elif receipt is not None and body.get("outputs_size"):

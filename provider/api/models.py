@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from provider.journal import Journal
+from provider.journal import Journal, OutputsPrunedError
 from provider.lifecycle import TaskState
 from provider.service import TaskView
 
@@ -39,6 +39,14 @@ class TaskPublic(BaseModel):
     outputs_size: int | None = None
     outputs_b64: str | None = Field(
         None, description="the outputs, when at most 4 MiB; else GET .../outputs"
+    )
+    outputs_released_after_settlement: bool = Field(
+        False,
+        description=(
+            "true once the task was settled on chain and the provider released (pruned) its "
+            "outputs: the state, receipt and report stay readable, the outputs do not "
+            "(outputs_size and outputs_b64 are null; GET .../outputs answers 410 outputs_pruned)"
+        ),
     )
     report: dict[str, Any] | None = Field(None, description="a compile task's report")
     diagnosis: dict[str, Any] | None = Field(None, description="a failed task's diagnosis")
@@ -98,18 +106,28 @@ def task_dict(
         data.update(access_token=token[0], access_expires_at=token[1])
     if view.receipt is not None:
         record = view.receipt
-        outputs = view.outputs if view.outputs is not None else journal.outputs(ack.key)
         data.update(
             receipt=record.receipt.to_json(),
             receipt_signature="0x" + record.signature.hex(),
             receipt_hash="0x" + record.receipt_hash.hex(),
-            outputs_size=len(outputs),
-            outputs_b64=(
-                base64.b64encode(outputs).decode() if len(outputs) <= INLINE_OUTPUTS_MAX else None
-            ),
             report=record.detail.get("report"),
             diagnosis=record.detail.get("diagnosis"),
         )
+        try:
+            outputs = view.outputs if view.outputs is not None else journal.outputs(ack.key)
+        except OutputsPrunedError:  # settled on chain: the state stays, the outputs are gone
+            data.update(outputs_size=None, outputs_b64=None)
+            data["outputs_released_after_settlement"] = True
+        else:
+            data.update(
+                outputs_size=len(outputs),
+                outputs_b64=(
+                    base64.b64encode(outputs).decode()
+                    if len(outputs) <= INLINE_OUTPUTS_MAX
+                    else None
+                ),
+                outputs_released_after_settlement=False,
+            )
     return data
 
 
