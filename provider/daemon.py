@@ -23,6 +23,7 @@ from provider.clock import ChainClock
 from provider.config import LOCK_FILE, AskConfig, ProviderConfig
 from provider.deals import DealCache
 from provider.dispute_evidence import DisputeEvidence
+from provider.endpoint import daemon_url
 from provider.errors import ConfigError, RejectedError
 from provider.heartbeat import Heartbeat, build_advert
 from provider.journal import Journal
@@ -300,7 +301,7 @@ class Daemon:
             return
         with self.warmup.phase("capacity"):
             self.capacity = self.sandbox.capacity(benchmark=self.config.benchmark_on_start)
-        endpoint = self.config.public_url or f"http://{self.config.host}:{self.config.port}"
+        endpoint = daemon_url(self.config.host, self.config.port, self.config.public_url)
         self.heartbeat = Heartbeat(
             self.market,
             private_key=self.config.private_key,

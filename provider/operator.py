@@ -30,6 +30,7 @@ from provider.asks import live_asks, post_ask, signed_ask
 from provider.config import ProviderConfig, load_config, to_address
 from provider.console import UsageError, emit_json, parse_tokens, print_table, tokens
 from provider.daemon_probe import daemon_pid
+from provider.endpoint import daemon_url
 from provider.errors import ConfigError, ProviderError
 from provider.escrow_history import DealMoney, deals_of, earnings
 
@@ -392,7 +393,7 @@ def _status(args: argparse.Namespace) -> int:
     block = op.chain.w3.eth.get_block("latest")
     head_age = int(time.time()) - int(block["timestamp"])
     pid = daemon_pid(config.data_dir)
-    url = config.public_url or f"http://{config.host}:{config.port}"
+    url = daemon_url(config.host, config.port, config.public_url)
     health: str
     try:
         reply = httpx.get(url + "/v1/health", timeout=3)
