@@ -13,7 +13,6 @@ callers and retries act on types, not on the text of a message.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -51,13 +50,12 @@ from contracts.errors import (
     TransactionRevertedError,
 )
 from contracts.reverts import REVERTS
+from contracts.tx_pending import PendingTransactions, Sent
 from contracts.tx_policy import FEE_HISTORY_BLOCKS, TxPolicy, tip_from_history
 
 GAS_MARGIN = 1.2
 RECEIPT_TIMEOUT_S = 60.0
 """How long a sent transaction may take to be mined before `ChainTimeoutError`."""
-RECEIPT_POLL_S = 0.01
-"""Pause between two receipt polls (the local node mines on arrival)."""
 STALE_BLOCK_RETRIES = 3
 """Times a request is asked again when the node answers for a block it does not have."""
 STALE_BLOCK_BACKOFF_S = 0.05
@@ -194,16 +192,6 @@ _FAILURES = (
 library, which is left to propagate)."""
 
 
-@dataclass
-class _Sent:
-    """One intended transaction: its fields, the hashes of each version sent (same nonce) and
-    the latest version's signed bytes."""
-
-    tx: dict[str, Any]
-    hashes: list[Any]
-    raw: bytes
-
-
 class Transactor:
     """Sign and send transactions for local keys, tracking nonces per sender."""
 
@@ -217,10 +205,7 @@ class Transactor:
     ) -> None:
         self.w3 = w3
         self.policy = policy or TxPolicy()
-        self.replaced = 0
-        """Versions signed again with higher fees because the last was not mined in time."""
-        self.resent = 0
-        """Versions sent after the node forgot the last one (dropped from its pool, reorged)."""
+        self._pending = PendingTransactions()
         self._decoder = decoder
         self._nonces: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -242,7 +227,12 @@ class Transactor:
             del tx["from"]
             tx.update(gas=gas, chainId=self.chain_id)
             sent = self._send_raw(key, sender, tx)
-        receipt = self._wait_for_receipt(key, sent)
+        try:
+            receipt = self._pending.wait(self, key, sent)
+        except ChainTimeoutError:
+            with self._lock:  # the next send asks the node which nonce is next
+                self._nonces.pop(sender, None)
+            raise
         if receipt["status"] != 1:
             raise TransactionRevertedError(
                 f"transaction {receipt['transactionHash'].to_0x_hex()} reverted (gas limit {gas})"
@@ -279,7 +269,7 @@ class Transactor:
             return tip
         return int(self._request("reading the priority fee", lambda: self.w3.eth.max_priority_fee))
 
-    def _send_raw(self, key: str, sender: str, tx: dict[str, Any]) -> _Sent:
+    def _send_raw(self, key: str, sender: str, tx: dict[str, Any]) -> Sent:
         """Sign and send; once, refresh the fees or the nonce if the chain says they are stale."""
         refresh_fees = False
         for attempt in (0, 1):
@@ -304,7 +294,7 @@ class Transactor:
                 known = self._sent_before(signed.hash)
                 if known:  # an earlier try of these very bytes got through
                     self._nonces[sender] = nonce + 1
-                    return _Sent(dict(tx), [signed.hash], signed.raw_transaction)
+                    return self._pending.record(sender, tx, signed.hash, signed.raw_transaction)
                 if attempt == 0 and isinstance(error, FeeTooLowError):
                     refresh_fees = True
                     continue
@@ -312,7 +302,7 @@ class Transactor:
                     continue  # another sender of this key took the nonce: a fresh one
                 raise
             self._nonces[sender] = nonce + 1
-            return _Sent(dict(tx), [tx_hash], signed.raw_transaction)
+            return self._pending.record(sender, tx, tx_hash, signed.raw_transaction)
         raise AssertionError("unreachable")
 
     def _sent_before(self, tx_hash: Any) -> bool | None:
@@ -338,70 +328,6 @@ class Transactor:
         except ChainError:
             return None
 
-    def _wait_for_receipt(self, key: str, sent: _Sent) -> Any:
-        """Poll until one version of a sent transaction is mined and confirmed, replacing it
-        when it stays unmined and sending it again when the node forgot it; raise
-        `ChainTimeoutError` once `receipt_timeout_s` has passed."""
-        first = sent.hashes[0]
-        what = f"waiting for the receipt of {first.to_0x_hex()}"
-        deadline = time.monotonic() + self.receipt_timeout_s
-        since: int | None = None  # the block from which the latest version waits
-        while True:
-            for tx_hash in reversed(sent.hashes):
-                receipt = self._request(what, self._receipt_or_none, tx_hash)
-                if receipt is not None and self._confirmed(receipt):
-                    return receipt
-                if receipt is not None:
-                    break
-            else:
-                head = int(self._request("reading the head", lambda: self.w3.eth.block_number))
-                if since is None:
-                    since = head
-                elif head - since >= self.policy.replace_after_blocks:
-                    self._unstick(key, sent)
-                    since = head
-            if time.monotonic() >= deadline:
-                raise ChainTimeoutError(
-                    f"transaction {first.to_0x_hex()} was not mined and confirmed within "
-                    f"{self.receipt_timeout_s}s"
-                )
-            time.sleep(RECEIPT_POLL_S)  # the node pushes nothing over HTTP: poll it
-
-    def _confirmed(self, receipt: Any) -> bool:
-        """Return whether `receipt` has the policy's confirmations and its block is still the
-        chain's block at that height (a reorg did not replace it)."""
-        if self.policy.confirmations <= 1:
-            return True
-        number = int(receipt["blockNumber"])
-        head = int(self._request("reading the head", lambda: self.w3.eth.block_number))
-        if head < number + self.policy.confirmations - 1:
-            return False
-        block = self._request("reading a receipt's block", self.w3.eth.get_block, number)
-        return bool(block["hash"] == receipt["blockHash"])
-
-    def _unstick(self, key: str, sent: _Sent) -> None:
-        """The latest version waited `replace_after_blocks` unmined: sign a replacement with
-        raised fees (same nonce); at the cap, send the latest again if the node forgot it
-        (dropped from its pool, or reorged out)."""
-        forgotten = self._sent_before(sent.hashes[-1]) is False
-        fees = self.policy.bumped(sent.tx["maxFeePerGas"], sent.tx["maxPriorityFeePerGas"])
-        if fees is None:
-            if forgotten:
-                with contextlib.suppress(ChainError):  # the nonce taken meanwhile: polled next
-                    self._request("sending again", self.w3.eth.send_raw_transaction, sent.raw)
-                    self.resent += 1
-            return
-        sent.tx.update(maxFeePerGas=fees[0], maxPriorityFeePerGas=fees[1])
-        signed = Account.sign_transaction(sent.tx, key)
-        try:
-            self._request("replacing", self.w3.eth.send_raw_transaction, signed.raw_transaction)
-        except ChainError:
-            return  # mined meanwhile, or refused as underpriced: polled next
-        sent.hashes.append(signed.hash)
-        sent.raw = signed.raw_transaction
-        self.replaced += 1
-        self.resent += forgotten
-
     def _receipt_or_none(self, tx_hash: Any) -> Any:
         try:
             return self.w3.eth.get_transaction_receipt(tx_hash)
@@ -414,6 +340,16 @@ class Transactor:
         if address is None:
             address = self._addresses[key] = Account.from_key(key).address
         return address
+
+    @property
+    def replaced(self) -> int:
+        """Versions signed again with higher fees because the last was not mined in time."""
+        return self._pending.replaced
+
+    @property
+    def resent(self) -> int:
+        """Transactions sent again after the node forgot them (dropped, reorged, a nonce gap)."""
+        return self._pending.resent
 
     def reset_nonces(self) -> None:
         """Forget tracked nonces (after a chain snapshot revert)."""

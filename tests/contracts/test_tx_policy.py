@@ -14,6 +14,7 @@ from eth_account import Account
 
 from contracts.binding import connect
 from contracts.chain import Anvil, rpc
+from contracts.errors import ChainTimeoutError
 from contracts.transactor import ErrorDecoder, Transactor
 from contracts.tx_policy import FeeCapError, TxPolicy
 from tests.polling import wait_until
@@ -143,3 +144,26 @@ def test_policy_fees_respect_the_cap() -> None:
     assert policy.bumped(95, 8) is None  # no replacement above the cap
     with pytest.raises(ValueError, match="confirmations"):
         TxPolicy(confirmations=0)
+
+
+def test_a_nonce_gap_left_by_a_dropped_transaction_is_filled_from_the_bytes_kept(
+    node: Anvil,
+) -> None:
+    """The first transaction's wait gave up; then it was dropped from the pool while a second
+    one of the same sender waited behind it (queued: its nonce cannot run). The second one's
+    wait sends the first again from the signed bytes this process kept: both are mined."""
+    tx = _transactor(node, TxPolicy(replace_after_blocks=2))
+    key = node.keys[0]
+    tx.receipt_timeout_s = 0.5  # no block is made: the first wait gives up
+    with pytest.raises(ChainTimeoutError):
+        tx.send(key, Account.create().address, b"", gas=21_000)
+    tx.receipt_timeout_s = 120
+    sending = Sending(tx, key)
+    wait_until(lambda: len(_pending(node)) == 2, 60, "both transactions in the pool")
+    content = rpc(node.url, "txpool_content")["pending"]
+    first = next(t["hash"] for by in content.values() for t in by.values() if t["nonce"] == "0x0")
+    rpc(node.url, "anvil_dropTransaction", [first])
+    while not sending.done():
+        _mine(node)
+    assert sending.result()["status"] == 1 and tx.resent >= 1
+    assert tx.w3.eth.get_transaction_count(tx.address_of(key)) == 2  # the gap filled, once each
