@@ -28,7 +28,11 @@ on its own deal, pacing itself, while the attacks run one after the other:
 12. 64 KB voucher bodies of thousands of unknown keys or bitmap words;
 13. the victim's result tokens revoked by a stranger, then by the victim;
 14. every fill of a fresh ask taken and never opened, then the chain's clock moved past each
-    quote the daemon signs for them (``scripts/abuse_costs.py``).
+    quote the daemon signs for them (``scripts/abuse_costs.py``);
+15. hostile adverts (control characters, HTML, ``javascript:`` URLs in ``device_kind`` and
+    ``endpoint``) signed by the staked provider's key;
+16. invalid order batches within the size caps, the market's CPU per batch read from ``/proc``
+    (``scripts/abuse_market_input.py``).
 
 Then 1,000 live-update streams are opened and left idle (the normal client paused) and the
 market's CPU share measured. The last line of stdout is one JSON object: ``unauthorized_reads``
@@ -49,7 +53,9 @@ used the quotes the window rules allow: ``provider/quotes.py``; while the first 
 ``stake_held_by_unopened_quotes_while_valid``),
 ``normal_p99_ms_under_abuse`` (the normal client's order placements, cancels and task
 submissions during the attacks; ``normal_p99_ms_alone``: the same calls in the 30 s before
-them), ``peak_rss_mb`` (VmHWM of market + daemon),
+them), ``peak_rss_mb`` (VmHWM of market + daemon), ``hostile_adverts_stored`` (attack 15's adverts
+answered 2xx or served back by the market), ``invalid_batch_cpu_ms_p50`` (the market's CPU per
+refused batch of attack 16),
 ``idle_streams_cpu_pct_1000``, then each attack's own figures.
 
 Usage: scripts/abuse [--quick] [--work-dir DIR]
@@ -78,6 +84,7 @@ sys.path.insert(0, str(REPO))
 from scripts.abuse_attacks import ATTACKS, Tally  # noqa: E402
 from scripts.abuse_costs import COST_ATTACKS, unopened_fills  # noqa: E402
 from scripts.abuse_flood import connection_flood  # noqa: E402
+from scripts.abuse_market_input import MARKET_INPUT_ATTACKS  # noqa: E402
 from scripts.abuse_probes import idle_streams, routes_as_stranger  # noqa: E402
 from scripts.abuse_replay import claimed_replay  # noqa: E402
 from scripts.abuse_world import World, build_world, normal_client  # noqa: E402
@@ -120,7 +127,7 @@ def run(world: World, quick: bool) -> dict[str, Any]:
     started = time.monotonic()
     down: set[str] = set()  # services found dead or not answering after any attack
     try:
-        for name, attack in ATTACKS + COST_ATTACKS:
+        for name, attack in ATTACKS + COST_ATTACKS + MARKET_INPUT_ATTACKS:
             world.normal.phase = name
             began = time.monotonic()
             figures = attack(world, tally, quick)
@@ -175,6 +182,8 @@ def run(world: World, quick: bool) -> dict[str, Any]:
         "stake_held_by_unopened_quotes_while_valid": tally.figures["14_unopened_fills"][
             "stake_held_while_valid"
         ],
+        "hostile_adverts_stored": tally.figures["15_hostile_adverts"]["hostile_adverts_stored"],
+        "invalid_batch_cpu_ms_p50": tally.figures["16_invalid_batches"]["invalid_batch_cpu_ms_p50"],
         "normal_p99_ms_under_abuse": round(percentile(latencies, 0.99), 1),
         "normal_p50_ms_under_abuse": round(percentile(latencies, 0.50), 1),
         "normal_p99_ms_alone": round(percentile(baseline, 0.99), 1),
