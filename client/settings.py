@@ -55,11 +55,8 @@ class ClientSettings(BaseSettings):
 
     def tx_policy(self) -> TxPolicy:
         """Return the transaction policy the settings describe."""
-        cap = None if self.max_fee_gwei is None else int(self.max_fee_gwei * 10**9)
-        return TxPolicy(
-            confirmations=self.confirmations,
-            replace_after_blocks=self.replace_after_blocks,
-            max_fee_wei=cap,
+        return TxPolicy.from_settings(
+            self.confirmations, self.replace_after_blocks, self.max_fee_gwei
         )
 
     @model_validator(mode="before")
@@ -67,23 +64,11 @@ class ClientSettings(BaseSettings):
     def _from_deployment(cls, data: Any) -> Any:
         """Take the escrow, its block and the chain id from the deployment file, if one is
         named; an escrow also given must be the file's."""
-        if not isinstance(data, dict) or not data.get("deployment"):
+        if not isinstance(data, dict):
             return data
-        from contracts.deployment import DeploymentError, read_deployment
+        from contracts.deployment import with_deployment
 
-        try:
-            record = read_deployment(Path(str(data["deployment"])))
-        except DeploymentError as exc:
-            raise ValueError(str(exc)) from None
-        given = data.get("escrow")
-        if given and str(given).lower() != record.escrow.lower():
-            raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
-        return {
-            **data,
-            "escrow": record.escrow,
-            "escrow_block": data.get("escrow_block") or record.deployment_block,
-            "chain_id": record.chain_id,
-        }
+        return with_deployment(data, block_key="escrow_block")
 
     def key_text(self) -> str | None:
         """Return the client key: the raw key if set, else decrypted from the keystore (its

@@ -304,10 +304,20 @@ def verify_deployment(chain: Chain, record: DeploymentRecord) -> None:
         raise DeploymentError("; ".join(problems))
 
 
-def deployment_settings(record: DeploymentRecord) -> dict[str, Any]:
-    """Return the values a component's settings take from a deployment file."""
-    return {
-        "chain_id": record.chain_id,
-        "escrow": record.escrow,
-        "deployment_block": record.deployment_block,
-    }
+def with_deployment(values: dict[str, Any], *, block_key: str | None = None) -> dict[str, Any]:
+    """Return a component's raw settings with what their ``deployment`` file names: the
+    escrow (one also given must be the file's), the chain id and, under ``block_key``, the
+    deployment block unless set. Raise ValueError (a settings error) for a bad file."""
+    if not values.get("deployment"):
+        return values
+    try:
+        record = read_deployment(Path(str(values["deployment"])))
+    except DeploymentError as exc:
+        raise ValueError(str(exc)) from None
+    given = values.get("escrow")
+    if given and str(given).lower() != record.escrow.lower():
+        raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
+    filled = {**values, "escrow": record.escrow, "chain_id": record.chain_id}
+    if block_key is not None:
+        filled[block_key] = values.get(block_key) or record.deployment_block
+    return filled

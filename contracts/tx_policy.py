@@ -51,6 +51,14 @@ class TxPolicy:
         if self.max_fee_wei is not None and self.max_fee_wei < 1:
             raise ValueError("max_fee_wei must be positive (or unset: no cap)")
 
+    @classmethod
+    def from_settings(
+        cls, confirmations: int, replace_after_blocks: int, max_fee_gwei: float | None
+    ) -> TxPolicy:
+        """Return the policy a role's settings state (the fee cap in gwei per gas)."""
+        cap = None if max_fee_gwei is None else int(max_fee_gwei * 10**9)
+        return cls(confirmations, replace_after_blocks, cap)
+
     def fees(self, base_fee: int, tip: int) -> tuple[int, int]:
         """Return (maxFeePerGas, maxPriorityFeePerGas) for a pending base fee and a tip."""
         max_fee = base_fee * 2 + tip

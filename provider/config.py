@@ -225,19 +225,10 @@ class ProviderConfig(BaseSettings):
                 values["private_key"] = SecretStr(Path(str(key_file)).read_text().strip())
             except (OSError, UnicodeDecodeError) as exc:
                 raise ValueError(f"cannot read private_key_file: {exc}") from None
-        deployment = values.get("deployment")
-        if deployment is not None:
-            from contracts.deployment import DeploymentError, read_deployment
+        if values.get("deployment") is not None:
+            from contracts.deployment import with_deployment
 
-            try:
-                record = read_deployment(Path(str(deployment)))
-            except DeploymentError as exc:
-                raise ValueError(str(exc)) from None
-            given = values.get("escrow")
-            if given and str(given).lower() != record.escrow.lower():
-                raise ValueError(f"escrow {given} is not the deployment file's {record.escrow}")
-            values["escrow"] = record.escrow
-            values["chain_id"] = record.chain_id
+            values = with_deployment(values)
         return values
 
     @field_validator("secret_key")

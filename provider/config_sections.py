@@ -202,11 +202,8 @@ class SettlementConfig(Section):
 
     def tx_policy(self) -> TxPolicy:
         """Return the transaction policy these keys describe."""
-        cap = None if self.max_fee_gwei is None else int(self.max_fee_gwei * 10**9)
-        return TxPolicy(
-            confirmations=self.confirmations,
-            replace_after_blocks=self.replace_after_blocks,
-            max_fee_wei=cap,
+        return TxPolicy.from_settings(
+            self.confirmations, self.replace_after_blocks, self.max_fee_gwei
         )
 
     def margin_s(self, challenge_window: int) -> float:

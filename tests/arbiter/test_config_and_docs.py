@@ -10,6 +10,7 @@ import pytest
 from provider.arbiter.config import ArbiterSettings, load_settings
 from provider.arbiter.rules import DEFAULT_ATOL, DEFAULT_RTOL
 from provider.errors import ConfigError
+from tests.deployment_sample import SAMPLE, write_sample
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "arbiter.md"
 KEY = "0x" + "11" * 32
@@ -91,22 +92,8 @@ def test_the_tolerance_table_is_the_code_s() -> None:
 def test_a_deployment_file_gives_escrow_first_block_and_chain(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import json
-
-    record = {
-        "format": 1,
-        "chain_id": 8453,
-        "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-        "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-        "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
-        "deployment_block": 99,
-        "min_challenge_window": 600,
-        "arbitration_period": 604800,
-        "escrow_code": "0x" + "ab" * 32,
-        "token_code": "existing",
-    }
-    path = tmp_path / "deployment.json"
-    path.write_text(json.dumps(record))
+    record = {**SAMPLE, "deployment_block": 99}
+    path = write_sample(tmp_path / "deployment.json", deployment_block=99)
     monkeypatch.setenv("TPUMARKET_ARBITER_KEY", KEY)
     monkeypatch.delenv("TPUMARKET_ARBITER_ESCROW", raising=False)
     settings = load_settings(deployment=path, confirmations=4)

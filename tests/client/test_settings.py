@@ -3,7 +3,6 @@ exits 2), an empty variable counts as unset, and the private key never shows."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from eth_account import Account
 from client.cli import main
 from client.settings import ClientSettings, ClientSettingsError, load_settings
 from contracts.keystore import KeystoreError, write_keystore
+from tests.deployment_sample import SAMPLE, write_sample
 
 VARIABLES = (
     "TPUMARKET_RPC_URL",
@@ -78,29 +78,14 @@ def test_private_key_is_a_secret_never_in_a_repr(monkeypatch: pytest.MonkeyPatch
     assert isinstance(settings, ClientSettings)
 
 
-DEPLOYMENT = {
-    "format": 1,
-    "chain_id": 8453,
-    "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-    "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-    "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
-    "deployment_block": 1234,
-    "min_challenge_window": 600,
-    "arbitration_period": 604800,
-    "escrow_code": "0x" + "ab" * 32,
-    "token_code": "existing",
-}
-
-
 def test_a_deployment_file_gives_the_escrow_and_its_block(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    path = tmp_path / "deployment.json"
-    path.write_text(json.dumps(DEPLOYMENT))
+    path = write_sample(tmp_path / "deployment.json", deployment_block=1234)
     monkeypatch.setenv("TPUMARKET_DEPLOYMENT", str(path))
     settings = load_settings()
     assert (settings.escrow, settings.escrow_block, settings.chain_id) == (
-        DEPLOYMENT["escrow"],
+        SAMPLE["escrow"],
         1234,
         8453,
     )

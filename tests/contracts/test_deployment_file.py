@@ -26,6 +26,7 @@ from contracts.deployment import (
 from contracts.keystore import write_keystore
 from tests.contracts.conftest import World
 from tests.contracts.delegation import compile_test_contracts
+from tests.deployment_sample import SAMPLE
 
 FEE_TOKEN = Path(__file__).resolve().parent / "sol" / "FeeToken.sol"
 
@@ -128,18 +129,7 @@ def test_existing_plain_token_is_taken_and_fee_token_refused(world: World) -> No
     ],
 )
 def test_edited_file_is_refused(edit: object, message: str) -> None:
-    data = {
-        "format": 1,
-        "chain_id": 31337,
-        "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-        "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-        "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
-        "deployment_block": 2,
-        "min_challenge_window": 5,
-        "arbitration_period": 60,
-        "escrow_code": "0x" + "ab" * 32,
-        "token_code": "existing",
-    }
+    data = dict(SAMPLE)
     parse_deployment(json.dumps(data))
     edit(data)  # type: ignore[operator]
     with pytest.raises(DeploymentError, match=message):

@@ -6,7 +6,6 @@ at least the reorg's depth the indexer never reads the blocks a reorg replaces."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlmodel import select
@@ -15,10 +14,9 @@ from contracts.chain import Anvil, rpc
 from market.indexer import Indexer
 from market.models import ChainEvent
 from market.service import MarketService
-from market.settings import Settings
 
+from . import chain as fixtures
 from .chain import ChainWorld, deploy_world
-from .conftest import Clock
 
 
 @pytest.fixture
@@ -27,18 +25,7 @@ def world() -> Iterator[ChainWorld]:
         yield deploy_world(anvil)
 
 
-@pytest.fixture
-def market(world: ChainWorld, tmp_path: Path) -> Iterator[MarketService]:
-    settings = Settings(
-        data_dir=tmp_path / "data",
-        chain_id=world.anvil.chain_id,
-        escrow=world.escrow.address,
-        rpc_url=world.anvil.url,
-        run_jobs=False,
-    )
-    service = MarketService(settings, clock=Clock(world.now()))
-    yield service
-    service.close()
+market = fixtures.market  # the market on this module's chain (its `world`)
 
 
 def _events(market: MarketService) -> list[tuple[str, str]]:

@@ -3,7 +3,6 @@ is a one-line `MarketConfigError` (exit 2 from `market serve`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from market.errors import MarketConfigError
 from market.settings import PREFIX, Settings
+from tests.deployment_sample import SAMPLE, write_sample
 
 from .conftest import ROOT
 
@@ -108,20 +108,8 @@ def test_serve_when_a_setting_is_bad_then_exit_2_with_one_line(tmp_path: Path) -
 def test_from_env_when_a_deployment_file_is_named_then_escrow_chain_and_block_come_from_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    record = {
-        "format": 1,
-        "chain_id": 8453,
-        "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-        "escrow": "0xe7f1725E7734CE288F8367e1Bb143E90bb3F0512",
-        "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
-        "deployment_block": 77,
-        "min_challenge_window": 600,
-        "arbitration_period": 604800,
-        "escrow_code": "0x" + "ab" * 32,
-        "token_code": "existing",
-    }
-    path = tmp_path / "deployment.json"
-    path.write_text(json.dumps(record))
+    record = SAMPLE
+    path = write_sample(tmp_path / "deployment.json")
     monkeypatch.setenv(PREFIX + "DEPLOYMENT", str(path))
     settings = Settings.from_env()
     assert (settings.escrow, settings.chain_id, settings.index_from_block) == (

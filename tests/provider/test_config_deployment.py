@@ -3,7 +3,6 @@ TOML file, a real keystore, and a real daemon that refuses a node serving anothe
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from contracts.messages import address_of
 from provider.config import load_config
 from provider.daemon import Daemon
 from provider.errors import ConfigError
+from tests.deployment_sample import write_sample
 from tests.provider.daemon_support import ChainWorld, provider_config
 
 KEY = "0x" + "5a" * 32
@@ -27,22 +27,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def _deployment(tmp_path: Path, chain_id: int = 8453) -> Path:
-    path = tmp_path / "deployment.json"
-    record = {
-        "format": 1,
-        "chain_id": chain_id,
-        "token": "0x5FbDB2315678afecb367f032d93F642f64180aa3",
-        "escrow": ESCROW,
-        "deployer": "0xf39Fd6e51aad88F6F4ce6aB8827279cffFb92266",
-        "deployment_block": 7,
-        "min_challenge_window": 600,
-        "arbitration_period": 604800,
-        "escrow_code": "0x" + "ab" * 32,
-        "token_code": "existing",
-    }
-    path.write_text(json.dumps(record))
-    return path
+def _deployment(tmp_path: Path) -> Path:
+    return write_sample(tmp_path / "deployment.json", escrow=ESCROW)
 
 
 def _toml(tmp_path: Path, body: str) -> Path:

@@ -148,23 +148,28 @@ def post_ask(world: ChainWorld, market_url: str, key: str, quantity: int, **term
         market.close()
 
 
-def bid(world: ChainWorld, market_url: str, client: str) -> dict[str, Any]:
-    """As a client with the funds in escrow: bid for one unit; return the deal record."""
-    # The market admits bids the escrow balance covers, counting this client's deals of earlier
-    # tests that were matched but never opened: deposit enough for a few.
+def one_unit_bid(world: ChainWorld, client: str, price: int = PRICE) -> Bid:
+    """Return a client's bid for one unit at `price` (its funds deposited first: the market
+    admits bids the escrow balance covers, counting this client's deals of earlier tests that
+    were matched but never opened, so enough for a few)."""
     world.escrow.deposit(client, 4 * PRICE)
-    domain = market_domain(world.domain.chain_id, world.escrow.address)
-    order = Bid(
+    return Bid(
         owner=address_of(client),
         device_class="cpu",
         quantity=1,
-        price=PRICE,
+        price=price,
         plan=plan_kind(PLAN),
         slo_ms=SLO_S * 1000,
         memory=0,
         expiry=world.chain_time() + 1_800,
         nonce=next(_nonces),
     )
+
+
+def bid(world: ChainWorld, market_url: str, client: str) -> dict[str, Any]:
+    """As a client with the funds in escrow: bid for one unit; return the deal record."""
+    domain = market_domain(world.domain.chain_id, world.escrow.address)
+    order = one_unit_bid(world, client)
     market = MarketHttp(market_url)
     try:
         market.place_bid(order, domain, client)
@@ -337,19 +342,8 @@ def test_an_ask_that_fills_a_resting_bid_above_its_price_is_quoted_at_the_fill_s
     units at the bid's higher price, so the deal spends more than the ask's terms name. The
     daemon quotes that spend (its units are the ask's, its stake share at most the ask's)."""
     world = chain_world
-    world.escrow.deposit(world.client, 4 * PRICE)
     domain = market_domain(world.domain.chain_id, world.escrow.address)
-    order = Bid(
-        owner=address_of(world.client),
-        device_class="cpu",
-        quantity=1,
-        price=2 * PRICE,
-        plan=plan_kind(PLAN),
-        slo_ms=SLO_S * 1000,
-        memory=0,
-        expiry=world.chain_time() + 1_800,
-        nonce=next(_nonces),
-    )
+    order = one_unit_bid(world, world.client, price=2 * PRICE)
     market = MarketHttp(market_url)
     try:
         market.place_bid(order, domain, world.client)
