@@ -73,8 +73,7 @@ class ProgramSignature:
         return cls(
             weights=tuple(spec(i, f"weight{i}", a) for i, a in enumerate(in_avals[:weights])),
             inputs=tuple(
-                spec(weights + i, f"input{i}", a)
-                for i, a in enumerate(in_avals[weights:])
+                spec(weights + i, f"input{i}", a) for i, a in enumerate(in_avals[weights:])
             ),
             outputs=tuple(spec(i, f"output{i}", a) for i, a in enumerate(out_avals)),
         )
