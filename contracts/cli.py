@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpumarket", description="Accelerator compute market")
     parser.add_argument("--version", action="version", version=f"tpumarket {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for entry in sorted(entry_points(group="tpumarket.commands"), key=lambda e: e.name):
+    groups = sorted(entry_points(group="tpumarket.commands"), key=lambda e: e.name)
+    # A command that names its group loads that group alone (`provider run` starts without
+    # importing the market's or the client's modules); anything else loads them all.
+    named = [entry for entry in groups if words and entry.name == words[0]]
+    for entry in named or groups:
         register: Register = entry.load()
         register(commands)
     try:
