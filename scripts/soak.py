@@ -65,6 +65,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from contracts.errors import EscrowError  # noqa: E402
 from contracts.messages import ZERO_ADDRESS  # noqa: E402
 from contracts.pricing import flat  # noqa: E402
 from contracts.program import encode_arrays, encode_envelope  # noqa: E402
@@ -469,26 +470,37 @@ def settle_all(soak: Soak) -> dict[str, Any]:
     st.anvil.increase_time(jump)  # evm_setNextBlockTimestamp + evm_mine
     say(f"chain clock moved {jump} s forward, past every settlement instant and claim window")
 
+    # Under reorgs a transaction may need several tries: as a user would, run again what
+    # says it left work undone, and give the chain's steps longer.
+    tries, slow = (5, 4) if soak.args.reorgs else (1, 1)
     refunds = 0
     for deal in soak.deals:
-        code, figures = soak.start(deal, "refund", []).finish()
-        if code != 0:
-            say(f"job refund on deal {deal.chain_id} exited {code}")
-        refunds += len((figures or {}).get("refunds", []))
+        for _ in range(tries):
+            code, figures = soak.start(deal, "refund", []).finish()
+            refunds += len((figures or {}).get("refunds", []))
+            if code == 0 and not (figures or {}).get("pending_refunds"):
+                break
+            say(f"job refund on deal {deal.chain_id} exited {code}, refunds left pending")
 
     def no_pending() -> bool:
         return all(st.escrow.get_deal(d.chain_id).pending == 0 for d in soak.deals)
 
-    finalized = poll_until(no_pending, 60)
+    finalized = poll_until(no_pending, 60 * slow)
     st.escrow.tx.reset_nonces()  # the client's CLI runs sent transactions with the same key
     account = ClientAccount(st.escrow, st.token, st.client)
     for deal in soak.deals:
-        account.close(deal.chain_id)
+        for attempt in range(tries):
+            try:
+                account.close(deal.chain_id)
+                break
+            except EscrowError as exc:  # not confirmed in time, or agreed by an earlier try
+                say(f"close of deal {deal.chain_id}, try {attempt + 1}: {exc}")
+                st.escrow.tx.reset_nonces()
 
     def closed() -> bool:
         return all(st.escrow.get_deal(d.chain_id).status == DEAL_CLOSED for d in soak.deals)
 
-    closed_by_daemons = poll_until(closed, 90)
+    closed_by_daemons = poll_until(closed, 90 * slow)
     return {
         "settle_wait_s": round(waited, 1),
         "on_time_unsettled_before_jump": left,

@@ -26,7 +26,7 @@ class ChainFaults:
 
     url: str
     seed: int
-    reorg_every_s: float = 6.0
+    reorg_every_s: float = 12.0
     drop_every_s: float = 4.0
     reorgs: int = 0
     depths: list[int] = field(default_factory=list)
