@@ -31,7 +31,7 @@ import numpy as np
 from client.cli import UsageError, emit_json, guarded, print_table
 from client.models.program import ExportedModel
 from client.models.signature import Array
-from contracts.program import (
+from programs.envelope import (
     KNOWN_PLATFORMS,
     ArrayFormat,
     decode_arrays,

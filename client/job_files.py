@@ -1,6 +1,6 @@
 """A batch's tasks, read from files and checked before anything is sent.
 
-A program envelope file (``contracts.program`` wire form, as ``tpumarket job export`` writes
+A program envelope file (``programs.envelope`` wire form, as ``tpumarket job export`` writes
 it) and, for inference, one array file per task (safetensors or ``.npz``, tensors named by the
 program's flat argument index). Every inputs file is checked against the program's signature
 (names, count, shapes, dtypes; the program is deserialized, never run) before any task is
@@ -18,7 +18,7 @@ from client.errors import ClientInputError, ProgramInputsError
 from client.models.signature import ProgramSignature
 from client.tasks import TaskSpec
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
-from contracts.program import (
+from programs.envelope import (
     Array,
     ArrayFormat,
     ProgramEnvelope,

@@ -11,7 +11,7 @@ from typing import Any
 from client.job_files import JobTask
 from client.provider_http import TaskView
 from client.tasks import TaskOutcome
-from contracts.program import ArrayFormat, ProgramFormatError, decode_arrays
+from programs.envelope import ArrayFormat, ProgramFormatError, decode_arrays
 
 
 @dataclass

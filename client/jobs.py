@@ -1,7 +1,7 @@
 """A batch of tasks on one deal, read from files: plan it within the cap, run, pay, refund.
 
 What ``tpumarket job run`` drives, usable from Python too. Tasks come from a program envelope
-file (``contracts.program`` wire form, as ``tpumarket job export`` writes it) and, for
+file (``programs.envelope`` wire form, as ``tpumarket job export`` writes it) and, for
 inference, one array file per task (safetensors or ``.npz``, tensors named by the program's
 flat argument index). Before anything is sent, the batch is fitted under the spending cap at
 each task's maximum price: the projected bill is known, a warning is given as it nears the

@@ -41,7 +41,7 @@ from client.jobs import JobRunner
 from client.replicas import Replica, ReplicaReferee, arbiter_tolerance, compare_replicas
 from contracts.binding import DEAL_OPEN
 from contracts.evidence import Tolerance
-from contracts.program import encode_envelope
+from programs.envelope import encode_envelope
 
 RULED_PAID = "paid by the arbiter's ruling"
 RULED_REFUNDED = "refunded by the arbiter's ruling"

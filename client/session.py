@@ -40,7 +40,7 @@ from contracts.messages import (
     Voucher,
     verify,
 )
-from contracts.program import encode_envelope
+from programs.envelope import encode_envelope
 
 Progress = Callable[["TaskOutcome"], None]
 KeepEnvelope = Callable[[TaskRequest, bytes, "str | None"], None]

@@ -12,8 +12,8 @@ from client.ledger_records import ChainState
 from client.provider_http import TaskView
 from contracts.binding import TASK_CLAIMED, TASK_REFUNDED, TASK_VOUCHED, Escrow
 from contracts.messages import Ack, Receipt, TaskRequest
-from contracts.program import ProgramEnvelope, request_input_hash
 from contracts.settle_by import settle_by as settle_by  # the one copy, shared with the daemon
+from programs.envelope import ProgramEnvelope, request_input_hash
 
 DEADLINE_SLACK_S = 2
 """Seconds a request's deadline adds to the SLO, for transit and clock skew (agreed protocol)."""

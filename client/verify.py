@@ -18,7 +18,7 @@ from client.errors import DeliveryRejected
 from contracts.errors import SignatureError
 from contracts.messages import ZERO_HASH, Ack, Domain, Plan, Receipt, TaskRequest, verify
 from contracts.pricing import price_receipt
-from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays, outputs_hash
+from programs.envelope import ArrayFormat, ProgramEnvelope, decode_arrays, outputs_hash
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any
 from eth_account import Account
 
 from contracts.errors import ChainError
-from contracts.lifetime import dies_with_parent
 from contracts.signing import address_of
+from services.lifetime import dies_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ANVIL_BINARY = REPO_ROOT / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"

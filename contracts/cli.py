@@ -69,12 +69,14 @@ def check_contract(chain: Chain, address: str, *, what: str = "contract") -> Non
 
 def dispatch(args: argparse.Namespace) -> int:
     """Run a parsed command: one-line errors (2: bad input, 1: remote failure), 130: Ctrl-C."""
+    from programs.envelope import ProgramFormatError  # numpy: not on `--version`'s path
+
     try:
         code: int = args.handler(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return INTERRUPTED
-    except InputError as exc:
+    except (InputError, ProgramFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except EscrowError as exc:

@@ -91,7 +91,7 @@ class Tolerance:
 def compare_outputs(got: bytes, want: bytes, tolerance: Tolerance) -> str | None:
     """Return why the safetensors outputs ``got`` differ from ``want`` within ``tolerance``
     (either not decoding is a difference), or None when they agree."""
-    from contracts.program import ArrayFormat, ProgramFormatError, decode_arrays
+    from programs.envelope import ArrayFormat, ProgramFormatError, decode_arrays
 
     try:
         a = decode_arrays(got, ArrayFormat.SAFETENSORS)

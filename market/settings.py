@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.fairness import TrustedProxies
 from contracts.messages import ZERO_ADDRESS
 from market.errors import MarketConfigError
+from services.fairness import TrustedProxies
 
 PREFIX = "TPUMARKET_MARKET_"
 

@@ -25,9 +25,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from contracts.fairness import TrustedProxies
 from contracts.tx_policy import TxPolicy
 from provider.errors import ConfigError
+from services.fairness import TrustedProxies
 
 ENV_PREFIX = "TPUMARKET_PROVIDER_"
 SECRET_FIELDS = frozenset({"private_key", "secret_key"})

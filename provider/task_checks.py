@@ -20,7 +20,7 @@ from contracts.messages import (
     TaskRequest,
     recover_digest,
 )
-from contracts.program import (
+from programs.envelope import (
     ProgramEnvelope,
     ProgramFormatError,
     decode_envelope,

@@ -16,8 +16,8 @@ from typing import Any, TypeAlias
 
 from contracts.errors import SignatureError
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
-from contracts.program import ProgramEnvelope
 from contracts.signing import recover_digest
+from programs.envelope import ProgramEnvelope
 from provider.errors import SandboxClosedError
 from provider.journal import AckRecord, Journal, Key, ReceiptRecord
 from provider.metrics import ProviderMetrics

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.capacity import Capacity
 from provider.config import ProviderConfig
 from provider.errors import RejectedError, SandboxError

@@ -24,7 +24,7 @@ from contracts.messages import (
     sign_digest,
 )
 from contracts.pricing import flat
-from contracts.program import encode_envelope, request_input_hash
+from programs.envelope import encode_envelope, request_input_hash
 from tests.e2e.stack import UNIT, Provider, Stack, bid, post_ask, spin_model
 from tests.market.signing import Trader
 

@@ -83,7 +83,7 @@ from contracts.messages import (  # noqa: E402
     task_bitmap,
     verify,
 )
-from contracts.program import (  # noqa: E402
+from programs.envelope import (  # noqa: E402
     ProgramEnvelope,
     encode_envelope,
     request_input_hash,

@@ -83,7 +83,7 @@ def check(platform: str, tasks: int, clients: int) -> dict[str, Any]:
     from contracts.binding import Chain
     from contracts.chain import Anvil
     from contracts.messages import address_of
-    from contracts.program import encode_envelope
+    from programs.envelope import encode_envelope
 
     envelope, _, _ = mlp_program()
     with Anvil.start(accounts=5) as anvil, tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,7 @@ from contracts.binding import BATCH_PAID, BATCH_REJECTED  # noqa: E402
 from contracts.chain import Anvil  # noqa: E402
 from contracts.evidence import Role  # noqa: E402
 from contracts.messages import address_of  # noqa: E402
-from contracts.program import encode_arrays  # noqa: E402
+from programs.envelope import encode_arrays  # noqa: E402
 from tests.arbiter.drill import (  # noqa: E402
     EVIDENCE_WINDOW_S,
     PENALTY,

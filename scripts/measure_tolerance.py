@@ -42,7 +42,7 @@ def _export(folder: Path) -> list[str]:
 
     from client.models.jax_export import export_jax
     from client.models.zoo.silero_vad import export_silero_vad, initial_state, speech_like_audio
-    from contracts.program import encode_envelope
+    from programs.envelope import encode_envelope
 
     rng = np.random.default_rng(0)
     names = []
@@ -78,7 +78,7 @@ def _export(folder: Path) -> list[str]:
 def _run(folder: Path, names: list[str], out: Path) -> None:
     """In a fresh process: run each envelope with JAX on the CPU; save the outputs."""
     from client.models.jax_export import run_local
-    from contracts.program import decode_envelope
+    from programs.envelope import decode_envelope
 
     results: dict[str, np.ndarray[Any, Any]] = {}
     for name in names:

@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO))
 from contracts.errors import EscrowError  # noqa: E402
 from contracts.messages import ZERO_ADDRESS  # noqa: E402
 from contracts.pricing import flat  # noqa: E402
-from contracts.program import encode_arrays, encode_envelope  # noqa: E402
+from programs.envelope import encode_arrays, encode_envelope  # noqa: E402
 from scripts.soak_chain_faults import MAX_DEPTH, ChainFaults  # noqa: E402
 from tests.e2e.audit import audit, read_chain, read_journal  # noqa: E402
 from tests.e2e.stack import (  # noqa: E402

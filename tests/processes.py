@@ -47,7 +47,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from contracts.lifetime import dies_with_parent
+from services.lifetime import dies_with_parent
 
 RUN_ENV = "TESTS_RUN_ID"
 """The environment variable that names the test runs a process belongs to: ``outer:inner``

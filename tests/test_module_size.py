@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("contracts", "market", "provider", "client")
+PACKAGES = ("contracts", "programs", "services", "market", "provider", "client")
 MAX_LINES = 500
 
 

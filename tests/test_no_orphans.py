@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.lifetime import dies_with_parent
+from services.lifetime import dies_with_parent
 from tests import processes
 from tests.polling import poll_until, wait_until
 

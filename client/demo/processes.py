@@ -21,7 +21,7 @@ from client.demo.terms import (
     ProviderProfile,
 )
 from contracts.chain import free_port
-from contracts.lifetime import dies_with_parent
+from services.lifetime import dies_with_parent
 
 
 class Processes:

@@ -12,7 +12,7 @@ from client.demo.terms import ALPHA, BETA, TPU_TARGET
 from client.errors import ClientError
 from client.tasks import TaskSpec
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def late_envelope() -> ProgramEnvelope:
     from jax import export
 
     from client.models.jax_export import producer_versions
-    from contracts.program import encode_arrays
+    from programs.envelope import encode_arrays
 
     steps = jax.ShapeDtypeStruct((1,), jnp.int32)  # type: ignore[no-untyped-call]
     values = jax.ShapeDtypeStruct((4,), jnp.float32)  # type: ignore[no-untyped-call]

@@ -39,7 +39,7 @@ from client.models.jax_export import DEFAULT_PLATFORMS, package_exported
 from client.models.program import ExportedModel
 from client.models.signature import Array
 from client.models.xla_env import ensure_torch_xla
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays
+from programs.envelope import ArrayFormat, decode_arrays, encode_arrays
 
 Source = tuple[Literal["weight", "input"], int]
 WORKER: Final = Path(__file__).with_name("xla_worker.py")

@@ -14,7 +14,7 @@ import numpy.typing as npt
 from client.errors import ModelExportError, ProgramInputsError
 from client.models.program import ExportedModel
 from client.models.signature import Array, Dim, ProgramSignature, TensorSpec
-from contracts.program import ProducerVersions, ProgramEnvelope, encode_arrays
+from programs.envelope import ProducerVersions, ProgramEnvelope, encode_arrays
 
 if TYPE_CHECKING:
     import jax

@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 from client.errors import ProgramOutputsError
 from client.models.signature import Array, ProgramSignature
-from contracts.program import (
+from programs.envelope import (
     ArrayFormat,
     ProducerVersions,
     ProgramEnvelope,

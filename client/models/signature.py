@@ -160,7 +160,7 @@ class ProgramSignature:
         for spec in self.outputs:
             array = arrays[spec.key]
             if spec.shape == () and array.shape == (1,):
-                # contracts.program.encode_arrays stores a 0-d array as shape (1,)
+                # programs.envelope.encode_arrays stores a 0-d array as shape (1,)
                 # (np.ascontiguousarray returns ndim >= 1): read it back as the scalar it is.
                 array = array.reshape(())
             if str(array.dtype) != spec.dtype or array.ndim != len(spec.shape):

@@ -13,7 +13,6 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from contracts.messages import ZERO_ADDRESS
-from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from market import heap
 from market.api import errors, methods
 from market.api.body import publish_schemas
@@ -27,6 +26,7 @@ from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
 from market.service import MarketService
 from market.settings import Settings
+from services.serving import redact_logs, register_secret, restore_recursion_limit
 
 WEB = Path(__file__).resolve().parent.parent / "web"
 

@@ -5,7 +5,7 @@
 `problems` lists a 422's bounded validation problems (empty otherwise). A 429 and a 503 also
 carry `Retry-After` (whole seconds, at least 1), and a 429's `detail` says the same wait.
 
-No answer carries a secret: every `detail` passes through `contracts.serving.redact` (node URLs
+No answer carries a secret: every `detail` passes through `services.serving.redact` (node URLs
 cut to their host, the RPC URL's key removed), and a 5xx says a stable sentence per kind, never
 the text of the exception behind it (that goes to the log, redacted too).
 """
@@ -25,7 +25,6 @@ from pydantic import BaseModel
 from pydantic import Field as PField
 from starlette.exceptions import HTTPException
 
-from contracts.serving import redact
 from market.api.body import BoundedValidationError, bounded_errors
 from market.errors import (
     AuthError,
@@ -44,6 +43,7 @@ from market.errors import (
     UnknownOrderError,
     UnsupportedMediaTypeError,
 )
+from services.serving import redact
 
 STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (RateLimitedError, 429),

@@ -30,13 +30,13 @@ from fastapi import FastAPI, Request
 from pydantic_core import to_json
 from starlette.types import Receive, Scope, Send
 
-from contracts.serving import read_streamed_body
 from market.api.body import check_shape, order_limits, parse
 from market.api.limits import SECURITY_HEADERS, secured
 from market.errors import PayloadTooLargeError, UnsupportedMediaTypeError
 from market.models import OrderCreate
 from market.placement import Placed
 from market.service import MarketService
+from services.serving import read_streamed_body
 
 PATH = "/v1/orders"
 _JSON = (b"content-type", b"application/json")

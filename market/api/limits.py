@@ -4,7 +4,7 @@ Each JSON route caps its own body while reading it (`market.api.body`); `BodySiz
 anything larger than the largest cap on any path (Content-Length or streamed), routes without a
 body included. `SecurityHeaders` adds to every response what a browser needs to keep the web
 order book and the API docs to this origin: a Content-Security-Policy with no external source,
-no framing, no MIME sniffing, no referrer (`contracts.serving.security_headers`, the daemon's
+no framing, no MIME sniffing, no referrer (`services.serving.security_headers`, the daemon's
 too).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contracts.serving import MARKET_CSP, security_headers, with_headers
+from services.serving import MARKET_CSP, security_headers, with_headers
 
 CSP = MARKET_CSP
 """Scripts, styles, images and fetches from this origin only; nothing inline, no frames."""

@@ -1,6 +1,6 @@
 """Serving the app with uvicorn on connections a slow or idle client cannot hold open.
 
-The protocol (`contracts.serving.guarded_protocol`, shared with the provider daemon) closes a
+The protocol (`services.serving.guarded_protocol`, shared with the provider daemon) closes a
 new connection that sends nothing within the keep-alive timeout, a request that does not
 arrive whole (request line, headers and body) within `request_read_timeout_s` of its first
 byte (a 408 if its headers never completed), and headers over `max_header_bytes` (a 400).
@@ -16,15 +16,15 @@ from typing import Any
 
 import uvicorn
 
-from contracts.fairness import ConnectionBudget, TrustedProxies, is_loopback_bind
-from contracts.serving import (
+from market.settings import Settings
+from services.fairness import ConnectionBudget, TrustedProxies, is_loopback_bind
+from services.serving import (
     REFUSAL_RETRY_S,
     GuardedHttpToolsProtocol,
     HostCheck,
     guarded_protocol,
     redact_logs,
 )
-from market.settings import Settings
 
 
 def split(text: str) -> tuple[str, ...]:
@@ -70,7 +70,7 @@ def serve(app: Any, settings: Settings, *, host: str, port: int, log_level: str)
     """Run `app` with uvicorn until interrupted, on guarded connections.
 
     Bound to loopback, the app refuses (421) a dotted `Host` name not in `allowed_hosts` (DNS
-    rebinding; `contracts.fairness.host_allowed`).
+    rebinding; `services.fairness.host_allowed`).
     """
     if is_loopback_bind(host):
         refused = _error(421, "HostNotAllowedError", "the Host header names no address served")

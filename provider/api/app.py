@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from contracts.serving import redact_logs, register_secret, restore_recursion_limit
 from provider.api import errors
 from provider.api.fast import FastTasks
 from provider.api.routes import access, system, tasks, vouchers
 from provider.daemon import Daemon
+from services.serving import redact_logs, register_secret, restore_recursion_limit
 
 
 def create_app(daemon: Daemon) -> FastTasks:
@@ -20,7 +20,7 @@ def create_app(daemon: Daemon) -> FastTasks:
     restore_recursion_limit()  # eth-account raised it: deep JSON would overflow the C stack
     config = daemon.config
     for secret in (config.rpc_url, config.market_url, config.private_key):
-        register_secret(secret)  # never in an answer nor a log line (contracts.serving.redact)
+        register_secret(secret)  # never in an answer nor a log line (services.serving.redact)
     register_secret(config.private_key.removeprefix("0x"))
     redact_logs()
     app = FastAPI(

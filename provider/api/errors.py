@@ -1,7 +1,7 @@
 """The one place domain errors become HTTP answers: status, body and headers.
 
 Every error answer is ``{"error": code, "reason": text}``. A reason passes through
-:func:`contracts.serving.redact` (node URLs cut to their host, registered secrets removed); a
+:func:`services.serving.redact` (node URLs cut to their host, registered secrets removed); a
 5xx carries a stable reason per code and never an exception's text; a 503 (and a 429) carries
 ``Retry-After``.
 """
@@ -15,8 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from contracts.serving import redact
 from provider.errors import NotFoundError, ProviderError, RejectedError
+from services.serving import redact
 
 log = logging.getLogger("provider.api")
 

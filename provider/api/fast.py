@@ -16,9 +16,7 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from contracts.fairness import RequestBudget
-from contracts.program import ProgramFormatError, check_target_name
-from contracts.serving import API_CSP, read_streamed_body, security_headers, with_headers
+from programs.envelope import ProgramFormatError, check_target_name
 from provider.api.errors import rejected_answer, render
 from provider.api.models import (
     REQUEST_HEADER,
@@ -33,6 +31,8 @@ from provider.errors import RejectedError
 from provider.task_checks import CheckedRequest
 from provider.uploads import admit_upload
 from provider.wire import MAX_JSON_DEPTH, json_depth
+from services.fairness import RequestBudget
+from services.serving import API_CSP, read_streamed_body, security_headers, with_headers
 
 MAX_WAIT_S = 60.0
 SECURITY_HEADERS = security_headers(API_CSP)

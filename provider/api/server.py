@@ -1,6 +1,6 @@
 """Serving the daemon's API with uvicorn on connections a slow or idle client cannot hold open.
 
-The protocol is the market's (:func:`contracts.serving.guarded_protocol`): a new connection
+The protocol is the market's (:func:`services.serving.guarded_protocol`): a new connection
 that sends nothing closes after ``keep_alive_s``, like one idle after an answer; a request must
 arrive whole within ``request_read_timeout_s`` of its first byte, plus a second for every
 :data:`MIN_UPLOAD_RATE` bytes of body received (a task envelope of many MiB on a fair link
@@ -15,16 +15,16 @@ from typing import Any
 
 import uvicorn
 
-from contracts.fairness import ConnectionBudget, TrustedProxies, is_loopback_bind
-from contracts.serving import (
+from provider.api.errors import error_body
+from provider.config import ProviderConfig
+from services.fairness import ConnectionBudget, TrustedProxies, is_loopback_bind
+from services.serving import (
     REFUSAL_RETRY_S,
     GuardedHttpToolsProtocol,
     HostCheck,
     guarded_protocol,
     redact_logs,
 )
-from provider.api.errors import error_body
-from provider.config import ProviderConfig
 
 MIN_UPLOAD_RATE = 64 * 1024
 """Bytes per second a body must keep arriving at, past the read timeout, not to be cut."""
@@ -77,7 +77,7 @@ def serve(app: Any, config: ProviderConfig) -> None:
     """Run ``app`` with uvicorn on the config's host and port until interrupted.
 
     Bound to loopback, ``app`` refuses (421) a dotted ``Host`` name not in
-    ``[http] allowed_hosts`` (DNS rebinding; :func:`contracts.fairness.host_allowed`).
+    ``[http] allowed_hosts`` (DNS rebinding; :func:`services.fairness.host_allowed`).
     """
     if is_loopback_bind(config.host):
         refused = _json("host_not_allowed", "the Host header names no address this daemon serves")

@@ -37,7 +37,7 @@ from contracts.evidence import (
 )
 from contracts.hashing import keccak256
 from contracts.messages import recover_digest
-from contracts.program import MAX_ENVELOPE_BYTES, check_target_name
+from programs.envelope import MAX_ENVELOPE_BYTES, check_target_name
 from provider.arbiter.errors import EvidenceRefused
 from provider.arbiter.journal import CaseState
 from provider.arbiter.service import Arbiter, ruling_bytes

@@ -24,7 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from contracts.evidence import DEFAULT_ATOL, DEFAULT_RTOL, MEMORY_RTOL, Tolerance
-from contracts.program import ArrayFormat, ProgramFormatError, decode_arrays
+from programs.envelope import ArrayFormat, ProgramFormatError, decode_arrays
 
 __all__ = [
     "DEFAULT_ATOL",

@@ -20,7 +20,7 @@ from contracts.errors import ChainError, ContractRevert, SignatureError
 from contracts.evidence import Role, evidence_digest
 from contracts.hashing import keccak256
 from contracts.messages import KIND_COMPILE, recover_digest
-from contracts.program import (
+from programs.envelope import (
     ProgramFormatError,
     decode_envelope,
     request_input_hash,

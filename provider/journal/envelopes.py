@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 
-from contracts.program import ProgramFormatError, join_envelope, split_envelope
+from programs.envelope import ProgramFormatError, join_envelope, split_envelope
 from provider.errors import JournalCorruptError, JournalError
 from provider.journal.records import AckRecord, Key
 from provider.journal.retention import FRAME, Retention

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from contracts.lifetime import dies_with_parent
+from services.lifetime import dies_with_parent
 
 
 class IsolationMode(StrEnum):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, NotRequired, TypedDict
 
-from contracts.program import ProgramFormatError
+from programs.envelope import ProgramFormatError
 from provider.diagnosis import Category, Diagnosis, Stage, classify, diagnose, hint_set_name
 from provider.errors import ProviderError
 from provider.sandbox.checks import RejectedProgram

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.program import (
+from programs.envelope import (
     ArrayFormat,
     ProgramEnvelope,
     ProgramFormatError,

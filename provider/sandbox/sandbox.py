@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
-from contracts.program import (
+from programs.envelope import (
     ProgramEnvelope,
     ProgramFormatError,
     decode_envelope,

@@ -12,7 +12,7 @@ import hashlib
 from importlib.metadata import version
 from pathlib import Path
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.diagnosis import Diagnosis
 from provider.sandbox.aot_reports import AotReport, report_digest
 from provider.sandbox.cache_wire import CacheSection, pack_request, split_reply

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from contracts.program import ProgramEnvelope, decode_envelope
+from programs.envelope import ProgramEnvelope, decode_envelope
 from provider.diagnosis import Category, Stage, diagnose
 from provider.sandbox.argcheck import check_wide_dtypes
 from provider.sandbox.checks import (

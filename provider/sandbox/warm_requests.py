@@ -6,7 +6,7 @@ import functools
 import hashlib
 import json
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.sandbox.compile_store import client_id
 from provider.sandbox.pool import WarmCall
 

@@ -21,7 +21,7 @@ from contracts.chain import free_port
 from contracts.evidence import Role, upload_evidence
 from contracts.messages import KIND_INFERENCE, STATUS_SUCCESS, Ack, Receipt, address_of
 from contracts.pricing import price_receipt
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays, encode_envelope
+from programs.envelope import ArrayFormat, decode_arrays, encode_arrays, encode_envelope
 from provider.sandbox import InferenceResult, Sandbox
 from tests import processes
 from tests.contracts.builders import DEFAULT_PLAN, SignedTask, claim, open_deal

@@ -18,7 +18,7 @@ from client.replicas import (
     compare_replicas,
 )
 from contracts.evidence import Role
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays
+from programs.envelope import ArrayFormat, decode_arrays, encode_arrays
 from tests.contracts.builders import claim, open_deal
 from tests.contracts.conftest import World
 from tests.polling import wait_until

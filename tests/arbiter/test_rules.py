@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.program import encode_arrays
+from programs.envelope import encode_arrays
 from provider.arbiter.rules import (
     Rerun,
     TaskFacts,

@@ -21,7 +21,7 @@ from client.ledger import DealLedger
 from client.ledger_records import TaskRecord
 from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
 from contracts.messages import sign_digest
-from contracts.program import encode_arrays, encode_envelope
+from programs.envelope import encode_arrays, encode_envelope
 from tests import processes
 from tests.e2e.stack import ROOT, Provider, Stack, spin_inputs, spin_model, wait_until
 

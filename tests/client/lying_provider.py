@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import provider.task_runner as task_runner
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays
+from programs.envelope import ArrayFormat, decode_arrays, encode_arrays
 from provider.cli import main
 from provider.sandbox.results import InferenceResult
 

@@ -25,7 +25,7 @@ import contracts.cli
 from client.cli import register
 from client.models import export_jax
 from contracts.chain import free_port
-from contracts.program import encode_arrays, encode_envelope
+from programs.envelope import encode_arrays, encode_envelope
 from tests import processes
 from tests.contracts.conftest import World
 

@@ -21,8 +21,8 @@ from client.tasks import TaskSpec
 from client.vouchers import VoucherBook
 from contracts.chain import rpc
 from contracts.messages import KIND_INFERENCE, Plan, TaskRequest
-from contracts.program import ProgramEnvelope
 from contracts.signer_code import code_kind
+from programs.envelope import ProgramEnvelope
 from tests.e2e.stack import Provider, Stack, spin_inputs, spin_model, stack
 from tests.polling import wait_until
 

@@ -22,7 +22,7 @@ from client.ledger_records import TaskRecord, TaskState
 from client.tasks import TaskSpec
 from client.vouchers import VoucherBook
 from contracts.messages import KIND_INFERENCE, Ack, TaskRequest
-from contracts.program import (
+from programs.envelope import (
     ArrayFormat,
     ProducerVersions,
     ProgramEnvelope,

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from contracts.chain import ANVIL_BINARY, DEV_MNEMONIC, Anvil, dev_keys, free_port
-from contracts.lifetime import dies_with_parent
 from contracts.messages import address_of
 from provider.cli import main
+from services.lifetime import dies_with_parent
 from tests.contracts.conftest import World, deploy_world
 from tests.market.server import market_server
 

@@ -23,7 +23,7 @@ from client.session import DealSession
 from client.tasks import TaskSpec, settle_by
 from client.vouchers import VoucherBook
 from contracts.messages import KIND_COMPILE, KIND_INFERENCE, Plan
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from tests.e2e.stack import UNIT, Provider, Stack, spin_inputs, spin_model, stack, wait_until
 from tests.polling import hang_ceiling_s
 

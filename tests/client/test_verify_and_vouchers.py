@@ -22,7 +22,7 @@ from contracts.messages import (
     address_of,
 )
 from contracts.pricing import price_receipt
-from contracts.program import outputs_hash
+from programs.envelope import outputs_hash
 
 DOMAIN = Domain(chain_id=31337, verifying_contract="0x" + "ab" * 20)
 PROVIDER_KEY = "0x" + "11" * 32

@@ -24,7 +24,7 @@ from contracts.transactor import selector_of
 
 from .conftest import World
 
-SOURCES = ("contracts", "market", "provider", "client", "scripts", "tests")
+SOURCES = ("contracts", "programs", "services", "market", "provider", "client", "scripts", "tests")
 SAMPLES: dict[str, Any] = {
     "address": "0x" + "11" * 20,
     "bool": True,

@@ -29,7 +29,7 @@ from contracts.messages import (
     task_bitmap,
 )
 from contracts.pricing import flat
-from contracts.program import encode_envelope
+from programs.envelope import encode_envelope
 from provider.journal import AckRecord, Journal
 from tests.e2e.audit import audit, read_journal
 from tests.e2e.stack import MIN_WINDOW, PROVIDER_STAKE, UNIT, Stack, spin_model, stack

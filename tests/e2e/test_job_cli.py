@@ -29,7 +29,7 @@ from contracts.binding import DEAL_CLOSED, TASK_NONE, TASK_REFUNDED, TASK_VOUCHE
 from contracts.errors import ContractRevert
 from contracts.messages import ZERO_ADDRESS, Claim, address_of
 from contracts.pricing import outcome_based
-from contracts.program import encode_arrays, encode_envelope
+from programs.envelope import encode_arrays, encode_envelope
 from tests import processes
 from tests.client.jobs_support import acked_by_provider
 from tests.e2e.stack import (

@@ -27,7 +27,7 @@ from contracts.binding import BATCH_REJECTED, DEAL_CLOSED, TASK_CLAIMED, TASK_NO
 from contracts.errors import ContractRevert
 from contracts.messages import KIND_INFERENCE, Quote, address_of
 from contracts.pricing import flat
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from tests.e2e.stack import (
     MIN_WINDOW,
     PROVIDER_STAKE,

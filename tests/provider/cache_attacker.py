@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from contracts.program import decode_envelope
+from programs.envelope import decode_envelope
 from provider.sandbox.limits import SandboxLimits
 from provider.sandbox.wire import pack, unpack
 

@@ -29,7 +29,7 @@ from contracts.messages import (
     TaskRequest,
     address_of,
 )
-from contracts.program import ProgramEnvelope, encode_envelope, request_input_hash
+from programs.envelope import ProgramEnvelope, encode_envelope, request_input_hash
 from provider.config import ProviderConfig, SettlementConfig
 from tests import processes
 from tests.polling import wait_until

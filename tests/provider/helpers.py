@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from contracts.program import ArrayFormat, decode_arrays
+from programs.envelope import ArrayFormat, decode_arrays
 from provider.diagnosis import Category
 from provider.sandbox import CompileResult, InferenceResult, TaskFailure
 

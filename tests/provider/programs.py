@@ -13,7 +13,7 @@ import numpy as np
 from jax import export
 from jax.extend.mlir.dialects import stablehlo
 
-from contracts.program import (
+from programs.envelope import (
     ProducerVersions,
     ProgramEnvelope,
     encode_arrays,

@@ -20,10 +20,10 @@ from contracts.access import (
     ACCESS_TOKEN_HEADER,
 )
 from contracts.messages import Voucher, task_bitmap
-from contracts.serving import RECURSION_LIMIT
 from provider.access import DEAL_SCOPE
 from provider.api.fast import MAX_SMALL_BODY_BYTES
 from provider.daemon import Daemon
+from services.serving import RECURSION_LIMIT
 from tests.provider.access_support import proof
 from tests.provider.daemon_support import ChainWorld, SignedTask, sign_task, tiny_mlp_envelope
 

@@ -32,14 +32,14 @@ from contracts.messages import (
     verify,
 )
 from contracts.pricing import price_receipt
-from contracts.program import (
+from contracts.typed_data import schema
+from programs.envelope import (
     ArrayFormat,
     ProgramEnvelope,
     compile_input_hash,
     decode_arrays,
     encode_arrays,
 )
-from contracts.typed_data import schema
 from provider.api import create_app
 from provider.config import SettlementConfig
 from provider.daemon import Daemon

@@ -33,7 +33,7 @@ from contracts.messages import (
 )
 from contracts.orders import market_domain
 from contracts.pricing import flat, metered, price_receipt
-from contracts.program import (
+from programs.envelope import (
     ProducerVersions,
     ProgramEnvelope,
     ProgramFormatError,

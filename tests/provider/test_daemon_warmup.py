@@ -25,7 +25,7 @@ from contracts.access import (
     result_access_digest,
 )
 from contracts.messages import sign_digest
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.api import create_app
 from provider.config import ProviderConfig
 from provider.daemon import Daemon

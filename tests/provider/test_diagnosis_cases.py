@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contracts.program import ArrayFormat, ProgramEnvelope, encode_arrays
+from programs.envelope import ArrayFormat, ProgramEnvelope, encode_arrays
 from provider.capacity import tpu_compiler_available
 from provider.diagnosis import (
     F64_ON_TPU_HINTS,

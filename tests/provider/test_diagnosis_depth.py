@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.diagnosis import (
     COMPILER_CRASH_HINTS,
     HINTS,

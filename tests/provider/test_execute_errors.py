@@ -22,7 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contracts.messages import Receipt, address_of, verify
-from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays
+from programs.envelope import ArrayFormat, ProgramEnvelope, decode_arrays
 from provider.daemon import Daemon
 from provider.diagnosis import HINTS, Category, Stage
 from provider.sandbox import Sandbox, SandboxLimits

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from contracts.messages import Receipt
-from contracts.program import ArrayFormat, ProgramEnvelope, decode_arrays
+from programs.envelope import ArrayFormat, ProgramEnvelope, decode_arrays
 from provider.daemon import Daemon
 from provider.errors import ConfigError
 from provider.output_memory import OUTPUT_MEMORY_ENV, OutputMemory, output_memory_budget

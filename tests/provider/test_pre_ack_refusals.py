@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from tests.provider.daemon_support import ChainWorld, compile_task, sign_task, tiny_mlp_envelope
 from tests.provider.programs import envelope_for, export_fn, spec
 

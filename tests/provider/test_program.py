@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.program import (
+from programs.envelope import (
     MAGIC,
     ArrayFormat,
     ProducerVersions,

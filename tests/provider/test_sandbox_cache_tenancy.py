@@ -35,7 +35,7 @@ def _findings(result: object) -> dict[str, Any]:
 
 
 def _program(rng: np.random.Generator) -> bytes:
-    from contracts.program import encode_envelope
+    from programs.envelope import encode_envelope
 
     params = mlp_params(rng, 8, 16, 4)
     exported = export_fn(

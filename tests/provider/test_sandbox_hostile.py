@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.program import MAX_PROGRAM_BYTES, ProducerVersions, ProgramEnvelope
+from programs.envelope import MAX_PROGRAM_BYTES, ProducerVersions, ProgramEnvelope
 from provider.diagnosis import Category, Stage
 from provider.errors import SandboxClosedError
 from provider.sandbox import InferenceResult, Sandbox, SandboxLimits, TaskFailure

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from contracts.program import encode_envelope, inputs_hash, outputs_hash, program_hash
+from programs.envelope import encode_envelope, inputs_hash, outputs_hash, program_hash
 from provider.diagnosis import Category, Stage
 from provider.sandbox import Sandbox, SandboxLimits
 from tests.provider.helpers import compiled, failed, outputs, ran

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from jax import export
 
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.diagnosis import Category
 from provider.sandbox import Sandbox
 from provider.sandbox.checks import RejectedProgram

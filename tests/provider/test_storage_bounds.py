@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from contracts.messages import Voucher, task_bitmap
-from contracts.program import encode_envelope
+from programs.envelope import encode_envelope
 from provider.config_storage import StorageConfig
 from provider.errors import RejectedError
 from provider.storage_bounds import StorageBounds

@@ -29,7 +29,7 @@ from contracts.messages import (
     task_bitmap,
 )
 from contracts.pricing import flat
-from contracts.program import ProducerVersions, ProgramEnvelope, encode_envelope
+from programs.envelope import ProducerVersions, ProgramEnvelope, encode_envelope
 from provider.errors import JournalError
 from provider.journal import AckRecord, Journal, OutputsPrunedError
 from provider.journal.command import verify_journal

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from contracts.chain import rpc
 from contracts.messages import KIND_INFERENCE, STATUS_SUCCESS, address_of
 from contracts.pricing import price, tiered
-from contracts.program import ProgramEnvelope
 from contracts.signer_code import CodeKind
+from programs.envelope import ProgramEnvelope
 from provider.api import create_app
 from provider.counterparty import CounterpartyCode, chain_code
 from provider.daemon import Daemon

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from client.models.program import ExportedModel
 from client.models.signature import Array
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.sandbox import InferenceResult, Sandbox
 
 

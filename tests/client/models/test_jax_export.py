@@ -12,7 +12,7 @@ import pytest
 
 from client.errors import ModelExportError, ProgramInputsError, ProgramOutputsError
 from client.models import ExportedModel, export_jax, run_local
-from contracts.program import ArrayFormat, decode_arrays, encode_arrays, inputs_hash
+from programs.envelope import ArrayFormat, decode_arrays, encode_arrays, inputs_hash
 from provider.sandbox import CompileResult, Sandbox
 from tests.client.models.helpers import run_in_sandbox
 

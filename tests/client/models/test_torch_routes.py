@@ -20,7 +20,7 @@ from client.cli import build_parser
 from client.models import ExportedModel, export_torch, run_local
 from client.models.export_diagnosis import ExportCategory, ExportFailed
 from contracts.messages import KIND_COMPILE
-from contracts.program import decode_envelope, encode_arrays
+from programs.envelope import decode_envelope, encode_arrays
 from tests.client.models import torch_zoo
 from tests.client.models.torch_support import (
     FAILURES,

@@ -24,7 +24,7 @@ from client.models.export_diagnosis import ExportCategory, ExportFailed
 from client.models.from_torch_xla import XlaJob, export_torch_xla_many
 from contracts.access import ACCESS_EXPIRY_HEADER, ACCESS_SIGNATURE_HEADER, result_access_digest
 from contracts.messages import KIND_INFERENCE, sign_digest
-from contracts.program import ProgramEnvelope
+from programs.envelope import ProgramEnvelope
 from provider.api import create_app
 from provider.daemon import Daemon
 from provider.sandbox import Sandbox, SandboxLimits

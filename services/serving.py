@@ -16,10 +16,10 @@
     upload at a fair rate is never cut, and a drip is), or the connection closes (with a 408 if
     its headers never completed);
   - its request line and headers may hold at most `max_header_bytes` (a 400 and close beyond);
-  - with a `contracts.fairness.ConnectionBudget`, a connection beyond its client address's
+  - with a `services.fairness.ConnectionBudget`, a connection beyond its client address's
     share or the service's total is answered at once (429 or 503, ``Retry-After``) and closed;
   - the scope's client address is a trusted reverse proxy's ``X-Forwarded-For`` when the peer
-    is one (`contracts.fairness.TrustedProxies`), else the peer: everything downstream (rate
+    is one (`services.fairness.TrustedProxies`), else the peer: everything downstream (rate
     limits, stream caps) sees the real client.
 - **No secret in what a stranger can make a service say.** A node URL often carries an API key
   (in its path, query or userinfo), and the HTTP libraries put the URL, or its path alone, in
@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from contracts.fairness import ConnectionBudget, TrustedProxies, host_allowed
+from services.fairness import ConnectionBudget, TrustedProxies, host_allowed
 
 RECURSION_LIMIT = 1_000
 """Python's default, put back after eth-account raised it (see the module's docstring)."""
@@ -264,9 +264,9 @@ def with_headers(send: Send, headers: Headers) -> Send:
 
 class HostCheck:
     """Answer 421 to a request whose ``Host`` a DNS-rebinding page could send
-    (`contracts.fairness.host_allowed`: a dotted name not in ``allowed``).
+    (`services.fairness.host_allowed`: a dotted name not in ``allowed``).
 
-    For a service bound to a loopback address (`contracts.fairness.is_loopback_bind`): a page
+    For a service bound to a loopback address (`services.fairness.is_loopback_bind`): a page
     of another origin whose name the attacker points at 127.0.0.1 sends its own name as
     ``Host`` and is refused.
     """

@@ -1,6 +1,6 @@
 """Fair use of an HTTP service by client address: who the client is, and what it may hold.
 
-Shared by the market and the provider daemon (their protocol, `contracts.serving`):
+Shared by the market and the provider daemon (their protocol, `services.serving`):
 
 - **The client address.** The peer of the TCP connection, unless that peer is a configured
   reverse proxy (`TrustedProxies`, empty by default): then the right-most address of

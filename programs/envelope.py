@@ -34,8 +34,6 @@ import numpy as np
 import numpy.typing as npt
 import safetensors.numpy
 
-from contracts.errors import EscrowError
-
 MAGIC: Final = b"TPMP"
 FORMAT_VERSION: Final = 1
 MAX_PROGRAM_BYTES: Final = 64 * 1024 * 1024
@@ -50,8 +48,11 @@ _HASH_DOMAIN_INPUTS_WITH_WEIGHTS: Final = b"tpumarket.inputs+weights.v1"
 Array = npt.NDArray[np.generic]
 
 
-class ProgramFormatError(EscrowError, ValueError):
-    """Raised when an envelope or an array file is malformed, oversized or inconsistent."""
+class ProgramFormatError(ValueError):
+    """Raised when an envelope or an array file is malformed, oversized or inconsistent.
+
+    The package's exception root: everything here that refuses input raises it.
+    """
 
 
 class ArrayFormat(StrEnum):

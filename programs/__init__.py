@@ -1,0 +1,1 @@
+"""Task programs: the envelope a client writes and a provider reads (imports nothing of ours)."""
