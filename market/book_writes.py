@@ -15,7 +15,13 @@ from sqlmodel import Session
 
 from market import storage
 from market.books import Books
-from market.errors import ForbiddenError, OrderStateError, ReplayError, UnknownOrderError
+from market.errors import (
+    ForbiddenError,
+    OrderStateError,
+    ReplayError,
+    UnknownOrderError,
+    WrongClassError,
+)
 from market.metrics import Metrics
 from market.models import Order
 from market.writer import Writer, release
@@ -38,6 +44,11 @@ def cancel(
             stored = storage.get_order(session=session, order_id=order_id)
         if stored is None:
             raise UnknownOrderError(order_id)
+        if stored.state in storage.LIVE_STATES:  # live, in a class another process matches
+            raise WrongClassError(
+                f"order {order_id} is in device class {stored.device_class!r}, matched by "
+                "another market process: cancel it there"
+            )
         # Not live, so no longer in the engine: filled, cancelled or expired.
         raise OrderStateError(order_id, stored.state, "cancelled")
     with book.lock, open_session() as session:

@@ -25,14 +25,19 @@ class ClassBook:
 class Books:
     """Every device class's book; a class is restored from storage the first time it is used."""
 
-    def __init__(self, db: Engine, now: Callable[[], int]) -> None:
-        """Restore every class that has stored orders, as remembered at `now()`."""
+    def __init__(
+        self, db: Engine, now: Callable[[], int], owns: Callable[[str], bool] | None = None
+    ) -> None:
+        """Restore every class that has stored orders (those `owns` names, if given), as
+        remembered at `now()`."""
         self._db = db
         self._now = now
         self._classes: dict[str, ClassBook] = {}
         self._lock = threading.Lock()
         with Session(db) as session:
             for name in storage.device_classes(session=session):
+                if owns is not None and not owns(name):
+                    continue
                 self._classes[name] = _restore(session, name, now())
 
     def get(self, name: str) -> ClassBook:

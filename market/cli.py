@@ -1,11 +1,13 @@
 """`tpumarket market serve`: run the market (API, web order book, jobs) in one process.
 
-One process per region: matching is single-writer per device class inside it, so do not run
-several workers against one database. At start it checks its chain (the RPC answers, its chain
-id is `--chain-id`, or becomes it when none is given; the escrow has code) and prints where it
-listens, where it stores its data and which chain and escrow it serves. With the chain down and
-`--chain-id` given it starts all the same: reads are served, what needs the escrow is answered
-503 with `Retry-After`, and `/v1/health` says the chain is missing.
+One process per region, or one per group of device classes (`--device-classes`) on one
+PostgreSQL database: matching is single-writer per device class, and a second process claiming
+a class already served (or the SQLite file of a running market) is refused (`market.partition`).
+At start it checks its chain (the RPC answers, its chain id is `--chain-id`, or becomes it when
+none is given; the escrow has code) and prints where it listens, where it stores its data and
+which chain and escrow it serves. With the chain down and `--chain-id` given it starts all the
+same: reads are served, what needs the escrow is answered 503 with `Retry-After`, and
+`/v1/health` says the chain is missing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from contracts.binding import connect
@@ -22,6 +25,9 @@ from contracts.errors import ChainError, EscrowError
 from market.database import SQLITE_FILE
 from market.errors import MarketConfigError
 from market.settings import Settings
+
+if TYPE_CHECKING:
+    from market.partition import Partition
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -90,6 +96,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         default=None,
         help="seconds a request may take to arrive, headers and body (default 10)",
     )
+    serve.add_argument(
+        "--device-classes",
+        default=None,
+        help="device classes this process matches, comma-separated, beside others on one "
+        "PostgreSQL database (env TPUMARKET_MARKET_DEVICE_CLASSES; default: every class)",
+    )
     serve.add_argument("--no-jobs", action="store_true", help="do not run the scheduled jobs")
     serve.add_argument(
         "--rate-per-address", type=float, default=None, help="orders/s per signer (0: no limit)"
@@ -118,6 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "request_read_timeout_s": args.request_read_timeout,
         "provider_offline_after_s": args.provider_ttl,
         "unopened_deal_hold_s": args.unopened_deal_hold,
+        "device_classes": args.device_classes,
     }
     if args.rate_per_address is not None:
         overrides["burst_per_address"] = max(1.0, 2 * args.rate_per_address)
@@ -194,6 +207,11 @@ def _serve(args: argparse.Namespace) -> int:
     except EscrowError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
+    try:
+        writer = _claim(settings)
+    except MarketConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     host = f"[{args.host}]" if ":" in args.host else args.host
     url = f"http://{host}:{args.port}"
     print(f"market    {url} (order book page {url}/, API docs {url}/docs)")
@@ -215,7 +233,31 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
     )
+    writer.release()
     return 0
+
+
+def _claim(settings: Settings) -> Partition:
+    """Claim the database for this process (`market.partition`): a process serving every class
+    holds its claim here for its whole life; one serving named classes is checked here (a clear
+    refusal) and claims them for good as its service starts."""
+    from market import database
+    from market.partition import Partition, classes_of
+
+    writer = Partition(classes_of(settings))
+    if not settings.database_url:
+        if writer.shared:
+            writer.claim(database.make_engine(url="sqlite://"))  # refused: needs PostgreSQL
+        writer.claim_file(settings.data_dir)
+        return writer
+    db = database.make_engine(
+        url=database.database_url(data_dir=settings.data_dir, url=settings.database_url)
+    )
+    writer.claim(db)
+    if writer.shared:
+        writer.release()
+        db.dispose()
+    return writer
 
 
 def main(argv: list[str] | None = None) -> int:

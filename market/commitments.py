@@ -77,22 +77,34 @@ class Commitments:
     # -- loading and recomputing ------------------------------------------------------------
 
     @classmethod
-    def load(cls, connection: Connection, now: float, hold_s: float) -> Commitments:
+    def load(
+        cls,
+        connection: Connection,
+        now: float,
+        hold_s: float,
+        classes: Collection[str] | None = None,
+    ) -> Commitments:
         """Return the commitments the stored rows show at `now` (live orders, deals matched
         since `now - hold_s` and not open on chain): what a restart starts from, and the
-        from-scratch figure the incremental one must equal."""
+        from-scratch figure the incremental one must equal. With `classes`, only those device
+        classes' (a process serving them, `market.partition`)."""
         commitments = cls(hold_s)
+        mine = (lambda _name: True) if classes is None else frozenset(classes).__contains__
         orders = connection.exec_driver_sql(
             "SELECT order_id, owner, side, price, remaining, device_class, expiry FROM orders "
             "WHERE state IN ('open', 'partially_filled')"
         )
         for order_id, owner, side, price, remaining, klass, expiry in orders:
+            if not mine(klass):
+                continue
             commitments._add(
                 order_id, owner, side == "bid", int(price), int(remaining), klass, int(expiry)
             )
         mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
         # By class, so the class+state index serves it (a scan of every order otherwise).
         for (name,) in list(connection.exec_driver_sql(DEVICE_CLASSES_SQL)):
+            if not mine(name):
+                continue
             cancelled = connection.exec_driver_sql(
                 f"SELECT owner, expiry FROM orders WHERE device_class = {mark} "
                 f"AND state = 'cancelled' AND expiry > {mark}",
@@ -101,11 +113,13 @@ class Commitments:
             for owner, expiry in cancelled:
                 commitments._cancel(owner, int(expiry))
         deals = connection.exec_driver_sql(
-            "SELECT deal_id, client, price, quantity, created_at FROM deals "
+            "SELECT deal_id, client, price, quantity, created_at, device_class FROM deals "
             f"WHERE chain_deal_id IS NULL AND created_at >= {mark}",
             (now - hold_s,),
         )
-        for deal_id, client, price, quantity, created_at in deals:
+        for deal_id, client, price, quantity, created_at, klass in deals:
+            if not mine(klass):
+                continue
             commitments._deal(deal_id, client, int(price) * int(quantity), float(created_at))
         return commitments
 

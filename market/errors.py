@@ -143,6 +143,11 @@ class QuotaError(ForbiddenError):
     """Raise when a signer holds as many live orders (or device classes) as the market allows."""
 
 
+class WrongClassError(MarketError, LookupError):
+    """Raise when an order, cancel or heartbeat names a device class another market process
+    matches (`market.partition`); the message names the classes this one serves."""
+
+
 class MarketConfigError(MarketError, ValueError):
     """A market setting is invalid (from the environment or the command line); the message
     names the setting, its environment variable and the value given."""

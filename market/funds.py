@@ -60,18 +60,21 @@ import math
 import threading
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlmodel import Session, col, select
 
 from contracts.binding import Escrow
 from market import chain_index, storage
-from market.commitments import Commitments
+from market.commitments import Commitments, Figures
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
 from market.figure_cache import FigureCache
 from market.models import Deal, Provider
 from market.verify import CheckedOrder
+
+if TYPE_CHECKING:
+    from market.partition import FundsHold, SharedFunds
 
 HOLDERS_PER_QUERY = 500
 """Accounts looked up per SQL query by `FundsGuard.reread` (bound parameters per statement)."""
@@ -97,11 +100,16 @@ class Reservation:
         """Hold nothing yet."""
         self._guard = guard
         self.held: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders)
+        self.hold: FundsHold | None = None  # the signers' locks across processes, if shared
 
     def release(self) -> None:
-        """Give the held funds back (the committed orders now count in `Commitments`)."""
+        """Give the held funds back (the committed orders now count in `Commitments`, and in
+        SQL for the other processes)."""
         held, self.held = self.held, {}
         self._guard._release(held)
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.release()
 
 
 class FundsGuard:
@@ -121,9 +129,13 @@ class FundsGuard:
         cache_s: float,
         provider_ttl_s: float = 60.0,
         head: Callable[[], int] | None = None,
+        shared: SharedFunds | None = None,
+        balance_cache_s: float = math.inf,
     ) -> None:
         """Read the escrow with `read_escrow` (the chain head with `head`), the market's
-        records with `session`; count commitments in `commitments`."""
+        records with `session`; count commitments in `commitments`, and with `shared` those
+        of other processes' classes too (`market.partition`); keep a balance read for
+        `balance_cache_s` (forever: until an indexed event moves it, `reread`)."""
         self._session = session
         self._book_classes = book_classes
         self.commitments = commitments
@@ -134,8 +146,11 @@ class FundsGuard:
         self.unopened_deal_hold_s = commitments.hold_s
         self.provider_ttl_s = provider_ttl_s
         self._head = head
+        self.shared = shared
         # Balances are kept until an event moves them (`reread`), not for a time.
-        self.balances = FigureCache(lambda a: int(read_escrow(lambda e: e.balance_of(a))), math.inf)
+        self.balances = FigureCache(
+            lambda a: int(read_escrow(lambda e: e.balance_of(a))), balance_cache_s
+        )
         self.stakes = FigureCache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders) in flight
@@ -152,7 +167,11 @@ class FundsGuard:
         """Check `orders` (one request, verified) against their signers' funds and hold what
         they commit; release the reservation once they are committed (or failed). Raise
         `UnfundedError` or `QuotaError` if they are not covered; with `read` False, raise
-        `ReadNeeded` instead of reading the escrow (the caller retries off the event loop)."""
+        `ReadNeeded` instead of reading the escrow (the caller retries off the event loop).
+        With `shared`, the signers stay locked across processes until the reservation is
+        released, and their commitments in other processes' classes are read from SQL."""
+        if self.shared is not None and not read:
+            raise ReadNeeded("the funds of several processes are read from SQL")
         by_owner: dict[str, list[CheckedOrder]] = {}
         for checked in orders:
             by_owner.setdefault(checked.order.owner, []).append(checked)
@@ -170,8 +189,10 @@ class FundsGuard:
                 )
         reservation = Reservation(self)
         try:
+            if self.shared is not None:
+                reservation.hold = self.shared.hold(list(by_owner))
             for owner, mine in sorted(by_owner.items()):
-                reservation.held[owner] = self._reserve(owner, mine, now, read)
+                reservation.held[owner] = self._reserve(owner, mine, now, read, reservation.hold)
         except BaseException:
             reservation.release()
             raise
@@ -223,14 +244,19 @@ class FundsGuard:
         known.update(classes)
 
     def _reserve(
-        self, owner: str, orders: list[CheckedOrder], now: int, read: bool
+        self,
+        owner: str,
+        orders: list[CheckedOrder],
+        now: int,
+        read: bool,
+        hold: FundsHold | None = None,
     ) -> tuple[int, int]:
         """Check one signer's orders of a request against its funds; reserve and return their
         (spend, count). A shortfall on a kept balance is decided again on a fresh read."""
         spend = sum(c.order.price * c.order.quantity for c in orders if c.order.side is Side.BID)
         balance, fresh = 0, True
         if spend:
-            cached = self.balances.cached(owner)
+            cached = self.balances.fresh(owner)
             if cached is None and not read:
                 raise ReadNeeded(owner)
             balance, fresh = (
@@ -243,7 +269,7 @@ class FundsGuard:
                 if not read:
                     raise ReadNeeded(owner)
                 balance, fresh = self.balances.read(owner), True  # not under the lock
-            figures = self.commitments.figures(owner, now)
+            figures = self._figures(owner, now, hold)
             with self._lock:  # held across the check and the reservation: no double spend
                 flying_spend, flying_count = self._reserved.get(owner, (0, 0))
                 count = figures.live + figures.cancelled + flying_count + len(orders)
@@ -266,6 +292,19 @@ class FundsGuard:
         raise UnfundedError(
             f"bids of {owner} need {spend} on top of {needed - spend} committed (live bids, "
             f"unopened deals); its free escrow balance is {balance}"
+        )
+
+    def _figures(self, owner: str, now: int, hold: FundsHold | None) -> Figures:
+        """Return `owner`'s commitments in this process, plus, with `hold`, in the others'."""
+        figures = self.commitments.figures(owner, now)
+        if hold is None:
+            return figures
+        other = hold.others(owner, now, self.unopened_deal_hold_s)
+        return figures._replace(
+            live=figures.live + other.live,
+            bid_spend=figures.bid_spend + other.bid_spend,
+            deal_spend=figures.deal_spend + other.deal_spend,
+            cancelled=figures.cancelled + other.cancelled,
         )
 
     # -- providers ------------------------------------------------------------------------------
@@ -402,8 +441,11 @@ class FundsGuard:
 
     def unopened_spend(self, client: str, now: int) -> int:
         """Return the spend of `client`'s deals matched within `unopened_deal_hold_s` of `now`
-        and not open on chain."""
-        return self.commitments.unopened_spend(client, now)
+        and not open on chain (in every process's classes, with `shared`)."""
+        spend = self.commitments.unopened_spend(client, now)
+        if self.shared is not None:
+            spend += self.shared.unopened_spend(client, now, self.unopened_deal_hold_s)
+        return spend
 
 
 class MatchGate:

@@ -20,6 +20,7 @@ from market.books import Books
 from market.errors import ChainUnavailableError, NotFoundError, UnknownOrderError
 from market.escrow_reader import EscrowReader
 from market.models import Deal, DealPublic, FillPublic, OrderPublic, ProviderPublic
+from market.partition import Partition
 from market.presenters import BookPublic, OfferPublic, deal_public, order_public, provider_public
 from market.settings import Settings
 from market.tape import StatsPublic
@@ -37,6 +38,7 @@ class MarketReads:
     clock: Callable[[], float]
     db: Engine
     books: Books
+    partition: Partition
     escrow: EscrowReader
     escrow_domain: Domain
 
@@ -116,7 +118,11 @@ class MarketReads:
         return typed_data_schema(self.escrow_domain)
 
     def device_classes(self) -> list[str]:
-        """Return the device classes with a book, sorted."""
+        """Return the device classes with a book, sorted (with other processes on the
+        database, `market.partition`: every class with orders in it)."""
+        if self.partition.shared:
+            with self.session() as session:
+                return storage.device_classes(session=session)
         return self.books.names()
 
     def engine_snapshot(self, device_class: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -55,6 +56,7 @@ from market.models import (
     QuoteAttach,
     QuoteIn,
 )
+from market.partition import Partition, classes_of, lock_fill_seq
 from market.placement import Placed, Rows
 from market.presenters import order_public, place_results, place_summaries, provider_public
 from market.reads import MarketReads
@@ -99,9 +101,11 @@ class MarketService(MarketReads):
             url=database.database_url(data_dir=settings.data_dir, url=settings.database_url)
         )
         database.init_db(engine=self.db)
+        self.partition = Partition(classes_of(settings))  # the classes it writes, claimed
+        self.partition.claim(self.db)
         with self.db.connect() as connection:  # what each signer committed (`market.funds`)
             self.commitments = Commitments.load(
-                connection, self.now(), settings.unopened_deal_hold_s
+                connection, self.now(), settings.unopened_deal_hold_s, self.partition.classes
             )
         self.funds = FundsGuard(
             read_escrow=self.escrow.read,
@@ -115,6 +119,8 @@ class MarketService(MarketReads):
             cache_s=settings.funds_cache_s,
             provider_ttl_s=settings.provider_offline_after_s,
             head=self.escrow.head if self.escrow.known() else None,
+            shared=self.partition.funds,
+            balance_cache_s=math.inf if self.partition.indexes else settings.funds_cache_s,
         )
         self.bidders = PayingBidders(
             self.funds, session=self.session, now=self.now, changed=self.changed
@@ -125,7 +131,7 @@ class MarketService(MarketReads):
         self.ip_limiter = RateLimiter(rate=settings.rate_per_ip, burst=settings.burst_per_ip)
         self._version = 0
         self._version_lock = threading.Lock()
-        self.books = Books(self.db, self.now)
+        self.books = Books(self.db, self.now, self.partition.owns)
         for name, book in self.books.items():
             self.metrics.set_live(name, book.engine)
         guards = self.guards_funds()
@@ -136,6 +142,7 @@ class MarketService(MarketReads):
             on_commit=self._committed,
             gate=gate,
             on_rows=self._count_rows if guards else None,
+            lock_seq=lock_fill_seq if self.partition.shared else None,
         )
         self.checkpointer = (
             Checkpointer(self.db, lambda: self._version)
@@ -150,6 +157,7 @@ class MarketService(MarketReads):
         self.writer.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
+        self.partition.release()
         self.db.dispose()
 
     @property
@@ -302,6 +310,7 @@ class MarketService(MarketReads):
         them with the market clock and the start time."""
         if len(orders_in) > self.settings.max_batch:
             raise PayloadTooLargeError(f"at most {self.settings.max_batch} orders per batch")
+        self.partition.refuse(o.device_class for o in orders_in)
         started = time.perf_counter()
         now = self.now()
         created = self.clock()
@@ -393,6 +402,7 @@ class MarketService(MarketReads):
     def heartbeat(self, hb: HeartbeatCreate, raw_advert: dict[str, Any]) -> ProviderPublic:
         """Record a provider's signed advert; return its registry entry."""
         now = self.clock()
+        self.partition.refuse([hb.advert.device_class])
         provider = checksum(hb.provider)
         if abs(hb.timestamp - now) > self.settings.heartbeat_skew_s:
             raise SignatureExpiredError(

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     chain_id: int = Field(31337, gt=0, validation_alias=_env("chain_id", "MARKET_CHAIN_ID"))
     escrow: str = Field(ZERO_ADDRESS, validation_alias=_env("escrow", "MARKET_ESCROW"))
     rpc_url: str | None = Field(None, validation_alias=_env("rpc_url", "RPC_URL"))
+    # The device classes this process matches, comma-separated (empty: every class). Several
+    # processes on one PostgreSQL database each serve their own (`market.partition`).
+    device_classes: str = ""
     # A deployment file (`tpumarket chain deploy`): the chain id, the escrow and the block to
     # index from come from it; an escrow or chain id also given must be the file's.
     deployment: Path | None = Field(None, validation_alias=_env("deployment"))

@@ -19,9 +19,10 @@ are stored (`market.nonces`): a used one is refused before any engine changes, a
 if the stored order is the same signed order, else as a replay. The unique (owner, nonce) index
 is the backstop: a group that still hits it rolls back and its requests are retried one by one.
 
-One writer serves every device class (each class is still written by exactly one thread): the
-database has one write lock and the interpreter one lock, so more writers would only contend,
-and a batch spanning classes commits atomically.
+One writer serves every device class of its process (each class is still written by exactly
+one thread): the database has one write lock and the interpreter one lock, so more writers would
+only contend, and a batch spanning classes commits atomically. Processes that share a
+PostgreSQL database each write their own classes (`market.partition`).
 """
 
 from __future__ import annotations
@@ -133,14 +134,18 @@ class Writer:
         on_commit: Callable[[list[list[Placed]]], None],
         gate: Callable[[int], Gate] | None = None,
         on_rows: Callable[[Rows], None] | None = None,
+        lock_seq: Callable[[Connection], None] | None = None,
     ) -> None:
         """Start the writer thread; `on_commit` gets each committed group's results, `on_rows`
         (if given) the rows of every committed placement and rematch (the funds check counts
         commitments from them, `market.commitments`); `gate(now)` (if given) says what may
-        trade in each group (`market.engine.gate`)."""
+        trade in each group (`market.engine.gate`); `lock_seq` (if given: other processes write
+        fills too, `market.partition`) is taken before fills are numbered, and the last `seq`
+        is then always read from SQL."""
         self._books = books
         self._on_rows = on_rows
         self._gate = gate
+        self._lock_seq = lock_seq
         self._db = db
         self._on_commit = on_commit
         self._connection: Connection | None = None  # the writer thread's, kept between groups
@@ -265,13 +270,17 @@ class Writer:
 
     def _write(self, connection: Connection, rows: Rows) -> int | None:
         """Write one group's rows (uncommitted); return the last fill `seq` they use."""
+        last = self._fill_seq
+        if self._lock_seq is not None and rows.fills:
+            self._lock_seq(connection)  # held until the commit: `seq` follows commit order
+            last = None
         return storage.record_placement(
             connection=connection,
             orders=rows.orders,
             updates=rows.updates,
             fills=rows.fills,
             deals=rows.deals,
-            last_fill_seq=self._fill_seq,
+            last_fill_seq=last,
         )
 
     def _disconnect(self) -> None:

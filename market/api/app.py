@@ -61,7 +61,7 @@ def create_app(
         indexer: Indexer | None = None
         if indexer_factory is not None:
             indexer = indexer_factory(svc)
-        elif settings.rpc_url and settings.escrow != ZERO_ADDRESS:
+        elif settings.rpc_url and settings.escrow != ZERO_ADDRESS and svc.partition.indexes:
             indexer = Indexer(
                 svc,
                 rpc_url=settings.rpc_url,

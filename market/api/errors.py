@@ -42,6 +42,7 @@ from market.errors import (
     SnapshotError,
     UnknownOrderError,
     UnsupportedMediaTypeError,
+    WrongClassError,
 )
 from services.serving import redact
 
@@ -51,6 +52,7 @@ STATUS: tuple[tuple[type[MarketError], int], ...] = (
     (UnsupportedMediaTypeError, 415),
     (AuthError, 401),
     (ForbiddenError, 403),
+    (WrongClassError, 421),
     (ReplayError, 409),
     (DuplicateOrderError, 409),
     (OrderStateError, 409),
@@ -182,10 +184,10 @@ def install(app: FastAPI) -> None:
 SIGNED = (401, 403, 409, 413, 415, 422, 429)
 """A route taking a signed JSON body: bad signature, not yours, used nonce, size, type, shape."""
 ROUTE_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
-    ("post", "/v1/orders"): (*SIGNED, 503),
-    ("post", "/v1/orders/batch"): (*SIGNED, 503),
-    ("post", "/v1/orders/cancel"): (*SIGNED, 404),
-    ("post", "/v1/providers/heartbeat"): SIGNED,
+    ("post", "/v1/orders"): (*SIGNED, 421, 503),
+    ("post", "/v1/orders/batch"): (*SIGNED, 421, 503),
+    ("post", "/v1/orders/cancel"): (*SIGNED, 404, 421),
+    ("post", "/v1/providers/heartbeat"): (*SIGNED, 421),
     ("post", "/v1/deals/{deal_id}/quote"): (*SIGNED, 404, 503),
     ("get", "/v1/orders/{order_id}"): (404, 413, 422, 429),
     ("get", "/v1/deals/{deal_id}"): (404, 413, 422, 429),
@@ -199,6 +201,7 @@ DESCRIPTIONS = {
     409: "Conflicts with what is stored: duplicate, used nonce, wrong state",
     413: "Request body too large",
     415: "Content-Type is not application/json",
+    421: "A device class another market process matches: `detail` names this one's classes",
     422: "Invalid request: `problems` lists where",
     429: "Rate limited: retry after `Retry-After` seconds",
     503: "The chain cannot be read now: retry",
