@@ -112,10 +112,10 @@ class Partition:
                 self.indexes = _try(connection, "indexer")
                 self.funds = SharedFunds(db, self.classes)
         except BaseException:
-            connection.close()
+            _close(connection)
             raise
         if taken:
-            connection.close()
+            _close(connection)
             raise MarketConfigError(
                 f"another market process on this database is the writer of {', '.join(taken)}"
             )
@@ -141,11 +141,18 @@ class Partition:
             self.funds.close()
         connection, self._claim = self._claim, None
         if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()
+            _close(connection)
         fd, self._file = self._file, None
         if fd is not None:
             os.close(fd)
+
+
+def _close(connection: Connection) -> None:
+    """Close `connection` for good, not back into the pool: its session's locks end with it."""
+    with contextlib.suppress(Exception):
+        connection.invalidate()
+    with contextlib.suppress(Exception):
+        connection.close()
 
 
 def _try(connection: Connection, name: str, *, shared: bool = False) -> bool:
@@ -221,9 +228,7 @@ class FundsHold:
         """Close the connection for good: its locks end with its session."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.invalidate()
-                connection.close()
+            _close(connection)
 
 
 class SharedFunds:

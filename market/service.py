@@ -102,7 +102,8 @@ class MarketService(MarketReads):
         )
         database.init_db(engine=self.db)
         self.partition = Partition(classes_of(settings))  # the classes it writes, claimed
-        self.partition.claim(self.db)
+        if self.partition.shared:  # `market serve` claims the database for an all-classes one
+            self.partition.claim(self.db)
         with self.db.connect() as connection:  # what each signer committed (`market.funds`)
             self.commitments = Commitments.load(
                 connection, self.now(), settings.unopened_deal_hold_s, self.partition.classes
