@@ -112,6 +112,14 @@ class ProviderHttp:
         response = self._read(f"/v1/tasks/{deal_id}/{task_index}", (deal_id, task_index), wait_s)
         return self._view(response.json())
 
+    def receipt(self, deal_id: int, task_index: int, *, wait_s: float = 0) -> Receipt | None:
+        """Return a task's signed receipt (None before delivery), also once its outputs are
+        released after settlement: the receipt outlives them."""
+        path = f"/v1/tasks/{deal_id}/{task_index}"
+        body = self._read(path, (deal_id, task_index), wait_s).json()
+        receipt = body.get("receipt")
+        return Receipt.from_json(receipt) if receipt is not None else None
+
     def _read(self, path: str, key: tuple[int, int], wait_s: float | None = None) -> httpx.Response:
         """GET a result path with our access proof; a refused token is dropped and the read
         signed instead (when we hold the client's key)."""

@@ -36,7 +36,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The repository after anything already on the path: a caller that put another tree first
+# (tests/market/test_native.py, the engine's plain sources) keeps it.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from market.engine import MatchingEngine, Order, Side
 from market.native import built_extensions

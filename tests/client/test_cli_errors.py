@@ -227,7 +227,7 @@ def test_ctrl_c_while_the_chain_does_not_answer_is_one_line_and_exit_130(
         _, err = process.communicate(timeout=60)
     finally:
         conn.close()
-    assert process.returncode == 130
+    assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
 
 
