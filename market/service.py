@@ -302,7 +302,9 @@ class MarketService(MarketReads):
         try:
             placed = await self.writer.submit_async(checked, now)
         finally:
-            if reservation is not None:
+            if reservation is not None and reservation.hold is not None:  # SQL: off the loop
+                await asyncio.to_thread(reservation.release)
+            elif reservation is not None:
                 reservation.release()
         return placed, started
 
