@@ -158,12 +158,16 @@ def isolation_mode() -> IsolationMode:
     return found
 
 
+_OUR_PACKAGES = ("provider", "contracts", "programs", "services")
+"""The packages of ours a worker imports (each bound read-only where the daemon finds it)."""
+
+
 def _python_roots() -> list[str]:
     """Return the directories the worker's interpreter imports from."""
     roots = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
     if sys.prefix != os.path.realpath(sys.prefix):
         roots.add(sys.prefix)
-    for package in ("provider", "contracts"):
+    for package in _OUR_PACKAGES:
         spec = importlib.util.find_spec(package)
         if spec is not None and spec.submodule_search_locations:
             roots.update(spec.submodule_search_locations)
@@ -274,7 +278,7 @@ def worker_command(
     env = dict(env)
     root = _module_root(module)
     extra = [] if root is None else [root]
-    if root is not None and module.split(".")[0] not in ("provider", "contracts"):
+    if root is not None and module.split(".")[0] not in _OUR_PACKAGES:
         env["PYTHONPATH"] = os.path.dirname(root)  # an entry point outside the packages
     if mode is IsolationMode.BWRAP:
         bwrap = shutil.which("bwrap")
