@@ -48,11 +48,12 @@ _HASH_DOMAIN_INPUTS_WITH_WEIGHTS: Final = b"tpumarket.inputs+weights.v1"
 Array = npt.NDArray[np.generic]
 
 
-class ProgramFormatError(ValueError):
-    """Raised when an envelope or an array file is malformed, oversized or inconsistent.
+class ProgramError(Exception):
+    """The package's exception root: everything in ``programs`` that refuses input raises it."""
 
-    The package's exception root: everything here that refuses input raises it.
-    """
+
+class ProgramFormatError(ProgramError, ValueError):
+    """Raised when an envelope or an array file is malformed, oversized or inconsistent."""
 
 
 class ArrayFormat(StrEnum):

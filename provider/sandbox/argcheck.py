@@ -1,8 +1,9 @@
-"""Checks of a program's arguments and dtypes against its exported signature and target.
+"""Checks of a task's arguments against its program's exported signature.
 
-Runs in the worker on what ``jax.export`` deserialized (``in_avals``, ``out_avals``); imports
-no JAX itself. Inputs are never cast: an argument whose dtype differs from the program's is
-refused like any other mismatch, float64 into a float32 program included.
+Runs in the worker on what ``jax.export`` deserialized (``in_avals``); imports no JAX itself.
+Inputs are never cast: an argument whose dtype differs from the program's is refused like any
+other mismatch, float64 into a float32 program included. The program's own dtype rules (wide
+dtypes on a TPU, deliverable results) are :mod:`programs.dtypes`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from provider.diagnosis import F64_ON_TPU_HINTS, OUTPUT_DTYPE_HINTS, Category
-from provider.sandbox.checks import RejectedProgram
+from programs.dtypes import check_result_dtypes
+from programs.refusals import Category, RejectedProgram
 
 Spec = tuple[tuple[int, ...], str]
-WIDE_DTYPES = frozenset({"float64", "complex128"})
-"""Dtypes a TPU has no arithmetic for."""
 
 
 def argument_specs(avals: Sequence[Any], arguments: Mapping[str, Any] | None) -> list[Spec]:
@@ -69,55 +68,4 @@ def argument_specs(avals: Sequence[Any], arguments: Mapping[str, Any] | None) ->
     return specs
 
 
-def check_wide_dtypes(exported: Any, platform: str, where: str) -> None:
-    """Refuse a program with float64 or complex128 arguments or results on a TPU target."""
-    if platform != "tpu":
-        return
-    for kind, avals in (("argument", exported.in_avals), ("result", exported.out_avals)):
-        for i, aval in enumerate(avals):
-            if str(aval.dtype) in WIDE_DTYPES:
-                raise RejectedProgram(
-                    Category.UNSUPPORTED_OP,
-                    f"Unsupported dtype {aval.dtype} on {where}: {kind} {i} is "
-                    f"{aval.str_short()}, and a TPU has no {aval.dtype} arithmetic",
-                    op=str(aval.dtype),
-                    hints=F64_ON_TPU_HINTS,
-                )
-
-
-DELIVERABLE_DTYPES = frozenset(
-    {
-        "bool",
-        "int8",
-        "uint8",
-        "int16",
-        "uint16",
-        "int32",
-        "uint32",
-        "int64",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-        "bfloat16",
-        "float8_e4m3fn",
-        "float8_e4m3fnuz",
-        "float8_e5m2",
-        "float8_e5m2fnuz",
-        "complex64",
-    }
-)
-"""Result dtypes the outputs' format (safetensors) carries to the client."""
-
-
-def check_result_dtypes(exported: Any) -> None:
-    """Refuse, before compiling, a program whose results could not be delivered."""
-    for i, aval in enumerate(exported.out_avals):
-        if str(aval.dtype) not in DELIVERABLE_DTYPES:
-            raise RejectedProgram(
-                Category.UNSUPPORTED_OP,
-                f"Unsupported output dtype {aval.dtype}: result {i} is {aval.str_short()}, "
-                "which the outputs' format (safetensors) cannot carry",
-                op=str(aval.dtype),
-                hints=OUTPUT_DTYPE_HINTS,
-            )
+__all__ = ["Spec", "argument_specs", "check_result_dtypes"]

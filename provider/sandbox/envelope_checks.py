@@ -3,26 +3,26 @@
 Pure (no JAX): the versions a program states (its producer's JAX, its calling convention,
 the StableHLO version in its artifact's header) against the ranges the workers reported
 when they came up, and the platforms it was exported for against where it would run. Each
-rule is the worker's own (:mod:`provider.sandbox.checks`, :class:`ProgramValidator`), so
+rule is the worker's own (:mod:`programs.rules`, :class:`ProgramValidator`), so
 nothing a worker would accept is refused here; a refusal here bills nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from programs.envelope import ProgramEnvelope
-from provider.diagnosis import Category
-from provider.sandbox.checks import (
+from programs.refusals import Category, RejectedProgram
+from programs.rules import (
     ARTIFACT_MAGIC,
-    RejectedProgram,
     VersionRanges,
     artifact_stablehlo_version,
     check_calling_convention,
     check_producer_jax,
     check_stablehlo,
     parse_version,
+    ranges_from_wire,
+    ranges_to_wire,
 )
 from provider.sandbox.targets import EXPORT_PLATFORM_ALIASES
 
@@ -31,36 +31,6 @@ REFUSAL_CODES: Final = {
     Category.PLATFORM_MISMATCH: "platform_unsupported",
 }
 """The refusal code of each category refused before the ack (anything else: malformed)."""
-
-
-def ranges_to_wire(ranges: VersionRanges) -> dict[str, Any]:
-    """Return a worker's version ranges as its ready message carries them."""
-    return {
-        "jax": list(ranges.jax),
-        "calling_convention_min": ranges.calling_convention_min,
-        "calling_convention_max": ranges.calling_convention_max,
-        "stablehlo_min": list(ranges.stablehlo_min),
-        "stablehlo_max": list(ranges.stablehlo_max),
-    }
-
-
-def ranges_from_wire(wire: Mapping[str, Any]) -> VersionRanges | None:
-    """Read a worker's version ranges (None when it sent none or sent them malformed)."""
-
-    def triple(value: Any) -> tuple[int, int, int]:
-        first, second, third = (int(part) for part in value)
-        return first, second, third
-
-    try:
-        return VersionRanges(
-            jax=triple(wire["jax"]),
-            calling_convention_min=int(wire["calling_convention_min"]),
-            calling_convention_max=int(wire["calling_convention_max"]),
-            stablehlo_min=triple(wire["stablehlo_min"]),
-            stablehlo_max=triple(wire["stablehlo_max"]),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _stated_stablehlo(program: bytes) -> tuple[int, int, int] | None:
@@ -103,3 +73,11 @@ def envelope_refusal(
     except RejectedProgram as exc:
         return REFUSAL_CODES.get(exc.category, "envelope_malformed"), str(exc)
     return None
+
+
+__all__ = [
+    "REFUSAL_CODES",
+    "envelope_refusal",
+    "ranges_from_wire",
+    "ranges_to_wire",
+]

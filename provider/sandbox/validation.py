@@ -1,23 +1,22 @@
-"""Program validation inside a worker: decode the envelope, check versions, target and ops."""
+"""Program validation inside a worker: decode the envelope, check versions, target and ops.
+
+The rules are :mod:`programs` (the client's export checks its programs by them too); this
+class keeps the worker's cache of walked programs and turns a parser failure into a recycle.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
 
+from programs.dtypes import check_wide_dtypes
 from programs.envelope import ProgramEnvelope, decode_envelope
-from provider.diagnosis import Category, Stage, diagnose
-from provider.sandbox.argcheck import check_wide_dtypes
-from provider.sandbox.checks import (
-    RejectedProgram,
-    VersionRanges,
-    artifact_stablehlo_version,
-    check_calling_convention,
-    check_producer_jax,
-    check_stablehlo,
-)
+from programs.opwalk import UnparsableModule, walk_module
+from programs.refusals import Category, RejectedProgram
+from programs.rules import VersionRanges
+from programs.validation import UnreadableProgram, check_exported, check_stated, deserialize
+from provider.diagnosis import Stage, diagnose
 from provider.sandbox.limits import SandboxLimits
-from provider.sandbox.opwalk import UnparsableModule, walk_module
 from provider.sandbox.replies import TaskError
 from provider.sandbox.targets import EXPORT_PLATFORM_ALIASES, Target
 
@@ -45,8 +44,7 @@ class ProgramValidator:
                 f"{self.limits.max_envelope_bytes}",
             )
         envelope = decode_envelope(payload, max_bytes=self.limits.max_envelope_bytes)
-        check_producer_jax(envelope.producer.jax, self.ranges)
-        check_calling_convention(envelope.producer.calling_convention, self.ranges)
+        check_stated(envelope, self.ranges)
         known = self._programs.get(envelope.program_sha256)
         if known is not None:
             self._programs.move_to_end(envelope.program_sha256)
@@ -58,31 +56,12 @@ class ProgramValidator:
                 )
             return envelope, known
         try:
-            exported = self._jax.export.deserialize(bytearray(envelope.program))
-        except Exception as exc:
+            exported = deserialize(self._jax, envelope.program)
+        except UnreadableProgram as exc:
             raise TaskError(
-                diagnose(
-                    Category.MALFORMED_INPUT,
-                    f"cannot deserialize the Exported flatbuffer: {type(exc).__name__}: {exc}",
-                    stage=Stage.PARSE,
-                ),
-                recycle=True,
+                diagnose(exc.category, str(exc), stage=Stage.PARSE), recycle=True
             ) from exc
-        check_calling_convention(exported.calling_convention_version, self.ranges)
-        if exported.calling_convention_version != envelope.producer.calling_convention:
-            raise RejectedProgram(
-                Category.MALFORMED_INPUT,
-                "envelope states calling convention "
-                f"{envelope.producer.calling_convention} but the program has "
-                f"{exported.calling_convention_version}",
-            )
-        check_stablehlo(artifact_stablehlo_version(exported.mlir_module_serialized), self.ranges)
-        if tuple(exported.platforms) != tuple(envelope.platforms):
-            raise RejectedProgram(
-                Category.MALFORMED_INPUT,
-                f"envelope states platforms {envelope.platforms} but the program was "
-                f"exported for {tuple(exported.platforms)}",
-            )
+        check_exported(envelope, exported, self.ranges)
         return envelope, exported
 
     def check_target(self, exported: Any, target: Target) -> tuple[str, int]:
@@ -122,17 +101,6 @@ class ProgramValidator:
         except UnparsableModule as exc:
             diagnosis = diagnose(exc.category, str(exc), stage=Stage.VALIDATE)
             raise TaskError(diagnosis, recycle=True) from exc
-        except RejectedProgram:
-            raise
-        except Exception as exc:
-            raise TaskError(
-                diagnose(
-                    Category.MALFORMED_INPUT,
-                    f"cannot parse the StableHLO module: {type(exc).__name__}: {exc}",
-                    stage=Stage.VALIDATE,
-                ),
-                recycle=True,
-            ) from exc
         self._programs[program_sha] = exported
         while len(self._programs) > self.limits.compiled_cache_entries:
             self._programs.popitem(last=False)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from provider.diagnosis import Category
-from provider.sandbox.checks import (
-    RejectedProgram,
+from programs.custom_calls import check_custom_call
+from programs.refusals import Category, RejectedProgram
+from programs.rules import (
     VersionRanges,
     artifact_stablehlo_version,
     check_calling_convention,
-    check_custom_call,
     check_op,
     check_op_count,
     check_producer_jax,

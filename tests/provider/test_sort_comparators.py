@@ -19,10 +19,9 @@ import pytest
 from jax import export
 
 from programs.envelope import ProgramEnvelope
-from provider.diagnosis import Category
+from programs.opwalk import walk_module
+from programs.refusals import Category, RejectedProgram
 from provider.sandbox import Sandbox
-from provider.sandbox.checks import RejectedProgram
-from provider.sandbox.opwalk import walk_module
 from tests.provider.helpers import failed, outputs, ran
 from tests.provider.programs import envelope_for, export_fn, spec, with_module_text
 

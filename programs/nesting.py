@@ -1,6 +1,6 @@
 """How deep a module nests: regions in regions, followed through the functions they call.
 
-Pure (no JAX): :mod:`provider.sandbox.opwalk` feeds it each op's function and depth.
+Pure (no JAX): :mod:`programs.opwalk` feeds it each op's function and depth.
 """
 
 from __future__ import annotations

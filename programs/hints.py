@@ -1,6 +1,7 @@
 """Named hint sets: hints other than a category's own, sent between worker and parent by name.
 
-Pure text, no logic: :mod:`provider.diagnosis` chooses among them.
+Pure text, no logic: a refusal (:class:`programs.refusals.RejectedProgram`) carries one of
+them, and the provider's diagnosis chooses among them for what its workers report.
 """
 
 from __future__ import annotations

@@ -1,21 +1,25 @@
-"""Walk every op of an exported module with ``jax.extend.mlir.ir`` (runs inside a worker)."""
+"""Walk every op of an exported module with ``jax.extend.mlir.ir`` against the rules.
+
+A provider runs it inside a killable worker (crafted bytes can crash or hang the parser); the
+client's export runs it on the program it just wrote. JAX is imported when a walk starts.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from provider.diagnosis import Category
-from provider.sandbox.checks import (
-    RejectedProgram,
-    TensorType,
-    check_custom_call,
+from programs.custom_calls import TensorType, check_custom_call
+from programs.nesting import CallGraph
+from programs.refusals import Category, RejectedProgram
+from programs.rules import (
+    DEFAULT_MAX_NESTING,
+    DEFAULT_MAX_OPS,
     check_nesting,
     check_op,
     check_op_count,
     check_sort_comparator,
 )
-from provider.sandbox.nesting import CallGraph
 
 
 class UnparsableModule(RejectedProgram):
@@ -27,21 +31,33 @@ COUNT_BEYOND_CAP = 16
 _CONFIG_ENTRY = re.compile(r"(\w+) = (-?\d+) : (?:ui8|i8|i32|i64|ui32)\b")
 
 
-def walk_module(exported: Any, max_ops: int, max_nesting: int = 64) -> int:
+def walk_module(
+    exported: Any, max_ops: int = DEFAULT_MAX_OPS, max_nesting: int = DEFAULT_MAX_NESTING
+) -> int:
     """Check every op of ``exported``'s module against the rules; return the op count.
 
     The module's nesting (regions in regions, through the functions they call) may be at
     most ``max_nesting`` deep: XLA's compiler recurses once per level, and a deeper valid
     program overflows a worker's stack while compiling. Parsing the StableHLO bytecode is
-    native code that crafted bytes can crash or hang, so call this only in a killable worker.
+    native code that crafted bytes can crash or hang: run an untrusted program's walk only in a
+    killable process. A module the parser or the IR bindings fail on is an
+    :class:`UnparsableModule`; a rule's refusal is a :class:`RejectedProgram`.
     """
     from jax._src.interpreters.mlir import make_ir_context  # the dialects JAX registers
     from jax.extend.mlir import ir
     from jax.extend.mlir.dialects import stablehlo
 
-    with make_ir_context() as context:
-        module = parse_module(context, exported.mlir_module_serialized, ir, stablehlo)
-        return _walk(module, max_ops, max_nesting, ir)
+    try:
+        with make_ir_context() as context:
+            module = parse_module(context, exported.mlir_module_serialized, ir, stablehlo)
+            return _walk(module, max_ops, max_nesting, ir)
+    except RejectedProgram:
+        raise
+    except Exception as exc:  # the parser or the IR bindings failed on these bytes
+        raise UnparsableModule(
+            Category.MALFORMED_INPUT,
+            f"cannot parse the StableHLO module: {type(exc).__name__}: {exc}",
+        ) from exc
 
 
 def parse_module(context: Any, data: bytes, ir: Any, stablehlo: Any) -> Any:
