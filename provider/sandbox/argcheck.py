@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from programs.dtypes import check_result_dtypes
 from programs.refusals import Category, RejectedProgram
 
 Spec = tuple[tuple[int, ...], str]
@@ -66,6 +65,3 @@ def argument_specs(avals: Sequence[Any], arguments: Mapping[str, Any] | None) ->
             )
         specs.append((shape, dtype))
     return specs
-
-
-__all__ = ["Spec", "argument_specs", "check_result_dtypes"]

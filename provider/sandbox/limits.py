@@ -6,16 +6,16 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from programs.rules import DEFAULT_MAX_NESTING, DEFAULT_MAX_OPS
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxLimits:
     """Caps and hard timeouts applied to every task; the parent enforces the timeouts."""
 
     max_envelope_bytes: int = 256 * 1024 * 1024
-    max_ops: int = 8000
-    # Regions in regions, through the functions they call: XLA's compiler recurses per level
-    # and a valid program ~100 levels deep overflows a worker's stack (docs/provider-api.md).
-    max_nesting: int = 64
+    max_ops: int = DEFAULT_MAX_OPS  # the client's export checks by the same caps
+    max_nesting: int = DEFAULT_MAX_NESTING  # regions in regions, through calls
     max_output_bytes: int = 512 * 1024 * 1024
     address_space_bytes: int = 16 << 30
     start_timeout_s: float = 120.0

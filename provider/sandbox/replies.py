@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Literal, NotRequired, TypedDict
 
 from programs.envelope import ProgramFormatError
+from programs.refusals import RejectedProgram
 from provider.diagnosis import Category, Diagnosis, Stage, classify, diagnose, hint_set_name
 from provider.errors import ProviderError
-from provider.sandbox.checks import RejectedProgram
 
 
 class TaskError(ProviderError):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from programs.dtypes import check_result_dtypes
 from programs.envelope import (
     ArrayFormat,
     ProgramEnvelope,
@@ -24,10 +25,11 @@ from programs.envelope import (
     encode_arrays,
     outputs_hash,
 )
+from programs.refusals import RejectedProgram
+from programs.rules import installed_ranges
 from provider.diagnosis import Category, Stage
-from provider.sandbox.argcheck import argument_specs, check_result_dtypes
+from provider.sandbox.argcheck import argument_specs
 from provider.sandbox.cache_wire import CacheSection, CacheWireError, unpack_request
-from provider.sandbox.checks import RejectedProgram, VersionRanges, parse_version
 from provider.sandbox.device_memory import DeviceMemory
 from provider.sandbox.figures import cost_figures, memory_figures, total_bytes
 from provider.sandbox.limits import SandboxLimits
@@ -91,19 +93,12 @@ class WorkerRuntime:
         from importlib.metadata import version
 
         jax: Any = importlib.import_module("jax")
-        from jax import export, monitoring
-        from jax.extend.mlir.dialects import stablehlo
+        from jax import monitoring
 
         self._jax = jax
         self.limits = limits
         self.cache_root = cache_root
-        self.ranges = VersionRanges(
-            jax=parse_version(jax.__version__),
-            calling_convention_min=export.minimum_supported_calling_convention_version,
-            calling_convention_max=export.maximum_supported_calling_convention_version,
-            stablehlo_min=parse_version(stablehlo.get_minimum_version()),
-            stablehlo_max=parse_version(stablehlo.get_current_version()),
-        )
+        self.ranges = installed_ranges()
         self.jaxlib_version = version("jaxlib")
         self._compiled: OrderedDict[tuple[Any, ...], _Compiled] = OrderedDict()
         self._warm: OrderedDict[WarmKey, _Warm] = OrderedDict()
