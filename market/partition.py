@@ -189,6 +189,12 @@ SELECT
 """
 
 
+_DEALS = """
+SELECT COALESCE(SUM(price::numeric * quantity), 0) FROM deals WHERE client = %(owner)s
+  AND chain_deal_id IS NULL AND created_at >= %(since)s AND NOT (device_class = ANY(%(mine)s))
+"""
+
+
 class FundsHold:
     """Per-signer locks held on one connection from a funds check until its orders are
     committed (or refused); reads what the signers hold in other processes' classes."""
@@ -241,8 +247,7 @@ class SharedFunds:
             db.url,
             pool_size=FUNDS_POOL,
             max_overflow=2 * FUNDS_POOL,
-            pool_pre_ping=True,
-            isolation_level="AUTOCOMMIT",
+            isolation_level="AUTOCOMMIT",  # no ping per checkout: one round trip less a request
         )
 
     def hold(self, owners: Sequence[str]) -> FundsHold:
@@ -259,7 +264,10 @@ class SharedFunds:
     def unopened_spend(self, owner: str, now: float, hold_s: float) -> int:
         """Return the spend of `owner`'s unopened deals in other processes' classes."""
         with self.engine.connect() as connection:
-            return self.others(connection, owner, now, hold_s).deal_spend
+            spend = connection.exec_driver_sql(
+                _DEALS, {"owner": owner, "mine": self.mine, "since": now - hold_s}
+            ).scalar()
+        return int(spend or 0)
 
     def close(self) -> None:
         """Close the pool."""
