@@ -15,6 +15,12 @@ weights from a safetensors file.
 Both write the program envelope (program, weights, example inputs) that ``job run --program``
 sends, and the example inputs as safetensors. A model that cannot be exported prints its
 diagnosis (category, op, first error line, hints) and exits 1.
+
+Every route (the zoo's too) checks the program it would write by the rules a provider
+checks it by (:func:`programs.validation.check_program`, with this JAX's version ranges and a
+daemon's op and nesting caps): a program that no provider runs on any of its platforms is not
+written, and the command exits 2 with the provider's category, op, reason and hints. A
+refusal on some platforms only (float64 on a TPU) is a note beside what was written.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +45,9 @@ from programs.envelope import (
     encode_arrays,
     encode_envelope,
 )
+from programs.refusals import RejectedProgram
+from programs.rules import installed_ranges
+from programs.validation import check_program
 
 ROUTES = ("torchax", "torch-xla")
 _SPEC = re.compile(r"^(?P<dtype>[a-z]+[0-9]*)\[(?P<dims>[0-9, ]*)\]$")
@@ -163,6 +173,10 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
     (``--inputs-out``, else beside it), then say what was written (table or ``--json``)."""
     out = Path(args.out)
     envelope = model.example_envelope()
+    try:
+        checked = check_program(envelope, installed_ranges())
+    except RejectedProgram as exc:
+        return _refused(args, exc)
     out.write_bytes(encode_envelope(envelope))
     inputs_out = (
         Path(args.inputs_out) if args.inputs_out else out.with_suffix(".inputs.safetensors")
@@ -177,6 +191,8 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
         "platforms": list(model.platforms),
         "inputs_names": {s.key: s.describe() for s in model.signature.inputs},
         "outputs": [s.describe() for s in model.signature.outputs],
+        "op_count": checked.op_count,
+        "refused_on": {p: _refusal_json(r) for p, r in checked.refused_on.items()},
     }
     if args.json:
         emit_json(summary)
@@ -188,7 +204,35 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
     )
     print(f"wrote {inputs_out} (example inputs)")
     print_table(["tensor", "input"], [[s.key, s.describe()] for s in model.signature.inputs])
+    for platform, refused in checked.refused_on.items():
+        print(f"note: {platform} providers refuse it: {_said(refused)}")
     return 0
+
+
+def _said(refusal: RejectedProgram) -> str:
+    op = "" if refusal.op is None else f" (op {refusal.op})"
+    return f"{refusal.category.value}{op}: {refusal}"
+
+
+def _refusal_json(refusal: RejectedProgram) -> dict[str, Any]:
+    return {
+        "category": refusal.category.value,
+        "op": refusal.op,
+        "message": str(refusal),
+        "hints": list(refusal.advice),
+    }
+
+
+def _refused(args: argparse.Namespace, refusal: RejectedProgram) -> int:
+    """Say why no provider runs the program (a provider's own words); write nothing."""
+    if args.json:
+        emit_json({"error": "refused_by_providers", **_refusal_json(refusal)})
+        return 2
+    print(f"error: no provider runs this program: {_said(refusal)}", file=sys.stderr)
+    for hint in refusal.advice:
+        print(f"hint: {hint}", file=sys.stderr)
+    print(f"nothing written to {args.out}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _export(
