@@ -49,8 +49,8 @@ stops counting when its deal opens on chain (the escrow locks it) or `unopened_d
 after the match (it expired unopened). The gate reads no SQL; for a bid's owner it takes the
 balance kept in memory when the chain head, read once per group (one `eth_blockNumber`), is
 the block the indexer last confirmed every kept balance at (`FundsGuard.confirm`): no block
-since, so no withdrawal unseen. Otherwise (a block since, or no indexer) it reads the owner's
-balance afresh, as it did for every group before.
+since, so no withdrawal unseen. Otherwise (a block since, or no indexer) it takes the balance
+it read itself at this same head, else reads it afresh: one read per owner and block.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ class FundsGuard:
         self._advertised: set[str] | None = None  # classes registered providers advertise
         self._seen: dict[str, float] = {}  # provider -> its last heartbeat (market clock)
         self.confirmed_block: int | None = None  # balances in memory are exact at this head
+        self._read_at: dict[str, int] = {}  # owner -> the head when the gate read its balance
         self._returned = 0  # heartbeats of providers that were silent (or new)
 
     # -- orders ---------------------------------------------------------------------------------
@@ -407,24 +408,29 @@ class FundsGuard:
         """Return the engine's gate for one group of orders matched at `now`."""
         return MatchGate(self, now)
 
-    def balance_now(self, owner: str) -> int:
-        """Return `owner`'s free escrow balance read now (a withdrawal a second ago counts);
+    def balance_at(self, owner: str, head: int | None) -> int:
+        """Return `owner`'s free escrow balance at chain head `head` (None: unknown): the one
+        read while the head was `head` (no block since: no withdrawal unseen), else read now;
         if the chain cannot be read, the last figure read, or 0: nothing fills on a guess."""
+        cached = self.balances.cached(owner)
+        if head is not None and cached is not None and self._read_at.get(owner) == head:
+            return cached
         try:
-            return self.balances.read(owner)
+            balance = self.balances.read(owner)
         except ChainUnavailableError:
-            cached = self.balances.cached(owner)
             return 0 if cached is None else cached
+        if head is not None:
+            if len(self._read_at) > 100_000:
+                self._read_at.clear()
+            self._read_at[owner] = head
+        return balance
 
-    def head_confirmed(self) -> bool:
-        """Return whether the chain head, read now, is the block the kept balances are exact
-        at (no block since: no withdrawal the market has not seen)."""
-        if self._head is None or self.confirmed_block is None:
-            return False
+    def head_now(self) -> int | None:
+        """Return the chain head read now; None without a chain or if it cannot be read."""
         try:
-            return self._head() == self.confirmed_block
+            return None if self._head is None else self._head()
         except ChainUnavailableError:
-            return False
+            return None
 
     def provider_live(self, provider: str, now: int) -> bool:
         """Return whether `provider` heartbeated within `provider_ttl_s` of `now`."""
@@ -452,7 +458,7 @@ class MatchGate:
     """What may trade in one group commit (see the module): budgets and liveness, each found
     once per owner and kept for the group, whose fills are not counted yet. A bid owner's
     balance is the one kept in memory when the chain head is the block it is exact at (one
-    head read per group), else read afresh."""
+    head read per group), else the one the gate read at this head, else read afresh."""
 
     def __init__(self, guard: FundsGuard, now: int) -> None:
         """Answer for orders matched at `now`."""
@@ -460,6 +466,7 @@ class MatchGate:
         self._now = now
         self._budgets: dict[str, int] = {}
         self._live: dict[str, bool] = {}
+        self._head: int | None = None
         self._confirmed: bool | None = None
 
     def ask_live(self, owner: str) -> bool:
@@ -475,10 +482,11 @@ class MatchGate:
         budget = self._budgets.get(owner)
         if budget is None:
             guard = self._guard
-            if self._confirmed is None:
-                self._confirmed = guard.head_confirmed()
+            if self._confirmed is None:  # one head read per group
+                self._head = guard.head_now()
+                self._confirmed = self._head is not None and self._head == guard.confirmed_block
             kept = guard.balances.cached(owner) if self._confirmed else None
-            balance = guard.balance_now(owner) if kept is None else kept
+            balance = guard.balance_at(owner, self._head) if kept is None else kept
             budget = balance - guard.unopened_spend(owner, self._now)
         take = max(0, min(units, budget // price))
         self._budgets[owner] = budget - take * price
