@@ -274,6 +274,51 @@ def test_a_signer_when_it_spreads_bids_over_both_processes_then_never_above_its_
         assert MIN_WINDOW  # the world's quotes need no ask here: bids rest unmatched
 
 
+def _ask(provider: Trader, device_class: str, price: int, quantity: int) -> dict[str, Any]:
+    now = int(time.time())
+    quote = provider.quote(slo_ms=100, valid_until=now + 3_600, challenge_window=MIN_WINDOW)
+    return provider.ask(now, price=price, quantity=quantity, quote=quote, device_class=device_class)
+
+
+def test_deals_and_withdrawals_when_one_process_matched_them_then_the_other_counts_them(
+    world: ChainWorld, pg: str, tmp_path: Path
+) -> None:
+    """A deal matched by one process counts against the signer's bids at the other; a bid
+    resting at the process that does not index the chain never fills once its funds are
+    withdrawn (its match gate reads the balance at the new block)."""
+    flags = ["--database-url", pg, "--rpc-url", world.anvil.url, "--escrow", world.escrow.address]
+    flags += ["--chain-id", "31337"]
+    with (  # A starts first: it indexes the chain; B does not
+        market_process(_data(tmp_path, "a"), *flags, "--device-classes", A) as (url_a, _),
+        market_process(_data(tmp_path, "b"), *flags, "--device-classes", B) as (url_b, _),
+    ):
+        sellers = {}
+        for url, name in ((url_a, A), (url_b, B)):
+            sellers[name] = provider = _fresh(world)
+            world.escrow.stake(provider.key, 2 * STAKE)
+            beat = provider.heartbeat(int(time.time()), device_class=name)
+            assert _post(url, "/v1/providers/heartbeat", beat).status_code == 200
+        client = _fresh(world)
+        world.escrow.deposit(client.key, 10_000)
+        assert _post(url_a, "/v1/orders", _ask(sellers[A], A, 100, 60)).status_code == 201
+        now = int(time.time())
+        placed = _post(url_a, "/v1/orders", client.bid(now, device_class=A, price=100, quantity=60))
+        assert placed.status_code == 201 and placed.json()["fills"], placed.text  # a deal: 6,000
+        refused = _post(
+            url_b, "/v1/orders", client.bid(now, device_class=B, price=100, quantity=41)
+        )
+        assert refused.status_code == 403 and "on top of 6000 committed" in refused.text
+        resting = _post(
+            url_b, "/v1/orders", client.bid(now, device_class=B, price=100, quantity=40)
+        )
+        assert resting.status_code == 201, resting.text
+        world.escrow.withdraw(client.key, 10_000)  # the deal is not open: the balance is free
+        answer = _post(url_b, "/v1/orders", _ask(sellers[B], B, 100, 40))
+        assert answer.status_code == 201 and answer.json()["fills"] == [], answer.text
+        order = httpx.get(f"{url_b}/v1/orders/{resting.json()['order']['order_id']}").json()
+        assert order["state"] == "open" and order["remaining"] == 40
+
+
 def _at_once(posts: list[tuple[str, dict[str, Any]]]) -> list[int]:
     """Post each (url, order) from its own thread, released together; return the statuses."""
     statuses: list[int] = []
