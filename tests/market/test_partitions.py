@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,11 @@ def _data(tmp_path: Path, name: str) -> Path:
     """A market's data dir (its log goes beside it)."""
     (tmp_path / name).mkdir(exist_ok=True)
     return tmp_path / name / "data"
+
+
+def _moved(urls: dict[str, str], device_class: str, before: str) -> bool:
+    """Return whether the process of `device_class` answers at another URL than `before`."""
+    return urls[device_class] != before
 
 
 def _rows(url: str, query: str) -> list[Any]:
@@ -98,7 +104,7 @@ def test_two_processes_when_posters_hit_both_and_one_is_killed_then_fills_are_on
                 response = _post(url, "/v1/orders", body)
             except httpx.TransportError:
                 retried = True
-                wait_until(lambda u=url: urls[device_class] != u, 300, "the killed one back")
+                wait_until(partial(_moved, urls, device_class, url), 300, "the killed one back")
                 continue
             if retried and response.status_code == 409:
                 assert response.json()["error"] == "DuplicateOrderError", response.text
