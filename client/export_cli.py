@@ -21,6 +21,7 @@ checks it by (:func:`programs.validation.check_program`, with this JAX's version
 daemon's op and nesting caps): a program that no provider runs on any of its platforms is not
 written, and the command exits 2 with the provider's category, op, reason and hints. A
 refusal on some platforms only (float64 on a TPU) is a note beside what was written.
+``--provider-url URL`` checks by the rules that provider states in ``/v1/info`` instead.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from client.cli import UsageError, emit_json, guarded, print_table
+from client.errors import ProviderUnavailable
 from client.models.program import ExportedModel
 from client.models.signature import Array
+from client.provider_http import ProviderHttp
 from programs.envelope import (
     KNOWN_PLATFORMS,
     ArrayFormat,
@@ -46,7 +50,13 @@ from programs.envelope import (
     encode_envelope,
 )
 from programs.refusals import RejectedProgram
-from programs.rules import installed_ranges
+from programs.rules import (
+    DEFAULT_MAX_NESTING,
+    DEFAULT_MAX_OPS,
+    VersionRanges,
+    installed_ranges,
+    ranges_from_wire,
+)
 from programs.validation import check_program
 
 ROUTES = ("torchax", "torch-xla")
@@ -78,6 +88,11 @@ def extend(export: argparse.ArgumentParser) -> None:
     )
     export.add_argument(
         "--platforms", default="cpu,tpu", help="platforms the program runs on (cpu,tpu)"
+    )
+    export.add_argument(
+        "--provider-url",
+        default=None,
+        help="check the program by this provider's rules (its /v1/info), not this version's",
     )
     zoo_handler: Callable[[argparse.Namespace], int] = export.get_default("handler")
 
@@ -173,10 +188,13 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
     (``--inputs-out``, else beside it), then say what was written (table or ``--json``)."""
     out = Path(args.out)
     envelope = model.example_envelope()
+    rules = provider_rules(args.provider_url)
     try:
-        checked = check_program(envelope, installed_ranges())
+        checked = check_program(
+            envelope, rules.ranges, max_ops=rules.max_ops, max_nesting=rules.max_nesting
+        )
     except RejectedProgram as exc:
-        return _refused(args, exc)
+        return _refused(args, exc, rules.source)
     out.write_bytes(encode_envelope(envelope))
     inputs_out = (
         Path(args.inputs_out) if args.inputs_out else out.with_suffix(".inputs.safetensors")
@@ -191,6 +209,7 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
         "platforms": list(model.platforms),
         "inputs_names": {s.key: s.describe() for s in model.signature.inputs},
         "outputs": [s.describe() for s in model.signature.outputs],
+        "checked_by": rules.source,
         "op_count": checked.op_count,
         "refused_on": {p: _refusal_json(r) for p, r in checked.refused_on.items()},
     }
@@ -209,6 +228,41 @@ def write_program(args: argparse.Namespace, model: ExportedModel, route: str | N
     return 0
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderRules:
+    """What a program is checked by: version ranges and caps, and whose they are."""
+
+    ranges: VersionRanges
+    max_ops: int
+    max_nesting: int
+    source: str
+
+
+def provider_rules(url: str | None) -> ProviderRules:
+    """Return the rules of the provider at ``url`` (its ``/v1/info``), or, without one, those a
+    daemon of this version checks by (this JAX's ranges, the default caps)."""
+    if url is None:
+        return ProviderRules(installed_ranges(), DEFAULT_MAX_OPS, DEFAULT_MAX_NESTING, "defaults")
+    provider = ProviderHttp(url, timeout_s=30.0, retries=1)
+    try:
+        stated = provider.info().get("programs")
+    finally:
+        provider.close()
+    if not isinstance(stated, dict):
+        raise UsageError(f"the provider at {url} states no program rules in /v1/info")
+    ranges = ranges_from_wire(stated.get("ranges") or {})
+    if ranges is None:
+        raise ProviderUnavailable(
+            f"the provider at {url} states no version ranges yet (its workers are starting): "
+            "run the export again in a few seconds"
+        )
+    try:
+        caps = int(stated["max_ops"]), int(stated["max_nesting"])
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"the provider at {url} states malformed op caps") from None
+    return ProviderRules(ranges, caps[0], caps[1], url)
+
+
 def _said(refusal: RejectedProgram) -> str:
     op = "" if refusal.op is None else f" (op {refusal.op})"
     return f"{refusal.category.value}{op}: {refusal}"
@@ -223,12 +277,14 @@ def _refusal_json(refusal: RejectedProgram) -> dict[str, Any]:
     }
 
 
-def _refused(args: argparse.Namespace, refusal: RejectedProgram) -> int:
-    """Say why no provider runs the program (a provider's own words); write nothing."""
+def _refused(args: argparse.Namespace, refusal: RejectedProgram, source: str) -> int:
+    """Say why no provider (or the one named) runs the program, in a provider's own words;
+    write nothing."""
     if args.json:
-        emit_json({"error": "refused_by_providers", **_refusal_json(refusal)})
+        emit_json({"error": "refused_by_providers", "checked_by": source, **_refusal_json(refusal)})
         return 2
-    print(f"error: no provider runs this program: {_said(refusal)}", file=sys.stderr)
+    who = "no provider runs" if source == "defaults" else f"the provider at {source} refuses"
+    print(f"error: {who} this program: {_said(refusal)}", file=sys.stderr)
     for hint in refusal.advice:
         print(f"hint: {hint}", file=sys.stderr)
     print(f"nothing written to {args.out}", file=sys.stderr, flush=True)

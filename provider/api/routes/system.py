@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from contracts.typed_data import schema
+from programs.rules import DEFAULT_MAX_NESTING, DEFAULT_MAX_OPS, ranges_from_wire, ranges_to_wire
 from provider.api.deps import DaemonDep
 from provider.capacity import device_class
 from provider.daemon import Daemon
@@ -64,6 +65,19 @@ def _device_class(daemon: Daemon) -> str | None:
     return device_class(workers[0].platform, workers[0].device_kind) if workers else None
 
 
+def _program_rules(daemon: Daemon) -> dict[str, Any]:
+    """What the workers check a program by (``job export --provider-url`` checks by it too):
+    their JAX's version ranges (None while no worker is up) and the op and nesting caps (the
+    daemon builds its sandbox with the defaults)."""
+    found = (ranges_from_wire(worker.versions) for worker in daemon.sandbox.workers())
+    ranges = next(filter(None, found), None)
+    return {
+        "ranges": None if ranges is None else ranges_to_wire(ranges),
+        "max_ops": DEFAULT_MAX_OPS,
+        "max_nesting": DEFAULT_MAX_NESTING,
+    }
+
+
 @router.get("/v1/info")
 async def info(daemon: DaemonDep) -> dict[str, Any]:
     """Return the terms and the chain this provider works on, its devices and its walls."""
@@ -79,6 +93,7 @@ async def info(daemon: DaemonDep) -> dict[str, Any]:
         "plan_hash": "0x" + config.plan.struct_hash().hex(),
         "slo_ms": config.slo_ms,
         "max_envelope_bytes": config.max_envelope_bytes,
+        "programs": _program_rules(daemon),
         "protocol": daemon.domain.version,
         "settlement": {
             "interval_s": config.settlement.interval_s,

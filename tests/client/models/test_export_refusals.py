@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import textwrap
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,9 +31,15 @@ from client.models import export_torch
 from programs.envelope import ProducerVersions, ProgramEnvelope, decode_envelope
 from programs.hints import F64_ON_TPU_HINTS, OP_COUNT_HINTS
 from programs.refusals import HINTS, Category, RejectedProgram
-from programs.rules import installed_ranges
+from programs.rules import (
+    DEFAULT_MAX_NESTING,
+    DEFAULT_MAX_OPS,
+    installed_ranges,
+    ranges_to_wire,
+)
 from programs.validation import check_program
 from provider.sandbox import Sandbox, TaskFailure
+from tests.provider.daemon_support import served_daemon, start_world
 from tests.provider.helpers import outputs, ran
 from tests.provider.programs import spec
 
@@ -51,14 +62,16 @@ MODELS = textwrap.dedent(
 )
 
 
-def _export_cli(tmp_path: Path, platforms: str, *, json_out: bool) -> tuple[int, Path]:
+def _export_cli(
+    tmp_path: Path, platforms: str, *, json_out: bool, extra: tuple[str, ...] = ()
+) -> tuple[int, Path]:
     """Run `job export --from torchax` on the QR module for ``platforms``."""
     source = tmp_path / "models.py"
     source.write_text(MODELS)
     out = tmp_path / f"qr-{platforms.replace(',', '-')}.tpmp"
     argv = ["job", "export", "--from", "torchax", f"{source}:qr", "--example-inputs"]
     argv += ["float32[4,4]", "--platforms", platforms, "--out", str(out)]
-    args = build_parser().parse_args(argv + (["--json"] if json_out else []))
+    args = build_parser().parse_args(argv + (["--json"] if json_out else []) + list(extra))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return args.handler(args), out
@@ -187,3 +200,67 @@ def test_the_caps_and_ranges_are_a_providers() -> None:
         check_program(envelope, older)
     assert old.value.category is Category.VERSION_MISMATCH
     assert "newer than the provider's jax 0.4.0" in str(old.value)
+
+
+# ---- a named provider's rules ------------------------------------------------------------
+
+
+@contextmanager
+def _serving(info: dict[str, Any]) -> Iterator[str]:
+    """Serve ``info`` as ``/v1/info`` over real HTTP (a provider stating other rules)."""
+
+    class Info(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(info).encode()
+            self.send_response(200 if self.path == "/v1/info" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Info)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_named_provider_is_asked_for_its_rules_and_the_program_checked_by_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world = start_world()
+    try:
+        with served_daemon(world, tmp_path) as daemon:
+            info = httpx.get(daemon.url + "/v1/info", timeout=30).json()
+            assert info["programs"] == {
+                "ranges": ranges_to_wire(installed_ranges()),
+                "max_ops": DEFAULT_MAX_OPS,
+                "max_nesting": DEFAULT_MAX_NESTING,
+            }
+            named = ("--provider-url", daemon.url)
+            code, _ = _export_cli(tmp_path, "cpu,cuda", json_out=True, extra=named)
+            refused = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+            code_ok, out = _export_cli(tmp_path, "cpu,tpu", json_out=True, extra=named)
+            written = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    finally:
+        world.anvil.stop()
+    assert (code, refused["checked_by"], refused["category"]) == (2, daemon.url, "unsupported_op")
+    assert (code_ok, written["checked_by"]) == (0, daemon.url) and out.exists()
+
+    # A provider that states a lower op cap refuses the program the daemon above accepts.
+    stricter = dict(info, programs=dict(info["programs"], max_ops=written["op_count"] - 1))
+    (tmp_path / "strict").mkdir()
+    with _serving(stricter) as url:
+        named = ("--provider-url", url)
+        code, out = _export_cli(tmp_path / "strict", "cpu,tpu", json_out=False, extra=named)
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert f"error: the provider at {url} refuses this program: unsupported_op: op count" in err
+    assert f"hint: {OP_COUNT_HINTS[0]}" in err
