@@ -19,8 +19,9 @@ escrow (`MarketService.knows_escrow`) and `Settings.require_funds` is on, `Funds
   cannot fill the book with thousands of orders; the book shows its bids by the same rule,
   `market.bidders`).
 
-Every figure the check needs is in memory, so admitting an order costs a few dictionary reads
-and no SQL, under a lock held for microseconds: what each signer committed (live orders, its
+Every figure the check needs is in memory (processes sharing a database read the others'
+classes from SQL, `market.partition`), so admitting an order costs a few dictionary reads and
+no SQL, under a lock held for microseconds: what each signer committed (live orders, its
 live bids' unfilled spend, its live asks' classes, its unopened deals' spend) is kept by
 `market.commitments.Commitments`, changed by the writer as it commits and loaded from SQL at
 start; the classes providers advertise and their last heartbeats are kept as heartbeats come.
