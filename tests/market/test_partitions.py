@@ -94,23 +94,27 @@ def test_two_processes_when_posters_hit_both_and_one_is_killed_then_fills_are_on
     lock = threading.Lock()
     progress = {A: 0, B: 0}
 
-    def post(device_class: str, body: dict[str, Any]) -> httpx.Response:
-        """Post to the class's process; after a kill, post the same order again once it is
-        back (answered 201, or 409 if the killed process had committed it unanswered)."""
+    def send(device_class: str, body: dict[str, Any]) -> tuple[httpx.Response, bool]:
+        """Post to the process of `device_class`; after a kill, post the same body again once
+        it is back; return the answer and whether it was sent again."""
         retried = False
         while True:
             url = urls[device_class]
             try:
-                response = _post(url, "/v1/orders", body)
+                return _post(url, "/v1/orders", body), retried
             except httpx.TransportError:
                 retried = True
                 wait_until(partial(_moved, urls, device_class, url), 300, "the killed one back")
-                continue
-            if retried and response.status_code == 409:
-                assert response.json()["error"] == "DuplicateOrderError", response.text
-            else:
-                assert response.status_code == 201, response.text
-            return response
+
+    def post(device_class: str, body: dict[str, Any]) -> httpx.Response:
+        """Place an order: 201, or after a kill 409 if the killed process had committed it
+        unanswered."""
+        response, retried = send(device_class, body)
+        if retried and response.status_code == 409:
+            assert response.json()["error"] == "DuplicateOrderError", response.text
+        else:
+            assert response.status_code == 201, response.text
+        return response
 
     def poster(device_class: str, wrong: str) -> None:
         trader = Trader()
@@ -123,7 +127,7 @@ def test_two_processes_when_posters_hit_both_and_one_is_killed_then_fills_are_on
                     progress[device_class] += 1
                 if i % 10 == 0:  # the other process's class, sent here: refused, with reason
                     body = trader.bid(int(time.time()), device_class=wrong)
-                    other = _post(urls[device_class], "/v1/orders", body)
+                    other, _ = send(device_class, body)
                     with lock:
                         refused.append({"status": other.status_code, **other.json()})
         except BaseException as exc:  # the test thread reports it
