@@ -30,6 +30,7 @@ class BatchSettlement:
     lowest_block: int
     evidence: Evidence | None
     voucher_error: str | None
+    refunds_failed: dict[int, str]
     _in_flight: set[int]
     _lock: threading.Lock
 
@@ -122,17 +123,20 @@ class BatchSettlement:
                     if outcome is not None:
                         outcome.view, outcome.rejected = result.view, result.detail
                 self.ledger.update(index, chain=ChainState.REFUNDED, refund=result.refund)
+                self.refunds_failed.pop(index, None)
                 self.session.payments.mark_claimed(index)
                 if outcome is not None:
                     outcome.refunded = result.refund
                 done.append((index, refund, penalty))
             elif result.kind == "settled" and result.chain is not None:
+                self.refunds_failed.pop(index, None)
                 self.ledger.update(index, chain=result.chain)
                 if result.chain != ChainState.VOUCHED:
                     self.session.payments.mark_claimed(index)
                 if outcome is not None:
                     outcome.claimed = True
             elif result.kind == "failed":
+                self.refunds_failed[index] = str(result.detail)
                 self._say(f"task {index}: refund not sent yet ({result.detail})")
         self.ledger.save()
         return done

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from pathlib import Path
@@ -85,23 +86,35 @@ def job_refund(args: argparse.Namespace) -> int:
             refunds = refund_breaches(runner, args.wait)
             report = runner.watch()
         pending = sorted(ledger.pending)
+        failed = sorted(i for i in runner.refunds_failed if i in ledger.pending)
     if args.json:
         emit_json(
             {
                 "deal_id": args.deal,
                 "refunds": [{"index": i, "refund": r, "penalty": p} for i, r, p in refunds],
                 "pending_refunds": pending,
+                "refunds_failed": failed,
                 "batches_disputed": list(report.disputed),
             }
         )
-        return 0
-    if refunds:
-        print_table(
-            ["task", "refund", "penalty"], [[str(i), tokens(r), tokens(p)] for i, r, p in refunds]
+    else:
+        if refunds:
+            print_table(
+                ["task", "refund", "penalty"],
+                [[str(i), tokens(r), tokens(p)] for i, r, p in refunds],
+            )
+        print(f"pending refunds: {', '.join(map(str, pending)) or 'none'}")
+        if report.disputed:
+            print(f"claims disputed: batches {', '.join(map(str, report.disputed))}")
+    if failed:  # due and not refunded: work left undone
+        tasks = ", ".join(map(str, failed))
+        print(
+            f"error: the refunds of tasks {tasks} are due and were not sent (the chain did not "
+            f"confirm them); run `tpumarket job refund --deal {args.deal}` again",
+            file=sys.stderr,
+            flush=True,
         )
-    print(f"pending refunds: {', '.join(map(str, pending)) or 'none'}")
-    if report.disputed:
-        print(f"claims disputed: batches {', '.join(map(str, report.disputed))}")
+        return 1
     return 0
 
 

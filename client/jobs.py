@@ -77,6 +77,7 @@ class JobRunner(BatchSettlement):
     stop_sending: threading.Event = field(default_factory=threading.Event)
     abandon: threading.Event = field(default_factory=threading.Event)
     voucher_error: str | None = None
+    refunds_failed: dict[int, str] = field(default_factory=dict)  # due, not sent: task -> why
     _labels: dict[int, str] = field(default_factory=dict)
     _runs: dict[int, int] = field(default_factory=dict)
     _in_flight: set[int] = field(default_factory=set)

@@ -31,7 +31,7 @@ from contracts.messages import ZERO_ADDRESS, Claim, address_of
 from contracts.pricing import outcome_based
 from programs.envelope import encode_arrays, encode_envelope
 from tests import processes
-from tests.client.jobs_support import acked_by_provider
+from tests.client.jobs_support import acked_by_provider, ledger_of
 from tests.e2e.stack import (
     MIN_WINDOW,
     PROVIDER_STAKE,
@@ -47,6 +47,7 @@ from tests.e2e.stack import (
     stack,
     wait_until,
 )
+from tests.rpc_proxy import RpcProxy
 
 DEPOSIT = 2 * UNIT
 FAST_PLAN = outcome_based(compile_price=20_000, inference_price=4_000)
@@ -83,8 +84,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def job(st: Stack, *args: str, state: Path) -> tuple[dict[str, Any], str]:
-    """Run `tpumarket job ...` as the client; return its JSON line and its stderr."""
+def job(st: Stack, *args: str, state: Path, expect: int | None = 0) -> tuple[dict[str, Any], str]:
+    """Run `tpumarket job ...` as the client; return its JSON line and its stderr (its exit
+    code must be `expect`, unless that is None)."""
     done = subprocess.run(
         [sys.executable, "-m", "client.cli", "job", *args, "--json"],
         cwd=ROOT,
@@ -100,7 +102,7 @@ def job(st: Stack, *args: str, state: Path) -> tuple[dict[str, Any], str]:
             "TPUMARKET_CLIENT_STATE": str(state),
         },
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert expect is None or done.returncode == expect, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
@@ -362,3 +364,42 @@ def test_job_run_says_what_it_waits_for_while_the_provider_does_not_answer(
     assert f"chain {st.rpc_url} answering" in said
     assert process.returncode == 0
     assert [t["state"] for t in json.loads(out.strip().splitlines()[-1])["tasks"]] == ["paid"]
+
+
+class _RefusingSends(RpcProxy):
+    """The real node, except that it refuses every transaction sent to it."""
+
+    def intercept(self, body: bytes) -> tuple[int, bytes] | None:
+        request = json.loads(body)
+        if isinstance(request, dict) and request.get("method") == "eth_sendRawTransaction":
+            refused = {"code": -32003, "message": "insufficient funds for gas * price + value"}
+            answer = {"jsonrpc": "2.0", "id": request.get("id"), "error": refused}
+            return 200, json.dumps(answer).encode()
+        return None
+
+
+def test_a_due_refund_the_chain_does_not_take_exits_1_and_the_next_run_sends_it(
+    world: tuple[Stack, Provider, Provider], files: dict[str, Path], tmp_path: Path
+) -> None:
+    st, _, slow = world
+    deal_id = st.open_deal(st.quote(slow, max_spend=20_000, penalty=PENALTY), slow)
+    run = ("--deal", str(deal_id), "--provider-url", slow.url, "--program", str(files["program"]))
+    job(st, "run", *run, "--inputs", str(files["slow1"]), state=tmp_path, expect=None)
+    [task] = ledger_of(st, tmp_path, deal_id).tasks.values()  # acked, delivered late
+    deal = st.escrow.get_deal(deal_id)
+    due = min(task.request.deadline, deal.expiry) + deal.challenge_window + 1
+    st.anvil.increase_time(max(1, due - st.anvil.latest_timestamp()))
+
+    refuse = ("--deal", str(deal_id), "--provider-url", slow.url)
+    node = _RefusingSends(st.rpc_url)
+    try:
+        out, err = job(st, "refund", *refuse, "--rpc-url", node.url, state=tmp_path, expect=1)
+    finally:
+        node.close()
+    assert (out["refunds"], out["pending_refunds"], out["refunds_failed"]) == ([], [0], [0])
+    assert f"run `tpumarket job refund --deal {deal_id}` again" in err.splitlines()[-1]
+    assert st.escrow.task_status(deal_id, 0) == TASK_NONE
+
+    out, _ = job(st, "refund", *refuse, state=tmp_path)
+    assert [r["index"] for r in out["refunds"]] == [0] and out["refunds_failed"] == []
+    assert st.escrow.task_status(deal_id, 0) == TASK_REFUNDED
