@@ -71,8 +71,9 @@ PYTEST_WORKERS ?= 3
 # sets PYTHONDONTWRITEBYTECODE would have every run recompile ~500 modules (~7 s of CPU).
 PYTEST := PYTHONDONTWRITEBYTECODE= JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest
 
+# `--durations 25`: every run ends with where its time went (the slowest set-ups and tests).
 unit: setup setup-xla system-deps
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile $(ARGS)
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --durations 25 $(ARGS)
 
 test: lint typecheck unit
 
