@@ -51,7 +51,15 @@ from contracts.errors import (
 )
 from contracts.reverts import REVERTS
 from contracts.tx_pending import PendingTransactions, Sent
-from contracts.tx_policy import FEE_HISTORY_BLOCKS, TxPolicy, tip_from_history
+from contracts.tx_policy import (
+    FEE_HISTORY_BLOCKS,
+    KnownTransactionError,
+    NonceTakenError,
+    ReplacementUnderpricedError,
+    TransactionRefusedError,
+    TxPolicy,
+    tip_from_history,
+)
 
 GAS_MARGIN = 1.2
 RECEIPT_TIMEOUT_S = 60.0
@@ -160,6 +168,10 @@ def classify(exc: Exception) -> ChainError:
         # Every refusal of a transaction shares these codes: the node's message (the reply's
         # own field, not the exception's text) is the only discriminant it offers, read here.
         lowered = message.lower()
+        if "replacement" in lowered and "underpriced" in lowered:
+            return ReplacementUnderpricedError(f"another transaction holds the nonce: {message}")
+        if "already imported" in lowered or "already known" in lowered:
+            return KnownTransactionError(f"the node holds this transaction already: {message}")
         if "base fee" in lowered or "fee cap" in lowered or "underpriced" in lowered:
             return FeeTooLowError(f"fee below what the chain accepts: {message}")
         if "nonce too low" in lowered or "nonce has already been used" in lowered:
@@ -229,7 +241,7 @@ class Transactor:
             sent = self._send_raw(key, sender, tx)
         try:
             receipt = self._pending.wait(self, key, sent)
-        except ChainTimeoutError:
+        except (ChainTimeoutError, NonceTakenError, TransactionRefusedError):
             with self._lock:  # the next send asks the node which nonce is next
                 self._nonces.pop(sender, None)
             raise
@@ -327,6 +339,13 @@ class Transactor:
             return bool(self._request("looking up a sent transaction", lookup))
         except ChainError:
             return None
+
+    @staticmethod
+    def refused_by_node(error: ChainError) -> bool:
+        """Return whether `error` is the node's own refusal of a transaction (an answer with a
+        rejection code), not a failure to reach or hear it."""
+        cause = error.__cause__
+        return isinstance(cause, Web3RPCError) and rpc_error(cause)[0] in TX_REJECTED_CODES
 
     def _receipt_or_none(self, tx_hash: Any) -> Any:
         try:

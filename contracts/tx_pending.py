@@ -18,7 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from eth_account import Account
 
-from contracts.errors import ChainError, ChainTimeoutError
+from contracts.errors import (
+    ChainError,
+    ChainTimeoutError,
+    FeeTooLowError,
+    NonceTooLowError,
+    StaleBlockError,
+)
+from contracts.tx_policy import (
+    FeeCapError,
+    KnownTransactionError,
+    NonceTakenError,
+    ReplacementUnderpricedError,
+    TransactionRefusedError,
+)
 
 if TYPE_CHECKING:
     from contracts.transactor import Transactor
@@ -64,20 +77,24 @@ class PendingTransactions:
 
     def wait(self, tx: Transactor, key: str, sent: Sent) -> Any:
         """Poll until one version of `sent` is mined and confirmed, unsticking it every
-        `replace_after_blocks` blocks; raise `ChainTimeoutError` after `receipt_timeout_s`."""
+        `replace_after_blocks` blocks. Raise `NonceTakenError` once another transaction holds
+        its nonce with the confirmations, `TransactionRefusedError` when the node forgot it and
+        refuses it again, and `ChainTimeoutError` after `receipt_timeout_s` (a chain that
+        mines nothing of it: priced out at the fee cap, or behind a nonce gap no one fills)."""
         first = sent.hashes[0]
-        what = f"waiting for the receipt of {first.to_0x_hex()}"
         deadline = time.monotonic() + tx.receipt_timeout_s
         since: int | None = None  # the block from which the latest version waits
+        checked: int | None = None  # the head at which the nonce was last read
         while True:
-            for tx_hash in reversed(sent.hashes):
-                receipt = tx._request(what, tx._receipt_or_none, tx_hash)
-                if receipt is not None and self._confirmed(tx, receipt):
+            receipt = self._receipt(tx, sent)
+            if receipt is not None:
+                if self._confirmed(tx, receipt):
                     return receipt
-                if receipt is not None:
-                    break
             else:
                 head = int(tx._request("reading the head", lambda: tx.w3.eth.block_number))
+                if head != checked:
+                    checked = head
+                    self._check_nonce(tx, sent, head)
                 if since is None:
                     since = head
                 elif head - since >= tx.policy.replace_after_blocks:
@@ -89,6 +106,61 @@ class PendingTransactions:
                     f"{tx.receipt_timeout_s}s"
                 )
             time.sleep(RECEIPT_POLL_S)  # the node pushes nothing over HTTP: poll it
+
+    @staticmethod
+    def _receipt(tx: Transactor, sent: Sent) -> Any:
+        """Return the receipt of the version of `sent` the node has mined, or None."""
+        what = f"waiting for the receipt of {sent.hashes[0].to_0x_hex()}"
+        for tx_hash in reversed(sent.hashes):
+            receipt = tx._request(what, tx._receipt_or_none, tx_hash)
+            if receipt is not None:
+                return receipt
+        return None
+
+    def _check_nonce(self, tx: Transactor, sent: Sent, head: int) -> None:
+        """Raise `NonceTakenError` when the sender's nonce of `sent` is used in a block with the
+        policy's confirmations (read at that block: a reorg shallower than them cannot undo it)
+        and no version of `sent` is mined: another transaction holds it for good."""
+        nonce = int(sent.tx["nonce"])
+        count = tx._request("reading the nonce", tx.w3.eth.get_transaction_count, sent.sender)
+        if int(count) <= nonce:
+            return
+        depth = head - tx.policy.confirmations + 1
+        if depth < 0:
+            return
+        if tx.policy.confirmations > 1:
+            try:
+                count = tx._request(
+                    "reading the nonce confirmed",
+                    tx.w3.eth.get_transaction_count,
+                    sent.sender,
+                    depth,
+                )
+            except StaleBlockError:
+                return  # a node without that block's state cannot say yet: waited on
+            if int(count) <= nonce:
+                return
+        if self._receipt(tx, sent) is not None:
+            return  # one version was mined meanwhile: the wait reads it
+        self._forget(sent)
+        raise NonceTakenError(
+            f"nonce {nonce} of {sent.sender} went to another transaction (mined by block "
+            f"{depth}); transaction {sent.hashes[0].to_0x_hex()} was not mined and will not be"
+        )
+
+    def _forget(self, sent: Sent) -> None:
+        """Drop the signed bytes of `sent`: no gap filling sends it again."""
+        with self._lock:
+            held = self._raw.get(sent.sender, {})
+            if held.get(int(sent.tx["nonce"])) == sent.raw:
+                del held[int(sent.tx["nonce"])]
+
+    def _refuse(self, sent: Sent, error: ChainError) -> TransactionRefusedError:
+        self._forget(sent)
+        return TransactionRefusedError(
+            f"transaction {sent.hashes[0].to_0x_hex()} (nonce {int(sent.tx['nonce'])}) is in "
+            f"no pool and the node refuses it again: {error}"
+        )
 
     @staticmethod
     def _confirmed(tx: Transactor, receipt: Any) -> bool:
@@ -112,8 +184,13 @@ class PendingTransactions:
 
     def _unstick(self, tx: Transactor, key: str, sent: Sent) -> None:
         """The latest version waited `replace_after_blocks` unmined: send again what this
-        process holds of a nonce gap below it; then sign a replacement with raised fees (same
-        nonce), or at the cap send the latest again if the node forgot it."""
+        process holds of a nonce gap below it. A latest version the node forgot (dropped, or
+        reorged out) is sent again as it is: that replaces no other transaction of the sender
+        the node holds at this nonce (its own or another process's: once mined, the nonce
+        check ends this wait). One the node still holds, or forgot and refuses for a base fee
+        above its cap, is signed again with raised fees, never above the policy's cap. A
+        forgotten one the node refuses for anything else (funds, gas), or whose fees the cap
+        cannot raise to the base fee, is given up (`TransactionRefusedError`)."""
         nonce = int(sent.tx["nonce"])
         mined = int(
             tx._request("reading the nonce", tx.w3.eth.get_transaction_count, sent.sender, "latest")
@@ -121,14 +198,34 @@ class PendingTransactions:
         for raw in self._gap(sent.sender, mined, nonce):
             self.resent += self._send(tx, "filling a nonce gap", raw)
         forgotten = tx._sent_before(sent.hashes[-1]) is False
-        fees = tx.policy.bumped(sent.tx["maxFeePerGas"], sent.tx["maxPriorityFeePerGas"])
+        if forgotten:
+            try:
+                tx._request("sending again", tx.w3.eth.send_raw_transaction, sent.raw)
+            except (NonceTooLowError, ReplacementUnderpricedError, KnownTransactionError):
+                return  # used, held by another transaction of the sender, or back meanwhile
+            except FeeTooLowError:
+                pass  # the base fee rose above its cap: signed again with fees that pay it
+            except ChainError as exc:
+                if tx.refused_by_node(exc):
+                    raise self._refuse(sent, exc) from exc
+                return  # the node did not answer: tried again after the next blocks
+            else:
+                self.resent += 1
+                return
+        fees = self._raised_fees(tx, sent, forgotten)
         if fees is None:
             if forgotten:
-                self.resent += self._send(tx, "sending again", sent.raw)
+                raise self._refuse(sent, FeeTooLowError("the fee cap leaves no fee it accepts"))
             return
         sent.tx.update(maxFeePerGas=fees[0], maxPriorityFeePerGas=fees[1])
         signed = Account.sign_transaction(sent.tx, key)
-        if not self._send(tx, "replacing", signed.raw_transaction):
+        try:
+            tx._request("replacing", tx.w3.eth.send_raw_transaction, signed.raw_transaction)
+        except (NonceTooLowError, ReplacementUnderpricedError, KnownTransactionError):
+            return
+        except ChainError as exc:
+            if forgotten and tx.refused_by_node(exc):
+                raise self._refuse(sent, exc) from exc
             return
         sent.hashes.append(signed.hash)
         sent.raw = signed.raw_transaction
@@ -136,3 +233,19 @@ class PendingTransactions:
             self._raw.setdefault(sent.sender, {})[nonce] = sent.raw
         self.replaced += 1
         self.resent += forgotten
+
+    @staticmethod
+    def _raised_fees(tx: Transactor, sent: Sent, forgotten: bool) -> tuple[int, int] | None:
+        """Return the fees of a replacement of `sent`: raised by the policy's bump, and for one
+        the node refused for its fees at least the fees the chain asks now; None when the cap
+        leaves no higher fee."""
+        max_fee = int(sent.tx["maxFeePerGas"])
+        fees = tx.policy.bumped(max_fee, int(sent.tx["maxPriorityFeePerGas"]))
+        if not forgotten:
+            return fees
+        try:
+            now = tx.fees(refresh=True)
+        except FeeCapError:
+            return None
+        higher = [f for f in (fees, now) if f is not None and f[0] > max_fee]
+        return max(higher, key=lambda f: f[0]) if higher else None

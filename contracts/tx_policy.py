@@ -16,6 +16,12 @@ transactor:
 - **Confirmations**: a receipt counts once ``confirmations`` blocks hold it (1: the block that
   mined it) and its block is still the chain's block at that height; a receipt whose block was
   replaced by a reorg is waited for again.
+- **Definite ends**: a wait ends mined (with its confirmations), or with
+  :class:`NonceTakenError` once another transaction of the sender holds the nonce with the
+  confirmations (none of the versions can be mined any more), or with
+  :class:`TransactionRefusedError` when the node forgot every version and refuses to take it
+  again (funds, gas, a base fee above the cap). After either error no version is held or sent
+  again: the intended action was not done and may be sent anew.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from contracts.errors import ChainError
+from contracts.errors import ChainError, FeeTooLowError
 
 REPLACEMENT_BUMP = 1.125
 """A replacement's fee cap and tip over the replaced one's (nodes require at least 10%)."""
@@ -33,6 +39,25 @@ FEE_HISTORY_BLOCKS = 5
 
 class FeeCapError(ChainError):
     """The chain's base fee is above the fee cap the role allows: nothing was sent."""
+
+
+class NonceTakenError(ChainError):
+    """Another transaction of the sender (of this process or another) was mined with the
+    confirmations at the nonce of the one waited for: no version of it can be mined."""
+
+
+class TransactionRefusedError(ChainError):
+    """The node forgot every version of a sent transaction and refuses to take it again: it is
+    in no pool this process knows, and nothing of it is sent again."""
+
+
+class ReplacementUnderpricedError(FeeTooLowError):
+    """The node holds another transaction of the sender at this nonce, at fees this one does
+    not raise enough to replace it."""
+
+
+class KnownTransactionError(ChainError):
+    """The node already holds this very transaction (the same signed bytes)."""
 
 
 @dataclass(frozen=True)
