@@ -142,6 +142,8 @@ class PendingTransactions:
                 return
         if self._receipt(tx, sent) is not None:
             return  # one version was mined meanwhile: the wait reads it
+        if any(tx._sent_before(tx_hash) is not False for tx_hash in sent.hashes):
+            return  # the node still knows a version (or cannot say): not given up on that
         self._forget(sent)
         raise NonceTakenError(
             f"nonce {nonce} of {sent.sender} went to another transaction (mined by block "
