@@ -285,13 +285,16 @@ class Transactor:
         """Sign and send; once, refresh the fees or the nonce if the chain says they are stale."""
         refresh_fees = False
         for attempt in (0, 1):
-            nonce = self._nonces.get(sender)
-            if nonce is None:
-                nonce = int(
-                    self._request(
-                        "reading the nonce", self.w3.eth.get_transaction_count, sender, "pending"
-                    )
+            # The node's next nonce, unless this transactor has sent above it (a transaction of
+            # its own dropped, then sent again by its wait): never the nonce of a transaction
+            # the node holds that this transactor did not make (another transactor or process
+            # of the key), which fees higher than its own would silently replace.
+            nonce = int(
+                self._request(
+                    "reading the nonce", self.w3.eth.get_transaction_count, sender, "pending"
                 )
+            )
+            nonce = max(nonce, self._nonces.get(sender, nonce))
             max_fee, tip = self.fees(refresh=refresh_fees)
             tx.update(nonce=nonce, maxFeePerGas=max_fee, maxPriorityFeePerGas=tip)
             signed = Account.sign_transaction(tx, key)

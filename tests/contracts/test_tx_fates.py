@@ -264,3 +264,30 @@ def test_a_forgotten_transaction_that_now_reverts_is_mined_once_reverted(
         sending.result()
     assert _count(node, key) == 1  # its nonce used once: one version mined
     assert rpc(node.url, "eth_getStorageAt", [once, "0x0", "latest"]).endswith("1")
+
+
+def test_a_send_never_takes_the_nonce_of_a_pending_transaction_it_did_not_make(
+    node: Anvil, processes: list[Process]
+) -> None:
+    """Two transactors of one key (the client's escrow and token bindings, or two processes):
+    one sent at the nonce the other's cache holds, at lower fees. The other's next send takes
+    the nonce after it, instead of replacing it unseen: both are mined."""
+    key = node.keys[0]
+    ours = _start(processes, node)
+    first = ours.send(key)
+    _in_pool(node)
+    _mine_until_done(node, [first])
+    first.result()  # nonce 0: this transactor's cache says 1 is next
+    base = int(rpc(node.url, "eth_getBlockByNumber", ["pending", False])["baseFeePerGas"], 16)
+    theirs = _signed(node, key, 1, base + 2)  # the lowest fees the node takes
+    rpc(node.url, "eth_sendRawTransaction", ["0x" + theirs.raw_transaction.hex()])
+    assert ours.tx.fees()[0] > 2 * (base + 2)  # ours would replace theirs at that nonce
+    second = ours.send(key)
+    theirs_hash = "0x" + theirs.hash.hex()
+    wait_until(lambda: bool(set(_pool(node)) - {theirs_hash}), 60, "the second send in the pool")
+    assert theirs_hash in _pool(node)  # not replaced
+    _mine_until_done(node, [second])
+    receipt = second.result()
+    assert ours.tx.w3.eth.get_transaction(receipt["transactionHash"])["nonce"] == 2
+    assert rpc(node.url, "eth_getTransactionReceipt", [theirs_hash]) is not None
+    assert _count(node, key) == 3
