@@ -373,6 +373,12 @@ class Transactor:
         """Transactions sent again after the node forgot them (dropped, reorged, a nonce gap)."""
         return self._pending.resent
 
+    @property
+    def filled(self) -> int:
+        """Nonces below a waiting transaction that no one held, filled with a transfer of
+        nothing to the sender so that it runs."""
+        return self._pending.filled
+
     def reset_nonces(self) -> None:
         """Forget tracked nonces (after a chain snapshot revert)."""
         with self._lock:

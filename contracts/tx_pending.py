@@ -6,7 +6,10 @@ confirmations on the canonical chain (:mod:`contracts.tx_policy`). While it wait
 sent again. A transaction can also wait behind a nonce gap: an earlier transaction of the
 same sender was dropped or reorged out, so every later one sits in the node's queue, whatever
 its fee. This process keeps the signed bytes of each of its transactions until their nonce is
-mined, and sends again those of the gap it finds below a waiting one.
+mined, and sends again those of the gap it finds below a waiting one. A gap whose transaction
+no one holds (another process's, dropped after that process ended) is filled with a transfer
+of nothing to the sender itself: should that transaction come back, its nonce is used and its
+own wait ends `NonceTakenError`; nothing is done twice.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class PendingTransactions:
         self._lock = threading.Lock()
         self.replaced = 0
         self.resent = 0
+        self.filled = 0
 
     def record(self, sender: str, tx: dict[str, Any], tx_hash: Any, raw: bytes) -> Sent:
         """Remember a transaction just sent; return what its wait follows."""
@@ -199,6 +203,8 @@ class PendingTransactions:
         )
         for raw in self._gap(sent.sender, mined, nonce):
             self.resent += self._send(tx, "filling a nonce gap", raw)
+        if mined < nonce:
+            self._fill_abandoned(tx, key, sent.sender, nonce)
         forgotten = tx._sent_before(sent.hashes[-1]) is False
         if forgotten:
             try:
@@ -235,6 +241,28 @@ class PendingTransactions:
             self._raw.setdefault(sent.sender, {})[nonce] = sent.raw
         self.replaced += 1
         self.resent += forgotten
+
+    def _fill_abandoned(self, tx: Transactor, key: str, sender: str, nonce: int) -> None:
+        """Fill the lowest nonce below `nonce` the node holds no transaction for and this
+        process holds no bytes of (what it holds was just sent again) with a transfer of
+        nothing to `sender`, under the transactor's lock (no send of its own races it)."""
+        with tx._lock:
+            free = int(
+                tx._request(
+                    "reading the pending nonce", tx.w3.eth.get_transaction_count, sender, "pending"
+                )
+            )
+            with self._lock:
+                if free >= nonce or free in self._raw.get(sender, {}):
+                    return
+            try:
+                max_fee, tip = tx.fees(refresh=True)
+            except FeeCapError:
+                return  # nothing is mined at these base fees anyway
+            filler = {"to": sender, "value": 0, "data": b"", "gas": 21_000, "nonce": free}
+            filler.update(chainId=tx.chain_id, maxFeePerGas=max_fee, maxPriorityFeePerGas=tip)
+            signed = Account.sign_transaction(filler, key)
+            self.filled += self._send(tx, "filling an abandoned nonce", signed.raw_transaction)
 
     @staticmethod
     def _raised_fees(tx: Transactor, sent: Sent, forgotten: bool) -> tuple[int, int] | None:

@@ -291,3 +291,25 @@ def test_a_send_never_takes_the_nonce_of_a_pending_transaction_it_did_not_make(
     assert ours.tx.w3.eth.get_transaction(receipt["transactionHash"])["nonce"] == 2
     assert rpc(node.url, "eth_getTransactionReceipt", [theirs_hash]) is not None
     assert _count(node, key) == 3
+
+
+def test_a_transaction_behind_a_nonce_gap_no_one_holds_is_mined(
+    node: Anvil, processes: list[Process]
+) -> None:
+    """Another process of the key sent at nonce 0 and ended (killed); this one sent at 1 behind
+    it. The node drops the first (and with it every later one of the sender): this one is sent
+    again but queued behind the gap. Its wait fills the gap with a transfer of nothing to the
+    sender and is mined; the first transaction is never mined."""
+    key = node.keys[0]
+    gone = _signed(node, key, 0, 10**10)
+    rpc(node.url, "eth_sendRawTransaction", ["0x" + gone.raw_transaction.hex()])
+    ours = _start(processes, node)
+    sending = ours.send(key)
+    _in_pool(node, 2)
+    rpc(node.url, "anvil_dropTransaction", ["0x" + gone.hash.hex()])
+    assert not _pool(node)  # the later one went with it
+    _mine_until_done(node, [sending])
+    receipt = sending.result()
+    assert ours.tx.w3.eth.get_transaction(receipt["transactionHash"])["nonce"] == 1
+    assert rpc(node.url, "eth_getTransactionReceipt", ["0x" + gone.hash.hex()]) is None
+    assert _count(node, key) == 2 and ours.tx.filled == 1
