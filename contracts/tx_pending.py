@@ -83,25 +83,25 @@ class PendingTransactions:
         """Poll until one version of `sent` is mined and confirmed, unsticking it every
         `replace_after_blocks` blocks. Raise `NonceTakenError` once another transaction holds
         its nonce with the confirmations, `TransactionRefusedError` when the node forgot it and
-        refuses it again, and `ChainTimeoutError` after `receipt_timeout_s` (a chain that
-        mines nothing of it: priced out at the fee cap, or behind a nonce gap no one fills)."""
+        refuses it again, and `ChainTimeoutError` after `receipt_timeout_s` (a version the
+        chain keeps in its pool and never mines: priced out at the fee cap)."""
         first = sent.hashes[0]
         deadline = time.monotonic() + tx.receipt_timeout_s
         since: int | None = None  # the block from which the latest version waits
         checked: int | None = None  # the head at which the nonce was last read
         while True:
             receipt = self._receipt(tx, sent)
-            if receipt is not None:
-                if self._confirmed(tx, receipt):
-                    return receipt
-            else:
+            confirmed = None if receipt is None else self._confirmed(tx, receipt)
+            if confirmed:
+                return receipt
+            if confirmed is None:  # not mined, or in a block a reorg replaced
                 head = int(tx._request("reading the head", lambda: tx.w3.eth.block_number))
-                if head != checked:
+                if since is None:
+                    since = checked = head
+                elif head != checked:  # a block since the last look: whose is the nonce?
                     checked = head
                     self._check_nonce(tx, sent, head)
-                if since is None:
-                    since = head
-                elif head - since >= tx.policy.replace_after_blocks:
+                if head - since >= tx.policy.replace_after_blocks:
                     self._unstick(tx, key, sent)
                     since = head
             if time.monotonic() >= deadline:
@@ -169,9 +169,10 @@ class PendingTransactions:
         )
 
     @staticmethod
-    def _confirmed(tx: Transactor, receipt: Any) -> bool:
-        """Return whether `receipt` has the policy's confirmations and its block is still the
-        chain's block at that height (a reorg did not replace it)."""
+    def _confirmed(tx: Transactor, receipt: Any) -> bool | None:
+        """Return whether `receipt` has the policy's confirmations with its block still the
+        chain's block at that height; None when a reorg replaced that block (a node that still
+        answers with the receipt of a block no longer on the chain: not mined after all)."""
         if tx.policy.confirmations <= 1:
             return True
         number = int(receipt["blockNumber"])
@@ -179,7 +180,7 @@ class PendingTransactions:
         if head < number + tx.policy.confirmations - 1:
             return False
         block = tx._request("reading a receipt's block", tx.w3.eth.get_block, number)
-        return bool(block["hash"] == receipt["blockHash"])
+        return True if block["hash"] == receipt["blockHash"] else None
 
     def _send(self, tx: Transactor, what: str, raw: bytes) -> bool:
         try:
