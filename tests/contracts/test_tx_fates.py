@@ -313,3 +313,21 @@ def test_a_transaction_behind_a_nonce_gap_no_one_holds_is_mined(
     assert ours.tx.w3.eth.get_transaction(receipt["transactionHash"])["nonce"] == 1
     assert rpc(node.url, "eth_getTransactionReceipt", ["0x" + gone.hash.hex()]) is None
     assert _count(node, key) == 2 and ours.tx.filled == 1
+
+
+def test_a_forgotten_transaction_priced_out_by_a_fee_spike_is_signed_again_and_mined_once(
+    node: Anvil, processes: list[Process]
+) -> None:
+    """Dropped from the pool while the base fee rose far above its fee cap (no cap of the
+    role's): sent again it is refused for its fees, so it is signed again on its nonce with the
+    fees the chain asks now, and mined once."""
+    key = node.keys[0]
+    ours = _start(processes, node)
+    sending = ours.send(key)
+    (original,) = _in_pool(node)
+    spike = 20 * int(_pool(node)[original]["maxFeePerGas"], 16)
+    rpc(node.url, "anvil_dropTransaction", [original])
+    _mine_until_done(node, [sending], base_fee=spike)
+    receipt = sending.result()
+    assert receipt["status"] == 1 and receipt["transactionHash"].to_0x_hex() != original
+    assert _count(node, key) == 1 and ours.tx.replaced == 1
