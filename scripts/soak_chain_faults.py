@@ -2,16 +2,20 @@
 
 While the soak's workload and its settlement run, one thread replaces the last 1-``MAX_DEPTH``
 blocks with empty ones (``anvil_reorg``: every transaction in them is gone from the chain), and
-another drops pending transactions from the node's pool (``anvil_dropTransaction``). Each dropped
-transaction is remembered by sender and nonce: it counts as resent once the chain holds a
-transaction of that sender at that nonce (the same bytes sent again, or a replacement).
+another drops pending transactions from the node's pool (``anvil_dropTransaction``): each
+transaction seen entering the pool (a resent one again) is dropped with probability
+``drop_share``, so any one send may be lost, and none is lost for good. (A node that drops every
+transaction it gets would be censoring, which no sender survives: an earlier version of this
+harness did that in quiet periods, when its timer had run out and the first transaction to
+arrive was the only candidate.) Each dropped transaction is remembered by sender and nonce:
+it counts as resent once the chain holds a transaction of that sender at that nonce (the same
+bytes sent again, or a replacement).
 """
 
 from __future__ import annotations
 
 import random
 import threading
-import time
 from dataclasses import dataclass, field
 
 from contracts.chain import rpc
@@ -27,7 +31,7 @@ class ChainFaults:
     url: str
     seed: int
     reorg_every_s: float = 12.0
-    drop_every_s: float = 4.0
+    drop_share: float = 0.25
     reorgs: int = 0
     depths: list[int] = field(default_factory=list)
     dropped: list[tuple[str, int]] = field(default_factory=list)
@@ -60,22 +64,26 @@ class ChainFaults:
             self.depths.append(depth)
 
     def _drop_loop(self, rng: random.Random) -> None:
-        last = 0.0
+        pooled: set[str] = set()  # the hashes pending at the previous look
         while not self._stop.wait(0.05):
-            if time.monotonic() - last < self.drop_every_s * rng.uniform(0.5, 1.5):
-                continue
             try:
                 pending = rpc(self.url, "txpool_content")["pending"]
-                candidates = [tx for by_nonce in pending.values() for tx in by_nonce.values()]
-                if not candidates:
-                    continue
-                tx = rng.choice(candidates)
-                rpc(self.url, "anvil_dropTransaction", [tx["hash"]])
             except Exception as exc:
                 self.errors.append(f"drop: {exc}")
                 continue
-            last = time.monotonic()
-            self.dropped.append((tx["from"], int(tx["nonce"], 16)))
+            now = {tx["hash"]: tx for by_nonce in pending.values() for tx in by_nonce.values()}
+            arrived = [tx for h, tx in now.items() if h not in pooled]
+            pooled = set(now)
+            for tx in arrived:
+                if rng.random() >= self.drop_share:
+                    continue
+                try:
+                    rpc(self.url, "anvil_dropTransaction", [tx["hash"]])
+                except Exception as exc:
+                    self.errors.append(f"drop: {exc}")
+                    continue
+                pooled.discard(tx["hash"])  # sent again, it arrives again
+                self.dropped.append((tx["from"], int(tx["nonce"], 16)))
 
     def resent(self) -> int:
         """Return how many dropped transactions' (sender, nonce) the chain now holds."""
