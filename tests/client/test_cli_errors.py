@@ -8,7 +8,6 @@ market and the provider daemon), against the session's real anvil and escrow.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -214,19 +213,22 @@ def silent_chain() -> Iterator[tuple[str, socket.socket]]:
 def test_ctrl_c_while_the_chain_does_not_answer_is_one_line_and_exit_130(
     world: World, silent_chain: tuple[str, socket.socket]
 ) -> None:
-    url, server = silent_chain
+    url, _ = silent_chain
     argv = ["-m", "client.cli", "client", "balances", "--rpc-url", url]
     process = _python(*argv, "--escrow", world.escrow.address, "--key", world.clients[0])
-    # The client is waiting on the chain once its connection is in the server's queue.
-    ready, _, _ = select.select([server], [], [], 120)
-    assert ready, "the client never connected"
-    conn, _ = server.accept()
-    try:
-        conn.recv(65536)  # its request arrived: it now waits for an answer that never comes
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-    finally:
-        conn.close()
+    # Interrupted once it says it waits on this chain (its request sits unanswered in the
+    # server's queue): that line proves the wait is this client's, whoever else connects.
+    assert process.stderr is not None
+    said = []
+    for line in process.stderr:
+        said.append(line)
+        if line.startswith("waiting ") and f"for the chain at {url}" in line:
+            break
+    else:
+        raise AssertionError(f"the client never said it waits on the chain: {said}")
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    err = "".join(said) + err
     assert process.returncode == 130, err
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
 
