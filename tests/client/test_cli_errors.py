@@ -187,6 +187,13 @@ def test_bad_files_and_inputs_that_do_not_fit_the_program_exit_2_before_anything
     )  # no deal ledger: nothing was signed or sent
 
 
+def _default_sigint() -> None:
+    """In the child before it runs: SIGINT back to its default disposition. A test run started
+    in the background by a shell (`make test &`) has SIGINT ignored, which Python keeps, so a
+    Ctrl-C test would otherwise depend on how the suite was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return processes.spawn(
         [sys.executable, *args],
@@ -195,6 +202,7 @@ def _python(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[s
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
 
 

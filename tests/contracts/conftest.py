@@ -93,7 +93,10 @@ def deployed(anvil: Anvil) -> World:
 
 @pytest.fixture
 def world(deployed: World) -> Iterator[World]:
-    """The session's deployment, reverted after the test, its clock back at the present."""
+    """The session's deployment at the present (the latest block stamped now: validities taken
+    from it are not already past, however long the worker ran other tests since the last
+    chain test), reverted after the test, its clock back at the present."""
+    chain_clock.resync(deployed.anvil)
     snapshot = deployed.anvil.snapshot()
     try:
         yield deployed
