@@ -3,12 +3,9 @@ challenge window, used quote nonces. One binding, made on first use and again af
 
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 from web3.exceptions import Web3Exception
@@ -16,15 +13,12 @@ from web3.exceptions import Web3Exception
 from contracts.binding import Chain, Escrow
 from contracts.errors import ChainError
 from contracts.messages import ZERO_ADDRESS
+from market.chain_rpc import BALANCE_OF, STAKE_OF, RawRpc, address_call
 from market.errors import ChainUnavailableError, ReplayError
 from market.settings import Settings
 
 TRANSIENT_CHAIN = (ChainError, OSError, requests.RequestException, Web3Exception, TimeoutError)
 """Errors that mean "the chain is unreachable now": retried later."""
-
-
-_HEAD_BODY = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
-_HEAD_HEADERS = {"content-type": "application/json"}
 
 
 class EscrowReader:
@@ -36,7 +30,7 @@ class EscrowReader:
         self._lock = threading.Lock()
         self._escrow: Escrow | None = None
         self._min_window: int | None = None
-        self._local = threading.local()  # each thread's connection for `head`
+        self._rpc: RawRpc | None = None  # the hot reads (head, balances, stakes)
 
     def known(self) -> bool:
         """Return whether the market can read its escrow (an RPC URL and an escrow address)."""
@@ -57,28 +51,24 @@ class EscrowReader:
             raise ChainUnavailableError(f"the escrow cannot be read now: {exc}") from exc
 
     def head(self) -> int:
-        """Return the chain head's block number: one small JSON-RPC call on a kept connection
-        (the match gate asks it once per group); raise `ChainUnavailableError` if it fails."""
-        assert self.settings.rpc_url is not None
-        url = urlsplit(self.settings.rpc_url)
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        try:
-            if connection is None:
-                kind = (
-                    http.client.HTTPSConnection
-                    if url.scheme == "https"
-                    else http.client.HTTPConnection
-                )
-                connection = kind(url.netloc, timeout=10)
-                self._local.connection = connection
-            connection.request("POST", url.path or "/", _HEAD_BODY, _HEAD_HEADERS)
-            reply = json.loads(connection.getresponse().read())
-            return int(reply["result"], 16)
-        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
-            self._local.connection = None
-            if connection is not None:
-                connection.close()
-            raise ChainUnavailableError(f"the chain head cannot be read now: {exc}") from exc
+        """Return the chain head's block number: one small JSON-RPC request on a kept
+        connection (the match gate asks it once per group); raise `ChainUnavailableError` if
+        it fails."""
+        return self._raw().block_number()
+
+    def balance_of(self, account: str) -> int:
+        """Return `account`'s free balance on the escrow (one `eth_call`, `market.chain_rpc`)."""
+        return self._raw().view(self.settings.escrow, address_call(BALANCE_OF, account))
+
+    def stake_of(self, provider: str) -> int:
+        """Return `provider`'s free stake on the escrow (one `eth_call`)."""
+        return self._raw().view(self.settings.escrow, address_call(STAKE_OF, provider))
+
+    def _raw(self) -> RawRpc:
+        if self._rpc is None:
+            assert self.settings.rpc_url is not None
+            self._rpc = RawRpc(self.settings.rpc_url)
+        return self._rpc
 
     def min_challenge_window(self) -> int:
         """Return the shortest challenge window a quote may set, in seconds (at least 1).

@@ -31,8 +31,10 @@ events moved, if they hold something on the market (live bids: the balance; live
 registration: the stake), at most one read per account and figure whatever the events; the
 kept balance of a moved account holding nothing is dropped (read again if it bids), and its
 deals that opened on chain stop counting. A backstop pass reads each live bidder's balance
-again in turn (`PayingBidders.refresh`) for anything the events miss. Stakes are cached for
-`funds_cache_s`. A refusal is decided on a figure read for it (a client that just deposited is
+again in turn (`PayingBidders.refresh`) for anything the events miss. Stakes are kept the same
+way (the staker's events: Staked, Unstaked, a deal opened, paid out or refunded). A process that
+does not index (`market.partition`) keeps both for `funds_cache_s` instead. Each figure is one
+`eth_call` (`market.chain_rpc`). A refusal is decided on a figure read for it (a client that just deposited is
 never refused on a stale one; a flood of unfunded orders costs one read each, within the
 signer's and the IP's rate limits); an account never read is read once (off the event loop).
 What a request reserves is held in memory until its orders are committed (then the
@@ -65,7 +67,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlmodel import Session, col, select
 
-from contracts.binding import Escrow
 from market import chain_index, storage
 from market.commitments import Commitments, Figures
 from market.engine import Side
@@ -119,7 +120,8 @@ class FundsGuard:
     def __init__(
         self,
         *,
-        read_escrow: Callable[[Callable[[Escrow], Any]], Any],
+        read_balance: Callable[[str], int],
+        read_stake: Callable[[str], int],
         session: Callable[[], AbstractContextManager[Session]],
         book_classes: Callable[[], list[str]],
         commitments: Commitments,
@@ -133,7 +135,8 @@ class FundsGuard:
         shared: SharedFunds | None = None,
         balance_cache_s: float = math.inf,
     ) -> None:
-        """Read the escrow with `read_escrow` (the chain head with `head`), the market's
+        """Read free balances and stakes with `read_balance` and `read_stake` (the chain head
+        with `head`), the market's
         records with `session`; count commitments in `commitments`, and with `shared` those
         of other processes' classes too (`market.partition`); keep a balance read for
         `balance_cache_s` (forever: until an indexed event moves it, `reread`)."""
@@ -149,10 +152,8 @@ class FundsGuard:
         self._head = head
         self.shared = shared
         # Balances are kept until an event moves them (`reread`), not for a time.
-        self.balances = FigureCache(
-            lambda a: int(read_escrow(lambda e: e.balance_of(a))), balance_cache_s
-        )
-        self.stakes = FigureCache(lambda a: int(read_escrow(lambda e: e.stake_of(a))), cache_s)
+        self.balances = FigureCache(read_balance, balance_cache_s)
+        self.stakes = FigureCache(read_stake, cache_s)
         self._lock = threading.Lock()
         self._reserved: dict[str, tuple[int, int]] = {}  # owner -> (spend, orders) in flight
         self._advertised: set[str] | None = None  # classes registered providers advertise

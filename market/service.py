@@ -108,8 +108,11 @@ class MarketService(MarketReads):
             self.commitments = Commitments.load(
                 connection, self.now(), settings.unopened_deal_hold_s, self.partition.classes
             )
+        # Figures are kept until an indexed event moves them where this process indexes.
+        kept_s = math.inf if self.partition.indexes else settings.funds_cache_s
         self.funds = FundsGuard(
-            read_escrow=self.escrow.read,
+            read_balance=self.escrow.balance_of,
+            read_stake=self.escrow.stake_of,
             session=self.session,
             book_classes=lambda: self.books.names(),
             commitments=self.commitments,
@@ -117,11 +120,11 @@ class MarketService(MarketReads):
             max_live_orders=settings.max_live_orders_per_owner,
             max_classes_per_provider=settings.max_classes_per_provider,
             min_balance_per_order=settings.min_balance_per_order,
-            cache_s=settings.funds_cache_s,
+            cache_s=kept_s,
             provider_ttl_s=settings.provider_offline_after_s,
             head=self.escrow.head if self.escrow.known() else None,
             shared=self.partition.funds,
-            balance_cache_s=math.inf if self.partition.indexes else settings.funds_cache_s,
+            balance_cache_s=kept_s,
         )
         self.bidders = PayingBidders(
             self.funds, session=self.session, now=self.now, changed=self.changed

@@ -10,13 +10,12 @@ provider's unstaking counts at its next heartbeat.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from contracts.binding import Escrow
 from contracts.messages import address_of
 from market.errors import UnfundedError
 from market.escrow_reader import EscrowReader
@@ -100,9 +99,13 @@ class CountedReader(EscrowReader):
         super().__init__(settings)
         self.count = 0
 
-    def read(self, call: Callable[[Escrow], Any]) -> Any:
+    def balance_of(self, account: str) -> int:
         self.count += 1
-        return super().read(call)
+        return super().balance_of(account)
+
+    def stake_of(self, provider: str) -> int:
+        self.count += 1
+        return super().stake_of(provider)
 
 
 @pytest.fixture

@@ -71,6 +71,12 @@ class FakeReader(EscrowReader):
     def read(self, read: Callable[[Escrow], Any]) -> Any:
         return read(self.fake)  # type: ignore[arg-type]  # the calls the funds check makes
 
+    def balance_of(self, account: str) -> int:
+        return self.fake.balance_of(account)
+
+    def stake_of(self, provider: str) -> int:
+        return self.fake.stake_of(provider)
+
     def head(self) -> int:
         return self.fake.block
 
