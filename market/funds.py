@@ -32,9 +32,9 @@ registration: the stake), at most one read per account and figure whatever the e
 kept balance of a moved account holding nothing is dropped (read again if it bids), and its
 deals that opened on chain stop counting. A backstop pass reads each live bidder's balance
 again in turn (`PayingBidders.refresh`) for anything the events miss. Stakes are kept the same
-way (the staker's events: Staked, Unstaked, a deal opened, paid out or refunded). A process that
-does not index (`market.partition`) keeps both for `funds_cache_s` instead. Each figure is one
-`eth_call` (`market.chain_rpc`). A refusal is decided on a figure read for it (a client that just deposited is
+way (Staked, Unstaked, a deal opened, paid out or refunded). A process that does not index
+(`market.partition`) keeps both for `funds_cache_s`. Each figure is one `eth_call`
+(`market.chain_rpc`). A refusal is decided on a figure read for it (a client that just deposited is
 never refused on a stale one; a flood of unfunded orders costs one read each, within the
 signer's and the IP's rate limits); an account never read is read once (off the event loop).
 What a request reserves is held in memory until its orders are committed (then the
