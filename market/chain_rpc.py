@@ -27,6 +27,8 @@ from market.errors import ChainUnavailableError
 
 TIMEOUT_S = 10.0
 """How long one request may take before its endpoint counts as failed."""
+MAX_ANSWER_BYTES = 64 << 10
+"""The largest answer read: these reads answer one number; a bigger one is an endpoint's fault."""
 
 
 def selector(signature: str) -> str:
@@ -109,7 +111,9 @@ class RawRpc:
                 path += "?" + url.query
             connection.request("POST", path, body, _headers(url))
             response = connection.getresponse()
-            payload = response.read()
+            payload = response.read(MAX_ANSWER_BYTES + 1)
+            if len(payload) > MAX_ANSWER_BYTES:
+                raise ValueError("an answer too long for a number")
             if response.status != 200:
                 raise http.client.HTTPException(f"status {response.status}")
             reply = json.loads(payload)

@@ -32,11 +32,14 @@ class CountingNode(RpcProxy):
         self.count = 0
         self.down = False
         self.refusing = False
+        self.flooding = False
 
     def intercept(self, body: bytes) -> tuple[int, bytes] | None:
         self.count += 1
         if self.down:
             return 503, b""
+        if self.flooding:  # an endless number: more than any read takes
+            return 200, b'{"jsonrpc":"2.0","id":1,"result":"0x' + b"1" * (1 << 20) + b'"}'
         if self.refusing and json.loads(body)["method"] == "eth_call":
             error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "refused"}}
             return 200, json.dumps(error).encode()
@@ -116,4 +119,18 @@ def test_an_error_answer_is_not_sent_elsewhere_and_no_failure_names_an_endpoint(
         assert url.removeprefix("http://") not in str(raised.value)
         assert url.rsplit(":", 1)[1] not in str(raised.value)
     with pytest.raises(ChainUnavailableError):
+        reader.head()
+
+
+def test_an_endpoint_answering_too_much_is_skipped_without_reading_it_all(
+    world: ChainWorld, nodes: tuple[CountingNode, CountingNode]
+) -> None:
+    first, second = nodes
+    first.flooding = True
+    account = address_of(world.clients[0])
+    reader = _reader(world, f"{first.url},{second.url}")
+    assert reader.balance_of(account) == world.escrow.balance_of(account)
+    assert second.count == 1
+    second.flooding = True
+    with pytest.raises(ChainUnavailableError, match="no endpoint answered"):
         reader.head()
