@@ -19,7 +19,9 @@ through the match gate; the server's jobs run (the chain indexer every 2 s). The
 post single orders (`api_single_funded_orders_per_s`, `api_single_funded_p99_ms_32`), then keep
 posting for `--funded-minutes` (default 1; 10 for the issue's figure):
 `funded_rate_after_10min_ratio` is the rate of the run's last window over its first (windows
-of 60 s when the run lasts 3 minutes or more, else a third of the run). Orders of the long run
+of 60 s when the run lasts 3 minutes or more, else a third of the run), counted while every
+poster still posts (`funded_all_posting_s`: a poster that ran out of signed orders would lower
+the last window's rate). Orders of the long run
 are signed before it, in worker processes. `--server-root` runs the server from another tree
 (an export of an earlier commit), so two versions are measured by one load generator.
 
@@ -213,9 +215,11 @@ async def _poster(
     latencies: list[float],
     done_at: list[float] | None = None,
     until: float = math.inf,
+    ran_out: list[float] | None = None,
 ) -> int:
     """Post `bodies` one per request on one keep-alive connection (until `until`, a
-    `perf_counter` time); return the failures. Each answer's time goes to `done_at`."""
+    `perf_counter` time); return the failures. Each answer's time goes to `done_at`; the time
+    this poster had posted all its bodies before `until` to `ran_out`."""
     reader, writer = await asyncio.open_connection(host, port)
     failures = 0
     head = (
@@ -246,6 +250,9 @@ async def _poster(
                 failures += 1
                 if failures == 1:
                     print(f"single order refused: {status_line!r} {answer[:300]!r}", flush=True)
+        else:
+            if ran_out is not None:
+                ran_out.append(time.perf_counter())
     finally:
         writer.close()
     return failures
@@ -256,16 +263,18 @@ def post_single(
     bodies: list[list[bytes]],
     done_at: list[float] | None = None,
     seconds: float = math.inf,
+    ran_out: list[float] | None = None,
 ) -> tuple[float, list[float]]:
     """Post each poster's bodies one per request, all posters at once, for at most `seconds`;
-    return (seconds, latencies in ms); each answer's time goes to `done_at`."""
+    return (seconds, latencies in ms); each answer's time goes to `done_at`, each poster's
+    running out of bodies to `ran_out`."""
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
     until = time.perf_counter() + seconds
 
     async def run() -> int:
         counts = await asyncio.gather(
-            *(_poster(host, int(port), b, latencies, done_at, until) for b in bodies)
+            *(_poster(host, int(port), b, latencies, done_at, until, ran_out) for b in bodies)
         )
         return sum(counts)
 
@@ -279,6 +288,7 @@ def post_single(
 
 FUNDED_DEPOSIT = 10**14  # each poster's free escrow balance: its bids never run out
 FUNDED_STAKE = 10**7  # each poster's stake: above the market's minimum and its quotes' stake
+MAX_PER_POSTER = 40_000  # signed orders per poster for the long run (about 1 KB each)
 FUNDED_ENV = {"TPUMARKET_MARKET_MAX_LIVE_ORDERS_PER_OWNER": "1000000"}  # a long run's book
 
 
@@ -301,10 +311,14 @@ def sign_funded(
         return list(pool.map(_sign_funded, jobs))
 
 
-def rate_ratio(done_at: list[float], started: float) -> tuple[float, float, float]:
-    """Return (window s, first window's rate, last window's rate) of answers at `done_at`:
-    windows of 60 s in a run of 3 minutes or more, else a third of the run."""
-    end = max(done_at)
+def rate_ratio(
+    done_at: list[float], started: float, end: float | None = None
+) -> tuple[float, float, float]:
+    """Return (window s, first window's rate, last window's rate) of answers at `done_at`
+    between `started` and `end` (default: the last answer): windows of 60 s in a run of 3
+    minutes or more, else a third of the run."""
+    end = max(done_at) if end is None else end
+    done_at = [t for t in done_at if t <= end]
     window = 60.0 if end - started >= 180 else (end - started) / 3
     first = sum(1 for t in done_at if t < started + window) / window
     last = sum(1 for t in done_at if t > end - window) / window
@@ -354,19 +368,23 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
                     flush=True,
                 )
                 run_s = args.funded_minutes * 60
-                per_poster = min(20_000, math.ceil(rate * run_s * 1.5 / args.posters))
+                per_poster = min(MAX_PER_POSTER, math.ceil(rate * run_s * 1.5 / args.posters))
                 long_bodies = sign_funded(keys, escrow, arbiter, per_poster, 10**9)
                 done_at: list[float] = []
+                ran_out: list[float] = []
                 started = time.perf_counter()
                 load_before = os.getloadavg()[0]
-                post_single(url, long_bodies, done_at, run_s)
+                post_single(url, long_bodies, done_at, run_s, ran_out)
             finally:
                 os.kill(process.pid, signal.SIGTERM)
                 process.wait(timeout=15)
-    window, first, last = rate_ratio(done_at, started)
+    # The rate counts while every poster posts: one that ran out of signed orders lowers it.
+    end = min(ran_out) if ran_out else max(done_at)
+    window, first, last = rate_ratio(done_at, started, end)
     print(
-        f"funded run: {len(done_at)} orders in {max(done_at) - started:.0f}s; rate "
-        f"{first:.0f}/s in the first {window:.0f}s, {last:.0f}/s in the last; load average "
+        f"funded run: {len(done_at)} orders in {max(done_at) - started:.0f}s, every poster "
+        f"posting for the first {end - started:.0f}s; rate {first:.0f}/s in the first "
+        f"{window:.0f}s, {last:.0f}/s in the last {window:.0f}s of those; load average "
         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
         flush=True,
     )
@@ -377,6 +395,7 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
         "api_single_funded_server_cpu_us": round(cpu_us),
         "funded_rate_after_10min_ratio": round(last / first, 3),
         "funded_minutes": args.funded_minutes,
+        "funded_all_posting_s": round(end - started),
     }
 
 
