@@ -72,8 +72,10 @@ PYTEST_WORKERS ?= 3
 PYTEST := PYTHONDONTWRITEBYTECODE= JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=1 .venv/bin/pytest
 
 # `--durations 25`: every run ends with where its time went (the slowest set-ups and tests).
+# Files are handed out costliest first (tests/file_order.py, from tests/file_seconds.json), not
+# by their number of tests: a long one-scenario file started last would keep the run waiting.
 unit: setup setup-xla system-deps
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --durations 25 $(ARGS)
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations 25 $(ARGS)
 
 test: lint typecheck unit
 

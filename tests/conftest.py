@@ -38,6 +38,7 @@ from typing import Any, cast
 import pytest
 
 from tests import processes
+from tests.file_order import costliest_first, file_seconds
 
 HOST_SKIP = "host:"
 ROOT = Path(__file__).resolve().parent.parent
@@ -294,11 +295,13 @@ def slow_reason(item: pytest.Item) -> str | None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark slow every test that starts a real component: by the fixtures it uses, its own code
-    and its module's, each read with the suite's helpers they call; and long property runs."""
+    and its module's, each read with the suite's helpers they call; and long property runs.
+    Then order the files costliest first (`tests.file_order`)."""
     for item in items:
         reason = slow_reason(item)
         if reason is not None:
             item.add_marker(pytest.mark.slow(reason=reason))
+    items[:] = costliest_first(items, file_seconds())  # the longest files start first
     if config.getoption("--slow-reasons"):
         for item in items:
             marker = item.get_closest_marker("slow")
