@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, select
 
+from market.chain_moves import accounts_moved
 from market.deal_states import DealStatus
 from market.models import ChainDeal, ChainEvent, Deal, IndexerState, ProviderClient
 
@@ -145,3 +146,21 @@ def open_deal_stakes(*, session: Session, provider: str) -> int:
         )
     ).all()
     return sum(int(stake) for stake in rows)
+
+
+def moved_since(*, session: Session, after: int, upto: int) -> set[str]:
+    """Return the accounts the events stored for blocks `after` + 1 to `upto` moved
+    (`market.chain_moves`), as the indexer found them when it stored those events."""
+    events = session.exec(
+        select(ChainEvent).where(
+            col(ChainEvent.block_number) > after, col(ChainEvent.block_number) <= upto
+        )
+    ).all()
+    moved: set[str] = set()
+    for event in events:
+        parties = None
+        if event.chain_deal_id is not None:
+            deal = session.get(ChainDeal, event.chain_deal_id)
+            parties = None if deal is None else (deal.client, deal.provider)
+        moved |= accounts_moved(event.name, json.loads(event.args_json), parties)
+    return moved

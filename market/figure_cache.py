@@ -12,7 +12,7 @@ class FigureCache:
 
     def __init__(self, read: Callable[[str], int], ttl: float) -> None:
         self._read = read
-        self._ttl = ttl
+        self.ttl = ttl  # may change: a process that starts indexing keeps figures for good
         self._values: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self.raises = 0  # reads that found a figure higher than the one kept (or none kept)
@@ -22,7 +22,7 @@ class FigureCache:
         younger than the cache allows, else read from the escrow."""
         with self._lock:
             cached = self._values.get(address)
-        if cached is not None and time.monotonic() - cached[1] <= self._ttl:
+        if cached is not None and time.monotonic() - cached[1] <= self.ttl:
             return cached[0], False
         return self.read(address), True
 
@@ -30,7 +30,7 @@ class FigureCache:
         """Return the figure of `address` if younger than the cache allows, else None."""
         with self._lock:
             cached = self._values.get(address)
-        if cached is None or time.monotonic() - cached[1] > self._ttl:
+        if cached is None or time.monotonic() - cached[1] > self.ttl:
             return None
         return cached[0]
 
@@ -44,6 +44,11 @@ class FigureCache:
         """Return the figure of `address`, read afresh if the cached one is below `need`."""
         value, read = self.get(address)
         return value if read or value >= need else self.read(address)
+
+    def clear(self) -> None:
+        """Drop every figure: each is read afresh when next needed."""
+        with self._lock:
+            self._values.clear()
 
     def forget(self, address: str) -> None:
         """Drop the figure of `address`: the next `get` reads it afresh."""

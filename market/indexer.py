@@ -44,6 +44,7 @@ from web3.exceptions import BlockNotFound
 
 from contracts.binding import Chain, Escrow
 from market import chain_index
+from market.chain_moves import MOVES_ACCOUNT, accounts_moved
 from market.deal_states import DealStatus
 from market.errors import MarketError
 from market.escrow_reader import TRANSIENT_CHAIN
@@ -230,21 +231,19 @@ class Indexer:
         )
         if not fresh:
             return 0
-        account = _MOVES_ACCOUNT.get(event.name)
-        if account is not None:
-            moved.add(to_checksum_address(event.args[account]))
+        if event.name in MOVES_ACCOUNT:
+            moved |= accounts_moved(event.name, event.args, None)
         if deal_id is None or int(deal_id) > INT64:
             return 1
         deal_id = int(deal_id)
         if event.name == "DealOpened":
-            moved.update(to_checksum_address(event.args[a]) for a in ("client", "provider"))
+            moved |= accounts_moved(event.name, event.args, None)
             _open(session, event.args, deal_id, tx_hash, int(entry["blockNumber"]))
             return 1
         deal = chain_index.get_chain_deal(session=session, chain_deal_id=deal_id)
         if deal is None:  # opened before the configured first block: nothing to attach to
             return 1
-        if event.name in _MOVES_DEAL:
-            moved.update((deal.client, deal.provider))
+        moved |= accounts_moved(event.name, event.args, (deal.client, deal.provider))
         deal.last_tx = tx_hash
         apply = _APPLY.get(event.name)
         if apply is not None:
@@ -425,28 +424,6 @@ _APPLY: dict[str, Callable[[ChainDeal, Any, dict[str, Any]], None]] = {
 }
 """Events that change a deal's figures; the others (deposits, stakes, disputes opened, close
 agreements) are only stored as events."""
-
-
-_MOVES_ACCOUNT = {
-    "Deposited": "account",
-    "Withdrawn": "account",
-    "Staked": "provider",
-    "Unstaked": "provider",
-}
-"""Events that move one account's free balance or stake: the field naming it."""
-
-_MOVES_DEAL = frozenset(
-    {
-        "ReservationFeePaid",
-        "VoucherRedeemed",
-        "ClaimFinalized",
-        "DisputeResolved",
-        "BreachRefunded",
-        "DealClosed",
-    }
-)
-"""Events that pay out, refund or release a deal's money: its client's and provider's free
-balance or stake move (DealOpened, which locks them, names both itself)."""
 
 
 def _add(total: str, amount: int) -> str:

@@ -4,14 +4,20 @@ index the escrow's events, delete history past its retention."""
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from market import storage
-from market.indexer import Indexer
 from market.service import MarketService
 
 log = logging.getLogger(__name__)
+
+
+class ChainJob(Protocol):
+    """What the chain job runs: `market.indexer.Indexer` or `market.follower.ChainFollow`."""
+
+    def run_once(self) -> int: ...
 
 
 def _guard(name: str, job: object) -> object:
@@ -51,8 +57,9 @@ def prune_history(service: MarketService) -> tuple[int, int]:
     return total[0], total[1]
 
 
-def start_scheduler(service: MarketService, indexer: Indexer | None) -> BackgroundScheduler:
-    """Start the background jobs; return the scheduler (call `shutdown()` to stop it)."""
+def start_scheduler(service: MarketService, indexer: ChainJob | None) -> BackgroundScheduler:
+    """Start the background jobs; return the scheduler (call `shutdown()` to stop it). The
+    chain job is `indexer`: an indexer, or a process's share of one (`market.follower`)."""
     settings = service.settings
     scheduler = BackgroundScheduler(daemon=True)
     common = {"max_instances": 1, "coalesce": True}

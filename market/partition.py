@@ -23,14 +23,18 @@ on SQLite is refused at start):
   spend, live and cancelled orders, unopened deals) are read from SQL under a per-signer
   advisory lock (`SharedFunds.hold`), held from the funds check until the request's orders are
   committed, so two processes cannot both spend one balance (`market.funds`).
-- **One indexer.** Only the process that wins the indexer lock at start indexes the chain; the
-  others keep a balance for `funds_cache_s` instead of until an indexed event moves it.
+- **One indexer.** Only the process holding the indexer lock indexes the chain; the others
+  follow its index (the accounts its stored events moved are read again one run later) and
+  keep a balance or stake for at most `funds_cache_s`; when the indexing process stops, the
+  next run of another takes the lock and indexes from where the index stands
+  (`market.follower`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -42,6 +46,8 @@ from sqlalchemy.engine import Connection, Engine
 from market.database import SQLITE_FILE
 from market.errors import MarketConfigError, WrongClassError
 from market.settings import Settings
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = 26_001
 """The first key of every advisory lock the market takes (the second hashes a name within the
@@ -120,6 +126,18 @@ class Partition:
                 f"another market process on this database is the writer of {', '.join(taken)}"
             )
         self._claim = connection
+
+    def try_index(self) -> bool:
+        """Take the indexer lock if no process holds it (its holder stopped); return whether
+        this process indexes now (`market.follower`)."""
+        if self.indexes:
+            return True
+        if self._claim is not None:
+            try:
+                self.indexes = _try(self._claim, "indexer")
+            except Exception:  # the database is unreachable: try again at the next run
+                log.warning("indexer lock: the database did not answer", exc_info=True)
+        return self.indexes
 
     def claim_file(self, data_dir: Path) -> None:
         """Hold the lock file of a SQLite database in `data_dir` for this process's life; raise

@@ -21,6 +21,7 @@ from market.api.fast import FastOrders, MarketApp
 from market.api.limits import BodySizeLimit, SecurityHeaders
 from market.api.routes import arbiters, book, deals, orders, providers, stream
 from market.arbiters import ArbiterAdvertCreate
+from market.follower import ChainFollow
 from market.indexer import Indexer
 from market.jobs import start_scheduler
 from market.models import CancelCreate, HeartbeatCreate, OrderBatch, OrderCreate, QuoteAttach
@@ -58,18 +59,24 @@ def create_app(
         app.state.changes = stream.Changes(
             svc, max_streams=settings.max_streams, max_per_ip=settings.max_streams_per_ip
         )
-        indexer: Indexer | None = None
+        indexer: Indexer | ChainFollow | None = None
         if indexer_factory is not None:
             indexer = indexer_factory(svc)
-        elif settings.rpc_url and settings.escrow != ZERO_ADDRESS and svc.partition.indexes:
-            indexer = Indexer(
-                svc,
-                rpc_url=settings.rpc_url,
-                escrow=settings.escrow,
-                chunk_blocks=settings.index_chunk_blocks,
-                from_block=settings.index_from_block,
-                confirmations=settings.index_confirmations,
-            )
+        elif settings.rpc_url and settings.escrow != ZERO_ADDRESS:
+            rpc_url, escrow = settings.rpc_url, settings.escrow
+
+            def make_indexer() -> Indexer:
+                return Indexer(
+                    svc,
+                    rpc_url=rpc_url,
+                    escrow=escrow,
+                    chunk_blocks=settings.index_chunk_blocks,
+                    from_block=settings.index_from_block,
+                    confirmations=settings.index_confirmations,
+                )
+
+            # Processes sharing a database index once between them (`market.follower`).
+            indexer = ChainFollow(svc, make_indexer) if svc.partition.shared else make_indexer()
         app.state.indexer = indexer
         scheduler = start_scheduler(svc, indexer) if settings.run_jobs else None
         app.state.scheduler = scheduler

@@ -5,8 +5,9 @@ PostgreSQL, and for the funds check a real anvil with the escrow.
 Properties: fills of both processes carry unique `seq` numbers in commit order (per class in
 fill-id order, no gaps), no book is ever crossed, an order for the other process's class is
 refused with a reason naming the classes served, a kill -9 of one process loses no order either
-acknowledged, a second writer of a class is refused at start, and a signer cannot commit more
-than its escrow balance by spreading bids over the two processes.
+acknowledged, a second writer of a class is refused at start, a signer cannot commit more
+than its escrow balance by spreading bids over the two processes, and when the process that
+indexes the chain is killed the other indexes on.
 """
 
 from __future__ import annotations
@@ -344,3 +345,39 @@ def _at_once(posts: list[tuple[str, dict[str, Any]]]) -> list[int]:
     for thread in threads:
         thread.join(timeout=120)
     return statuses
+
+
+def _indexed_block(url: str) -> int:
+    """The block a market process has indexed up to (its metrics), -1 before any."""
+    for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
+        if line.startswith("market_indexed_block "):
+            return int(float(line.split()[1]))
+    return -1
+
+
+def test_the_indexing_process_killed_then_the_other_takes_the_lock_and_indexes_on(
+    world: ChainWorld, pg: str, tmp_path: Path
+) -> None:
+    """The indexer lock goes with the indexing process's connection: kill -9 it, and the
+    other process indexes the chain from where the index stood (`market.follower`)."""
+    flags = ["--database-url", pg, "--rpc-url", world.anvil.url, "--escrow", world.escrow.address]
+    flags += ["--chain-id", "31337"]
+    first = market_process(_data(tmp_path, "a"), *flags, "--device-classes", A)
+    url_a, pid_a = first.__enter__()  # A starts first: it takes the indexer lock
+    killed = False
+    try:
+        with market_process(_data(tmp_path, "b"), *flags, "--device-classes", B) as (url_b, _):
+            client = _fresh(world)
+            world.escrow.deposit(client.key, 1_000)
+            head = world.head()
+            wait_until(lambda: _indexed_block(url_a) >= head, 300, "A indexing")
+            assert _indexed_block(url_b) < head  # B follows A's index; it indexes nothing
+            os.kill(pid_a, signal.SIGKILL)
+            first.__exit__(None, None, None)
+            killed = True
+            world.escrow.deposit(client.key, 2_000)
+            head = world.head()
+            wait_until(lambda: _indexed_block(url_b) >= head, 300, "B indexing after A's kill")
+    finally:
+        if not killed:
+            first.__exit__(None, None, None)
