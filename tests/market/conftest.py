@@ -105,6 +105,17 @@ def backend(request: pytest.FixtureRequest) -> str | None:
 
 
 @pytest.fixture
+def pg() -> str:
+    """A clean PostgreSQL schema's URL (the market tests' own cluster)."""
+    processes.refuse_component("PostgreSQL")
+    url, reason = postgres_url()
+    if url is None:
+        pytest.skip(f"PostgreSQL unavailable: {reason}")
+    reset_postgres(url)
+    return url
+
+
+@pytest.fixture
 def clock() -> Clock:
     return Clock()
 

@@ -20,11 +20,10 @@ from market.indexer import Indexer
 from market.models import HeartbeatCreate, OrderCreate
 from market.service import MarketService
 from market.settings import Settings
-from tests import processes
 
 from . import chain as fixtures
 from .chain import ChainWorld
-from .conftest import Clock, postgres_url, reset_postgres
+from .conftest import Clock
 from .signing import Trader
 
 chain_session = fixtures.chain_session
@@ -32,17 +31,6 @@ world = fixtures.world
 
 A, B = "tpu-follow-a", "tpu-follow-b"
 PRICE = 100
-
-
-@pytest.fixture
-def pg() -> str:
-    """A clean PostgreSQL schema's URL (the market tests' own cluster)."""
-    processes.refuse_component("PostgreSQL")
-    url, reason = postgres_url()
-    if url is None:
-        pytest.skip(f"PostgreSQL unavailable: {reason}")
-    reset_postgres(url)
-    return url
 
 
 @pytest.fixture

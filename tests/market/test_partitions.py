@@ -27,11 +27,9 @@ from sqlalchemy import create_engine, text
 
 from contracts.chain import Anvil
 from market.database import database_url
-from tests import processes
 from tests.polling import wait_until
 
 from .chain import MIN_WINDOW, ChainWorld, deploy_world
-from .conftest import postgres_url, reset_postgres
 from .server import market_process
 from .signing import Trader
 
@@ -39,17 +37,6 @@ A, B = "tpu-part-a", "tpu-part-b"
 POSTERS = 4  # per class
 ORDERS = 40  # per poster
 STAKE = 1_000_000
-
-
-@pytest.fixture
-def pg() -> str:
-    """A clean PostgreSQL schema's URL (the market tests' own cluster)."""
-    processes.refuse_component("PostgreSQL")
-    url, reason = postgres_url()
-    if url is None:
-        pytest.skip(f"PostgreSQL unavailable: {reason}")
-    reset_postgres(url)
-    return url
 
 
 def _data(tmp_path: Path, name: str) -> Path:
