@@ -523,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     engine = 0.0
-    versus: dict[str, Any] = {"engine_vs_peer": None, "engine_vs_peer_signed": None}
+    versus: dict[str, Any] = {
+        "engine_vs_peer": None,
+        "engine_vs_peer_signed": None,
+        "engine_vs_peer_signed_bound": None,
+    }
     if not args.skip_engine:
         bench = _engine_bench()
         figures = bench.run(args.engine_orders, 1, 3)
@@ -534,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         signed = bench.versus_peer_signed()
         print(f"from the signed order: {json.dumps(signed)}", flush=True)
         versus["engine_vs_peer_signed"] = signed["engine_vs_peer_signed"]
+        versus["engine_vs_peer_signed_bound"] = signed["engine_vs_peer_signed_bound"]
 
     # The load generator's own heap (the signed bodies, the libraries) out of its collector's
     # scans: a full collection in this process would pause every poster and count as latency.
@@ -541,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine_orders_per_s": round(engine),
         "engine_vs_peer": versus["engine_vs_peer"],
         "engine_vs_peer_signed": versus["engine_vs_peer_signed"],
+        "engine_vs_peer_signed_bound": versus["engine_vs_peer_signed_bound"],
     }
     if args.chainless:
         gc.collect()

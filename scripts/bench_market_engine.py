@@ -32,7 +32,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -336,8 +336,9 @@ def _ours_signed(bodies: list[bytes]) -> tuple[float, int]:
     return time.perf_counter() - start, units
 
 
-def _peer_signed(bodies: list[bytes]) -> tuple[float, int]:
-    """Decode, verify (coincurve's key API) and place `bodies` on a fresh lightmatchingengine."""
+def _peer_signed(bodies: list[bytes], match: bool = True) -> tuple[float, int]:
+    """Decode, verify (coincurve's key API) and place `bodies` on a fresh lightmatchingengine;
+    with `match` False, only decode and verify (the work any engine does before matching)."""
     import coincurve
     from lightmatchingengine.lightmatchingengine import LightMatchingEngine
     from lightmatchingengine.lightmatchingengine import Side as PeerSide
@@ -378,6 +379,8 @@ def _peer_signed(bodies: list[bytes]) -> tuple[float, int]:
             message = Bid(**terms, nonce=w["nonce"])
         if signer(order_digest(message, domain), w["signature"]) != w["owner"].lower():
             raise ValueError("order not signed by its owner")
+        if not match:
+            continue
         order, trades = add(w["device_class"], w["price"], w["quantity"], sides[w["side"]])
         if trades:
             units += order.cum_qty
@@ -387,16 +390,22 @@ def _peer_signed(bodies: list[bytes]) -> tuple[float, int]:
 def versus_peer_signed(orders: int = 4_000, rounds: int = 9) -> dict[str, float | int | bool]:
     """Return ours and the peer's orders/s from the signed order's JSON text (fastest of
     `rounds` interleaved runs each), their ratio, the median of each round's ratio (steadier
-    on a loaded host: a round's two runs are adjacent in time), and whether both traded the
-    same units."""
+    on a loaded host: a round's two runs are adjacent in time), whether both traded the
+    same units, and the bound on the ratio: the peer's time over that of its decoding and
+    verifying alone (what any engine must do first), the ratio of an engine that matched
+    and checked in no time."""
     bodies = signed_stream(orders)
-    best = {"ours": float("inf"), "peer": float("inf")}
-    traded = {"ours": -1, "peer": -1}
-    runners = {"ours": _ours_signed, "peer": _peer_signed}
+    best = {"ours": float("inf"), "peer": float("inf"), "verify": float("inf")}
+    traded = {"ours": -1, "peer": -1, "verify": -1}
+    runners: dict[str, Callable[[list[bytes]], tuple[float, int]]] = {
+        "ours": _ours_signed,
+        "peer": _peer_signed,
+        "verify": lambda b: _peer_signed(b, match=False),
+    }
     ratios: list[float] = []
     for number in range(rounds):
         taken: dict[str, float] = {}
-        for name in ("ours", "peer") if number % 2 == 0 else ("peer", "ours"):
+        for name in ("ours", "peer", "verify") if number % 2 == 0 else ("verify", "peer", "ours"):
             gc.collect()
             taken[name], traded[name] = runners[name](bodies)
             best[name] = min(best[name], taken[name])
@@ -407,6 +416,8 @@ def versus_peer_signed(orders: int = 4_000, rounds: int = 9) -> dict[str, float 
         "engine_vs_peer_signed": round(best["peer"] / best["ours"], 2),
         "engine_vs_peer_signed_median": round(sorted(ratios)[len(ratios) // 2], 2),
         "same_units_traded_signed": traded["ours"] == traded["peer"],
+        "signed_verify_us_per_order": round(best["verify"] / orders * 1e6, 1),
+        "engine_vs_peer_signed_bound": round(best["peer"] / best["verify"], 2),
     }
 
 

@@ -91,3 +91,11 @@ def test_bench_script_prints_one_json_line_with_the_figures() -> None:
     assert figures["compiled"] is True
     assert figures["orders"] == 3000
     assert figures["engine_orders_per_s"] > 0
+
+
+def test_signed_comparison_reports_the_bound_that_verifying_alone_sets() -> None:
+    figures = load_bench().versus_peer_signed(orders=300, rounds=1)
+    assert figures["same_units_traded_signed"] is True
+    assert figures["signed_verify_us_per_order"] > 0
+    # The peer's time over its decoding and verifying alone (a ratio of two timings: noisy)
+    assert figures["engine_vs_peer_signed_bound"] > 0
