@@ -5,11 +5,11 @@ elsewhere, and no failure's text names an endpoint."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
 import pytest
 
+from contracts.chain import free_port
 from contracts.messages import address_of
 from market.errors import ChainUnavailableError
 from market.escrow_reader import EscrowReader
@@ -54,14 +54,6 @@ def nodes(world: ChainWorld) -> Iterator[tuple[CountingNode, CountingNode]]:
     second.close()
 
 
-def _dead_url() -> str:
-    """A local port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
 def _reader(world: ChainWorld, rpc_url: str) -> EscrowReader:
     return EscrowReader(
         Settings(rpc_url=rpc_url, escrow=world.escrow.address, chain_id=world.anvil.chain_id)
@@ -87,7 +79,7 @@ def test_an_unreachable_or_failing_endpoint_is_skipped_and_the_answering_one_kep
     first, second = nodes
     account = address_of(world.clients[0])
     expected = world.escrow.balance_of(account)
-    reader = _reader(world, f"{_dead_url()},{first.url}")
+    reader = _reader(world, f"http://127.0.0.1:{free_port()},{first.url}")
     assert reader.balance_of(account) == expected  # the dead endpoint skipped
     assert reader.head() == world.head()
     first.down = True
@@ -111,7 +103,7 @@ def test_an_error_answer_is_not_sent_elsewhere_and_no_failure_names_an_endpoint(
         reader.stake_of(account)
     assert second.count == 0
     first.down = second.down = True
-    dead = _dead_url()
+    dead = f"http://127.0.0.1:{free_port()}"
     reader = _reader(world, f"{first.url},{second.url},{dead}")
     with pytest.raises(ChainUnavailableError) as raised:
         reader.balance_of(account)
