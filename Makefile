@@ -61,10 +61,11 @@ typecheck: setup
 system-deps:
 	scripts/system-deps
 
-# Test files may run in parallel (pytest-xdist, one file per worker at a time: module fixtures
-# stay whole): most of their time is spent waiting on anvil, servers and sandboxed workers, not
-# on the CPU. With `make test PYTEST_WORKERS=3` the suite took 10.5 min on a shared 2-core host
-# at a load of ~5 (22.5 min at ~11), against ~21 min serially on a quiet one; 0: one process.
+# Test files run in parallel (pytest-xdist, one file per worker at a time: module fixtures stay
+# whole). The suite is bound by CPU: its real processes (sandbox workers importing JAX, daemons,
+# servers, command lines, anvil) kept 1.86 of a 2-core host's cores busy on average over an
+# idle run with 3 workers (figures, and the command that measures CPU by kind of process:
+# docs/benchmarks.md, "Where the suite's CPU goes"); 0: one process.
 PYTEST_WORKERS ?= 3
 
 # The tests run with bytecode cached (pytest's rewritten test modules too): an environment that
