@@ -44,7 +44,7 @@ from web3.exceptions import BlockNotFound
 
 from contracts.binding import Chain, Escrow
 from market import chain_index
-from market.chain_moves import MOVES_ACCOUNT, accounts_moved
+from market.chain_moves import accounts_moved
 from market.deal_states import DealStatus
 from market.errors import MarketError
 from market.escrow_reader import TRANSIENT_CHAIN
@@ -231,13 +231,11 @@ class Indexer:
         )
         if not fresh:
             return 0
-        if event.name in MOVES_ACCOUNT:
-            moved |= accounts_moved(event.name, event.args, None)
+        moved |= accounts_moved(event.name, event.args, None)  # its deal's parties: below
         if deal_id is None or int(deal_id) > INT64:
             return 1
         deal_id = int(deal_id)
         if event.name == "DealOpened":
-            moved |= accounts_moved(event.name, event.args, None)
             _open(session, event.args, deal_id, tx_hash, int(entry["blockNumber"]))
             return 1
         deal = chain_index.get_chain_deal(session=session, chain_deal_id=deal_id)
