@@ -6,7 +6,7 @@
 
 const state = {
   data: null, selected: null, book: null, offers: [], sort: "price", take: null,
-  fetching: false, again: false, announce: false, errors: {},
+  fetching: false, again: false, retry: null, announce: false, errors: {},
 };
 const INT64 = 2n ** 63n - 1n;
 const SORT_DESCENDING_FIRST = new Set(["reliability", "memory", "capacity", "quantity"]);
@@ -99,9 +99,9 @@ const FILTER_LABELS = {
   min_reliability_pct: "reliability ≥ %",
 };
 
-function offerQuery() {
+function offerQuery(selected) {
   const f = el("offer-filters").elements, q = new URLSearchParams({ sort: state.sort, limit: "200" });
-  if (state.selected) q.set("device_class", state.selected);
+  if (selected) q.set("device_class", selected);
   if (f.plan.value) q.set("plan", f.plan.value);
   const errors = {};
   for (const [name, toParam] of Object.entries(NUMBER_FILTERS)) {
@@ -131,40 +131,54 @@ function showFilterErrors() {
 async function refresh() {
   if (state.fetching) { state.again = true; return; }
   state.fetching = true;
+  let read = null;
   try {
-    state.data = await getJson("/v1/overview");
-    if (!state.data.classes.includes(state.selected)) state.selected = state.data.classes[0] || null;
+    const data = await getJson("/v1/overview");
+    const selected = data.classes.includes(state.selected) ? state.selected : data.classes[0] || null;
     const [book, offers] = await Promise.all([
-      state.selected ? getJson(`/v1/book/${state.selected}?${bookQuery()}`) : null,
-      getJson(`/v1/offers?${offerQuery()}`),
+      selected ? getJson(`/v1/book/${selected}?${bookQuery()}`) : null,
+      getJson(`/v1/offers?${offerQuery(selected)}`),
     ]);
-    state.book = book;
-    state.offers = offers;
-    render();
-    if (state.announce) { state.announce = false; announce(); }
+    read = { data, selected, book, offers };
   } catch (err) {
-    // The stream's reconnect or the next change triggers another refresh.
+    // A read failed (the market restarting, a 503, the network): read again shortly rather
+    // than wait for the stream's next word, which may not come.
+    clearTimeout(state.retry);
+    state.retry = setTimeout(refresh, 2000);
   } finally {
     state.fetching = false;
-    if (state.again) { state.again = false; refresh(); }
   }
+  // Drawing is outside the try: a fault in it is the page's, and shows as one.
+  if (read && (read.selected === state.selected || !read.data.classes.includes(state.selected))) {
+    Object.assign(state, read);
+    render();
+    if (state.announce) { state.announce = false; announce(); }
+  } else if (read) {
+    state.again = true;  // a tab was pressed while this read was under way: read its class
+  }
+  if (state.again) { state.again = false; refresh(); }
+}
+
+// Children of `container` for `items`, keeping the node of every item whose signature is
+// unchanged: a click that lands while the page redraws reaches the node it pressed.
+const SIGNATURES = new WeakMap();
+function renderKeyed(container, items, signature, build) {
+  const old = new Map();
+  for (const node of container.children) old.set(SIGNATURES.get(node), node);
+  const nodes = items.map((item) => {
+    const sig = signature(item);
+    let node = old.get(sig);
+    if (node) old.delete(sig);
+    else { node = build(item); SIGNATURES.set(node, sig); }
+    return node;
+  });
+  const same = nodes.length === container.children.length && nodes.every((n, i) => n === container.children[i]);
+  if (!same) container.replaceChildren(...nodes);
 }
 
 function render() {
   const d = state.data;
-  el("classes").replaceChildren(...d.classes.map((name) => {
-    const b = document.createElement("button");
-    const s = d.stats[name] || {};
-    b.dataset.class = name;
-    b.textContent = name;
-    const note = document.createElement("small");
-    note.textContent = s.last_price != null ? ` ${tokens(s.last_price)} ${change(s)}` : "";
-    b.appendChild(note);
-    b.className = name === state.selected ? "active" : "";
-    b.setAttribute("aria-pressed", String(name === state.selected));
-    b.addEventListener("click", () => { state.selected = name; clearBookFilters(); userRefresh(); });
-    return b;
-  }));
+  renderTabs(d);
   renderStats(d.stats[state.selected]);
   renderOffers();
   renderBook();
@@ -173,6 +187,28 @@ function render() {
   renderDeals(d);
   Charts.depth(el("depth"), state.book, tokenNumber);
   Charts.history(el("history"), d.history[state.selected] || [], tokenNumber);
+}
+
+// The class tabs, each kept while the classes are the same and changed in place: a press that
+// lands while the page redraws reaches the tab it pressed.
+function renderTabs(d) {
+  const box = el("classes");
+  if ([...box.children].map((b) => b.dataset.class).join("\n") !== d.classes.join("\n")) {
+    box.replaceChildren(...d.classes.map((name) => {
+      const b = document.createElement("button");
+      b.dataset.class = name;
+      b.append(name, document.createElement("small"));
+      b.addEventListener("click", () => { state.selected = name; clearBookFilters(); userRefresh(); });
+      return b;
+    }));
+  }
+  for (const b of box.children) {
+    const s = d.stats[b.dataset.class] || {}, on = b.dataset.class === state.selected;
+    const note = s.last_price != null ? ` ${tokens(s.last_price)} ${change(s)}` : "";
+    if (b.lastChild.textContent !== note) b.lastChild.textContent = note;
+    b.className = on ? "active" : "";
+    b.setAttribute("aria-pressed", String(on));
+  }
 }
 
 function change(s) {
@@ -272,7 +308,7 @@ function renderOffers() {
     b.parentElement.setAttribute("aria-sort", on ? (state.sort.startsWith("-") ? "descending" : "ascending") : "none");
     b.className = on ? "sorted" : "";
   }
-  el("offers").replaceChildren(...shownOffers().map((o) => {
+  renderKeyed(el("offers"), shownOffers(), (o) => JSON.stringify(o), (o) => {
     const take = document.createElement("button");
     take.type = "button";
     take.textContent = "Take";
@@ -290,7 +326,7 @@ function renderOffers() {
     return row([last, cell(tokens(o.price), "price"), cell(fmt(o.quantity)), who,
       reliabilityCell(o.reliability, o.has_history), cell(`${fmt(o.slo_ms)} ms`), cell(bytes(o.memory)),
       cell(o.plan, "l"), cell(fmt(o.capacity))], "offer");
-  }));
+  });
 }
 
 function showTake() {

@@ -289,6 +289,64 @@ def test_page_at_each_viewport_then_nothing_overflows_sideways_and_charts_have_a
     page.close()
 
 
+def test_tab_and_take_focus_when_trades_redraw_the_page_then_the_keyboard_stays_where_it_was(
+    server: str, browser: Any
+) -> None:
+    """A live update redraws the page; a keyboard user's focus must not fall back to the top."""
+    client, provider = Trader(), Trader()
+    now = int(time.time())
+    for device_class in ("cpu-x", "cpu-y"):  # both tabs there before the page loads
+        _post(server, "/v1/orders", provider.ask(now, device_class=device_class, price=300_000))
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    _class_tab(page, "cpu-x")
+    page.wait_for_selector("[data-testid=offers] tbody tr .take-button")
+    focused = "() => document.activeElement.dataset.class || document.activeElement.className"
+    for target, price in (
+        ("[data-testid=classes] button[data-class='cpu-x']", 201_000),
+        ("[data-testid=offers] .take-button", 202_000),
+    ):
+        page.focus(target)
+        _post(server, "/v1/orders", provider.ask(now, device_class="cpu-y", price=price))
+        _post(server, "/v1/orders", client.bid(now, device_class="cpu-y", price=price))
+        page.wait_for_function(
+            "p => [...document.querySelectorAll('[data-testid=classes] button')]"
+            ".some(b => b.innerText.includes(p))",
+            arg=f"{price / 1_000_000:g}",
+        )
+        assert page.evaluate(focused) in ("cpu-x", "take-button"), target
+    page.close()
+
+
+def test_page_when_a_read_fails_then_it_reads_again_without_waiting_for_a_change(
+    server: str, browser: Any
+) -> None:
+    """A read refused by the network (a connection the server closed, a restart) is retried;
+    the press that caused it is not left undone until the market next changes."""
+    _seed(server)
+    _post(server, "/v1/orders", Trader().bid(int(time.time()), device_class="cpu-z", price=90_000))
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.wait_for_selector("[data-testid=live].on")
+    page.wait_for_selector("[data-testid=classes] button.active")
+    failed: list[str] = []
+
+    def fail_once(route: Any) -> None:
+        if failed:
+            route.continue_()
+        else:
+            failed.append(route.request.url)
+            route.abort("connectionreset")
+
+    page.route("**/v1/overview", fail_once)
+    other = page.locator("[data-testid=classes] button:not(.active)").first
+    name = other.get_attribute("data-class")
+    _class_tab(page, name)
+    assert len(failed) == 1
+    page.close()
+
+
 @pytest.fixture(scope="module")
 def v6e(server: str) -> dict[str, Trader]:
     """Class tpu-v6e: two providers' offers on different terms, and two bids."""
