@@ -13,6 +13,8 @@ keys)::
     port = 8700
     data_dir = "/var/lib/tpumarket-provider"
     pool_size = 2
+    sandbox_spares = 0                                 # no worker stands by: a crashed one is
+    sandbox_validator_spares = 0                       # replaced on demand (fewer processes)
     slo_ms = 2000
     output_memory_bytes = 268435456                    # delivered outputs kept in memory;
                                                        # older ones are read from the journal
@@ -163,6 +165,13 @@ class ProviderConfig(BaseSettings):
     # Start sandbox workers short of full isolation (no bubblewrap, root, sockets, no syscall
     # allowlist); /v1/info then lists what they lack. Off: such workers are refused.
     sandbox_weak_isolation: bool = False
+    # Sandbox processes beside the `pool_size` workers, each importing JAX at start: workers
+    # standing by to replace one retired after a crash or a timeout (None: enough for two ready
+    # workers in all), the validators that check every new program, and validators standing by
+    # to replace one a malformed program retired. Without spares a replacement starts on demand.
+    sandbox_spares: int | None = None
+    sandbox_validators: int = 2
+    sandbox_validator_spares: int = 1
     log_level: str = "INFO"
     settlement: SettlementConfig = Field(default_factory=lambda: SettlementConfig())
     http: HttpConfig = Field(default_factory=lambda: HttpConfig())
@@ -273,6 +282,18 @@ class ProviderConfig(BaseSettings):
     @classmethod
     def _a_worker(cls, value: int) -> int:
         check(value >= 1, "pool_size must be at least 1")
+        return value
+
+    @field_validator("sandbox_spares", "sandbox_validator_spares")
+    @classmethod
+    def _spares(cls, value: int | None, info: ValidationInfo) -> int | None:
+        check(value is None or value >= 0, f"{info.field_name} must not be negative")
+        return value
+
+    @field_validator("sandbox_validators")
+    @classmethod
+    def _a_validator(cls, value: int) -> int:
+        check(value >= 1, "sandbox_validators must be at least 1")
         return value
 
     @field_validator("output_memory_bytes")

@@ -30,9 +30,10 @@ from provider.journal import Journal
 from provider.metrics import ProviderMetrics
 from provider.quotes import QuoteJob
 from provider.receipts import canonical_json
-from provider.sandbox import Sandbox, SandboxLimits
+from provider.sandbox import Sandbox
 from provider.service import TaskService
 from provider.settlement import SettlementJobs
+from provider.warm_sandbox import build_sandbox
 from provider.warmup import Warmup
 
 log = logging.getLogger("provider.daemon")
@@ -142,15 +143,7 @@ class Daemon:
         )
         self._owns_sandbox = sandbox is None
         try:
-            self.sandbox = sandbox or Sandbox(
-                config.pool_size,
-                SandboxLimits(
-                    max_envelope_bytes=config.max_envelope_bytes,
-                    weak_isolation=config.sandbox_weak_isolation,
-                ),
-                Path(config.data_dir) / "compile-cache",
-                jax_platforms=config.jax_platforms,
-            )
+            self.sandbox = sandbox or build_sandbox(config)
         except BaseException:
             self.journal.close()
             self.lock.release()

@@ -37,7 +37,8 @@ RETRY_AFTER_S = 2
 
 
 def build_sandbox(config: ProviderConfig) -> Sandbox:
-    """Start the config's sandbox (``pool_size`` workers) and wait until each is ready."""
+    """Start the config's sandbox (``pool_size`` workers) and wait until each is ready; its
+    spare workers, validators and spare validators as the ``sandbox_*`` keys say."""
     return Sandbox(
         config.pool_size,
         SandboxLimits(
@@ -46,6 +47,9 @@ def build_sandbox(config: ProviderConfig) -> Sandbox:
         ),
         Path(config.data_dir) / "compile-cache",
         jax_platforms=config.jax_platforms,
+        spares=config.sandbox_spares,
+        validators=config.sandbox_validators,
+        validator_spares=config.sandbox_validator_spares,
     )
 
 

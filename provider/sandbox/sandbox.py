@@ -67,6 +67,7 @@ class Sandbox:
         spares: int | None = None,
         client_share: float = 0.5,
         validators: int = 2,
+        validator_spares: int = 1,
         worker_module: str = WORKER_MODULE,
         host_memory: HostMemory | None = None,
     ) -> None:
@@ -74,10 +75,10 @@ class Sandbox:
 
         ``spares`` ready workers more stand by to replace one retired after a crash or a
         timeout (default: enough for two ready workers in all). Apart from them,
-        ``validators`` (and a spare) parse and check every program not seen before, on the
-        CPU at a lower priority: a malformed program retires a validator, never a worker that
-        holds other clients' warm programs, and its replacement starts off the task path.
-        ``cache_dir`` holds the daemon's per-client compile store; no worker mounts it.
+        ``validators`` (and ``validator_spares`` more) parse and check every program not seen
+        before, on the CPU at a lower priority: a malformed program retires a validator, never
+        a worker that holds other clients' warm programs, and its replacement starts off the
+        task path. ``cache_dir`` holds the daemon's per-client compile store (no worker mounts it).
         ``host_memory`` is the ledger every task's memory is admitted against (default: 80%
         of this host's RAM; :mod:`provider.sandbox.host_memory`).
         """
@@ -107,7 +108,7 @@ class Sandbox:
                 dataclasses.replace(self.limits, nice=VALIDATOR_NICE, warm_up=False),
                 None,
                 worker_env({"JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}),
-                spares=1,
+                spares=validator_spares,
             )
         except BaseException:
             self._pool.close()

@@ -42,6 +42,11 @@ CHALLENGE_WINDOW = 60
 PENALTY = 50_000
 SLO_S = 30  # the test daemons' SLO (provider_config's slo_ms)
 DEADLINE_SLACK_S = 10  # see sign_task
+LEAN_SANDBOX: dict[str, int] = {"sandbox_spares": 0, "sandbox_validator_spares": 0}
+"""Config of a test daemon that exercises no worker's or validator's replacement: none stands
+by, so its sandbox starts 3 processes (a worker, 2 validators), not 5, each importing JAX."""
+LEAN_SANDBOX_TOML = "".join(f"{key} = {value}\n" for key, value in LEAN_SANDBOX.items())
+"""The same as top-level TOML lines."""
 _nonces = itertools.count(1)
 
 
@@ -146,8 +151,10 @@ def start_world() -> ChainWorld:
 
 
 def provider_config(world: ChainWorld, data_dir: Path, **changes: Any) -> ProviderConfig:
-    """Return a daemon config for ``world.provider`` (jobs triggered by hand in tests)."""
+    """Return a daemon config for ``world.provider`` (jobs triggered by hand in tests); the
+    sandbox it builds, when none is passed to the daemon, is :data:`LEAN_SANDBOX`'s."""
     settings: dict[str, Any] = {
+        **LEAN_SANDBOX,
         "private_key": world.provider,
         "rpc_url": world.anvil.url,
         "escrow": world.escrow.address,
@@ -282,11 +289,19 @@ class ServedDaemon:
 
 
 def daemon_toml(
-    world: ChainWorld, data_dir: Path, *, rpc_url: str | None = None, settings: str = ""
+    world: ChainWorld,
+    data_dir: Path,
+    *,
+    rpc_url: str | None = None,
+    settings: str = "",
+    lean: bool = True,
 ) -> str:
     """Return a daemon config for ``world`` (its plan and SLO) with ``settings`` (TOML lines of
-    the top level, then any ``[section]`` of their own) appended."""
+    the top level, then any ``[section]`` of their own) appended; ``lean``: the
+    :data:`LEAN_SANDBOX` keys that ``settings`` does not set (else the daemon's defaults)."""
     top, _, sections = settings.partition("\n[")
+    given = {line.partition("=")[0].strip() for line in top.splitlines()}
+    sandbox = {k: v for k, v in LEAN_SANDBOX.items() if lean and k not in given}
     return (
         f'rpc_url = "{rpc_url or world.anvil.url}"\n'
         f'escrow = "{world.escrow.address}"\n'
@@ -294,7 +309,8 @@ def daemon_toml(
         'jax_platforms = "cpu"\n'
         f"slo_ms = {SLO_S * 1000}\n"
         "benchmark_on_start = false\n"
-        f"{top.strip()}\n"
+        + "".join(f"{key} = {value}\n" for key, value in sandbox.items())
+        + f"{top.strip()}\n"
         "[plan]\n"
         f"compile_price = {PLAN.compile_price}\n"
         f"inference_price = {PLAN.inference_price}\n"
@@ -304,17 +320,24 @@ def daemon_toml(
 
 @contextmanager
 def served_daemon(
-    world: ChainWorld, work: Path, *, rpc_url: str | None = None, settings: str = ""
+    world: ChainWorld,
+    work: Path,
+    *,
+    rpc_url: str | None = None,
+    settings: str = "",
+    lean: bool = True,
 ) -> Iterator[ServedDaemon]:
     """Run ``provider run --no-jobs`` for ``world.provider`` with its data and log in ``work``
     (a second run on the same ``work`` keeps the data); yield once it answers its health check,
     stop it (SIGTERM, then SIGKILL) on exit.
 
-    ``rpc_url`` replaces the node's (a proxy, a URL with a key); ``settings`` as in
-    :func:`daemon_toml`. Its stdout and stderr go to ``work / "daemon.log"`` (appended).
+    ``rpc_url`` replaces the node's (a proxy, a URL with a key); ``settings`` and ``lean`` as
+    in :func:`daemon_toml`. Its stdout and stderr go to ``work / "daemon.log"`` (appended).
     """
     config = work / "provider.toml"
-    config.write_text(daemon_toml(world, work / "data", rpc_url=rpc_url, settings=settings))
+    config.write_text(
+        daemon_toml(world, work / "data", rpc_url=rpc_url, settings=settings, lean=lean)
+    )
     port = free_port()
     env = dict(os.environ, TPUMARKET_PROVIDER_PRIVATE_KEY=world.provider, JAX_PLATFORMS="cpu")
     log_path = work / "daemon.log"

@@ -62,7 +62,7 @@ def test_env_wins_over_the_file_key_by_key_in_every_table(
 ) -> None:
     path = write_toml(
         tmp_path,
-        "slo_ms = 5000\npool_size = 2\nport = 9000\n"
+        "slo_ms = 5000\npool_size = 2\nport = 9000\nsandbox_validators = 3\n"
         "[plan]\ninference_price = 7\ncompile_price = 3\n"
         "[settlement]\ninterval_s = 12\nquote_valid_s = 300\n"
         f'[ask]\nprice = 7\nquantity = 3\nstake = 9\npenalty = 1\narbiter = "{ARBITER}"\n',
@@ -70,6 +70,7 @@ def test_env_wins_over_the_file_key_by_key_in_every_table(
     monkeypatch.setenv(f"{PREFIX}PRIVATE_KEY", OTHER_KEY)
     monkeypatch.setenv(f"{PREFIX}SLO_MS", "3000")
     monkeypatch.setenv(f"{PREFIX}BENCHMARK_ON_START", "false")
+    monkeypatch.setenv(f"{PREFIX}SANDBOX_VALIDATOR_SPARES", "0")
     monkeypatch.setenv(f"{PREFIX}SETTLEMENT_REDEEM_THRESHOLD", "99")
     monkeypatch.setenv(f"{PREFIX}SETTLEMENT_INTERVAL_S", "0.5")
     monkeypatch.setenv(f"{PREFIX}ASK_QUANTITY", "5")
@@ -79,6 +80,8 @@ def test_env_wins_over_the_file_key_by_key_in_every_table(
     assert config.private_key == OTHER_KEY and config.address == address_of(OTHER_KEY)
     assert (config.slo_ms, config.slo_s, config.pool_size, config.port) == (3000, 3, 2, 9000)
     assert config.benchmark_on_start is False and config.rpc_url == "http://file"
+    assert (config.sandbox_spares, config.sandbox_validators) == (None, 3)
+    assert config.sandbox_validator_spares == 0
     assert config.plan == Plan(inference_price=7, compile_price=3)
     assert config.settlement == SettlementConfig(
         interval_s=0.5, quote_valid_s=300, redeem_threshold=99
@@ -111,6 +114,8 @@ def test_defaults_hold_where_neither_file_nor_env_sets_a_key(
     assert config.plan == Plan() and config.settlement == SettlementConfig()
     assert config.ask is None and config.output_memory_bytes is None
     assert config.settlement.min_window_s() == 30  # (5 + 10) / 0.5
+    sandbox = (config.sandbox_spares, config.sandbox_validators, config.sandbox_validator_spares)
+    assert sandbox == (None, 2, 1)  # a spare worker for pool_size 1, 2 validators and a spare
 
 
 def test_key_from_a_file_yields_to_a_key_set_directly(
@@ -182,6 +187,9 @@ def test_replace_validates_the_changes_and_keeps_the_key(
         ("QUOTE_POLL_S", "inf", "quote_poll_s: Input should be a finite number"),
         ("OUTPUT_MEMORY_BYTES", "-5", "output_memory_bytes must be >= 0"),
         ("KEEP_ALIVE_S", "0", "keep_alive_s must be positive"),
+        ("SANDBOX_SPARES", "-1", "sandbox_spares must not be negative"),
+        ("SANDBOX_VALIDATORS", "0", "sandbox_validators must be at least 1"),
+        ("SANDBOX_VALIDATOR_SPARES", "-2", "sandbox_validator_spares must not be negative"),
         ("LOG_LEVEL", "loud", "log_level must be one of"),
         ("SETTLEMENT_INTERVAL_S", "nan", "settlement.interval_s: Input should be a finite"),
         ("SETTLEMENT_CLAIM_BATCH_MAX", "1.5", "settlement.claim_batch_max: Input should be"),
@@ -210,6 +218,9 @@ def test_a_bad_variable_is_a_config_error_naming_it_and_its_value(
     [
         ("port = 'eighty'\n", "port: Input should be a valid integer, unable to parse"),
         ("pool_size = 1.5\n", "pool_size: Input should be a valid integer"),
+        ("sandbox_spares = -1\n", "sandbox_spares must not be negative, got -1"),
+        ("sandbox_validator_spares = -1\n", "sandbox_validator_spares must not be negative"),
+        ("sandbox_validators = 0\n", "sandbox_validators must be at least 1, got 0"),
         ("[settlement]\ninterval_s = -1\n", "settlement.interval_s must be positive, got -1"),
         ("[plan]\ncompile_price = 'lots'\n", "plan.compile_price: Input should be a valid integer"),
         ("[plan]\ncache_hit_discount_bps = 20000\n", "plan has a discount above 100%"),
