@@ -11,7 +11,12 @@ from __future__ import annotations
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
-COMPILED_MODULES = ("market.engine.orders", "market.engine.book", "market.engine.engine")
+COMPILED_MODULES = (
+    "market.engine.orders",
+    "market.engine.ladders",
+    "market.engine.book",
+    "market.engine.engine",
+)
 GROUP = "market.engine._native"
 _ROOT = Path(__file__).resolve().parent.parent
 

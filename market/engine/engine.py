@@ -28,9 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from heapq import heappop, heappush
 
-from market.engine.book import Book, BookEntry, PriceLevel
+from market.engine.book import Book, PriceLevel
 from market.engine.fills import Fill
 from market.engine.gate import Gate
+from market.engine.ladders import BookEntry
 from market.engine.lifecycle import OrderState, check_transition
 from market.engine.orders import Order, OrderRecord, Side
 from market.engine.snapshot import (
