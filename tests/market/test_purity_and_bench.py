@@ -99,3 +99,18 @@ def test_signed_comparison_reports_the_bound_that_verifying_alone_sets() -> None
     assert figures["signed_verify_us_per_order"] > 0
     # The peer's time over its decoding and verifying alone (a ratio of two timings: noisy)
     assert figures["engine_vs_peer_signed_bound"] > 0
+
+
+def test_book_growth_bench_prints_its_figures_for_a_book_that_grows_crossed() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_book_growth", ROOT / "scripts" / "bench_book_growth.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    made = bench.orders(4_000, seed=3)
+    assert len({(o.slo_ms, o.memory) for o in made}) == 9  # three SLOs x three memory sizes
+    result = bench.run(4_000, 1_000, seed=3)
+    assert len(result["engine_us_per_order_by_window"]) == 4
+    assert result["engine_growth_ratio"] > 0 and result["compiled"] is True
+    assert 1_000 < result["live_orders"] < 4_000  # some trade, the rest rests (crossed)
