@@ -31,7 +31,7 @@ PLAN = Plan(compile_price=2_000, inference_price=1_000)
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider]]:
-    with stack(tmp_path_factory.mktemp("guards")) as built:
+    with stack(tmp_path_factory.mktemp("guards"), lean=True) as built:
         provider = built.start_provider("ordered", PLAN, slo_ms=2_000)
         built.escrow.deposit(built.client, 10**7)
         yield built, provider

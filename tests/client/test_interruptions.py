@@ -45,7 +45,7 @@ DEPOSIT = 10 * UNIT
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider]]:
-    with stack(tmp_path_factory.mktemp("interruptions")) as built:
+    with stack(tmp_path_factory.mktemp("interruptions"), lean=True) as built:
         provider = built.start_provider("steady", PLAN, slo_ms=60_000)
         more = 5 * UNIT  # every test opens a deal with it, each locking a stake of UNIT
         built.token.mint(built.deployer, provider.address, more)

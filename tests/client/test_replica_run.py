@@ -36,7 +36,7 @@ def world(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Stack, ArbiterProcess, Provider, Provider]]:
     work = tmp_path_factory.mktemp("replicas")
-    with stack(work) as st:
+    with stack(work, lean=True) as st:
         arbiter = ArbiterProcess(
             SimpleNamespace(arbiter=st.arbiter, anvil=st.anvil, escrow=st.escrow),  # type: ignore[arg-type]
             work / "arbiter",

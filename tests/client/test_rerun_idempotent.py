@@ -57,7 +57,7 @@ BETWEEN = ("status", "fetch", "refund", "nothing")
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider, JobFiles]]:
-    with stack(tmp_path_factory.mktemp("rerun")) as built:
+    with stack(tmp_path_factory.mktemp("rerun"), lean=True) as built:
         provider = built.start_provider("steady", PLAN, slo_ms=60_000)
         more = 20 * UNIT  # every example opens a deal locking a stake of UNIT
         built.token.mint(built.deployer, provider.address, more)

@@ -34,7 +34,7 @@ LATE_STEPS = 300_000_000  # about 6 s of device time: past the 2 s SLO plus 2 s 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider]]:
-    with stack(tmp_path_factory.mktemp("session")) as built:
+    with stack(tmp_path_factory.mktemp("session"), lean=True) as built:
         provider = built.start_provider("prompt", PLAN, slo_ms=SLO_MS)
         built.escrow.deposit(built.client, UNIT)
         yield built, provider

@@ -42,7 +42,7 @@ PLAN = Plan(compile_price=2_000, inference_price=1_000)
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, JobFiles]]:
-    with stack(tmp_path_factory.mktemp("undone")) as built:
+    with stack(tmp_path_factory.mktemp("undone"), lean=True) as built:
         built.escrow.deposit(built.client, 10 * UNIT)
         steps = {"slow0": STEPS_SLOW, "fast0": 1_000, "fast1": 1_000, "fast2": 1_000}
         yield built, write_files(tmp_path_factory.mktemp("inputs"), steps)

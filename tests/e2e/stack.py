@@ -29,6 +29,7 @@ from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
 from contracts.tx_policy import TxPolicy
 from tests import processes
 from tests.polling import wait_until
+from tests.provider.daemon_support import LEAN_SANDBOX
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = 10**6
@@ -133,6 +134,7 @@ class Stack:
     work: Path
     market_url: str | None = None
     confirmations: int = 1
+    lean: bool = False  # providers without standby sandbox processes (LEAN_SANDBOX)
     processes: list[Process] = field(default_factory=list)
     providers: list[Provider] = field(default_factory=list)
 
@@ -201,6 +203,8 @@ class Stack:
             "heartbeat_interval_s = 2",
             'log_level = "WARNING"',
         ]
+        if self.lean:
+            lines += [f"{key} = {value}" for key, value in LEAN_SANDBOX.items()]
         if self.market_url:
             lines.append(f'market_url = "{self.market_url}"')
         lines.append("[plan]")
@@ -282,12 +286,16 @@ def stack(
     min_challenge_window: int = MIN_WINDOW,
     block_time: float | None = None,
     confirmations: int = 1,
+    lean: bool = False,
 ) -> Iterator[Stack]:
     """Start anvil, deploy, fund the client's wallet; stop everything after.
 
     With `block_time` the chain mines a block that often (not on each transaction) and keeps
     its history, so reorgs can be injected (`anvil_reorg`); every process then counts a
     transaction done, and the market indexes a block, only `confirmations` blocks deep.
+    With `lean` each provider daemon starts no standby worker and no standby validator
+    (`tests.provider.daemon_support.LEAN_SANDBOX`): for tests that exercise no replacement of a
+    crashed worker or of a validator retired after malformed programs.
     """
     anvil = Anvil.start(accounts=10, block_time=block_time, keep_history=block_time is not None)
     try:
@@ -298,7 +306,7 @@ def stack(
         token.mint(keys[0], address_of(keys[1]), CLIENT_FUNDS)
         token.approve(keys[1], escrow.address, 2**256 - 1)
         built = Stack(anvil, chain, escrow, token, keys[0], keys[1], keys[2], keys[3:], work)
-        built.confirmations = confirmations
+        built.confirmations, built.lean = confirmations, lean
     except BaseException:
         anvil.stop()
         raise

@@ -60,7 +60,7 @@ LATE_STEPS = 2 * SLOW_STEPS
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Provider, Provider]]:
     work = tmp_path_factory.mktemp("job-cli")
-    with stack(work, market=True) as built:
+    with stack(work, market=True, lean=True) as built:
         fast = built.start_provider("fast", FAST_PLAN, slo_ms=60_000)
         slow = built.start_provider("slow", SLOW_PLAN, slo_ms=1_000)
         built.escrow.deposit(built.client, DEPOSIT)

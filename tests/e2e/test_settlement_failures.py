@@ -48,7 +48,7 @@ DEPOSIT = UNIT
 
 @pytest.fixture(scope="module")
 def st(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with stack(tmp_path_factory.mktemp("failures")) as built:
+    with stack(tmp_path_factory.mktemp("failures"), lean=True) as built:
         built.escrow.deposit(built.client, DEPOSIT)
         yield built
 

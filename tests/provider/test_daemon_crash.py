@@ -22,6 +22,7 @@ from provider.receipts import settle_by
 from tests import processes
 from tests.provider.access_support import deal_access
 from tests.provider.daemon_support import (
+    LEAN_SANDBOX_TOML,
     PLAN,
     SLO_S,
     ChainWorld,
@@ -93,6 +94,7 @@ def daemon_process(chain_world: ChainWorld, tmp_path: Path) -> Iterator[DaemonPr
         'jax_platforms = "cpu"\n'
         f"slo_ms = {SLO_S * 1000}\n"
         "benchmark_on_start = false\n"
+        f"{LEAN_SANDBOX_TOML}"
         "[plan]\n"
         f"compile_price = {PLAN.compile_price}\n"
         f"inference_price = {PLAN.inference_price}\n"

@@ -20,7 +20,7 @@ import pytest
 from contracts.chain import free_port
 from provider.daemon import DataDirLock, DataDirLockedError
 from tests import processes
-from tests.provider.daemon_support import PLAN, SLO_S, ChainWorld, wait_until
+from tests.provider.daemon_support import LEAN_SANDBOX_TOML, PLAN, SLO_S, ChainWorld, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,6 +86,7 @@ def daemons(chain_world: ChainWorld, tmp_path: Path) -> Iterator[Processes]:
         'jax_platforms = "cpu"\n'
         f"slo_ms = {SLO_S * 1000}\n"
         "benchmark_on_start = false\n"
+        f"{LEAN_SANDBOX_TOML}"
         "[plan]\n"
         f"compile_price = {PLAN.compile_price}\n"
         f"inference_price = {PLAN.inference_price}\n"
