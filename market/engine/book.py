@@ -23,6 +23,7 @@ from market.engine.ladders import (
     BookEntry,
     BookSide,
     Walk,
+    first_walk,
     next_ask,
     next_bid,
     take_filled,
@@ -95,12 +96,7 @@ class Book:
             device_class = self.device_class
             remaining = taker.remaining
             while walks:
-                best = walks[0]
-                for walk in walks:
-                    if walk.price < best.price or (
-                        walk.price == best.price and walk.entry.seq < best.entry.seq
-                    ):
-                        best = walk
+                best = first_walk(walks, highest=False)
                 entry = best.entry
                 price = best.price
                 available = entry.remaining
@@ -173,12 +169,7 @@ class Book:
             device_class = self.device_class
             remaining = taker.remaining
             while walks:
-                best = walks[0]
-                for walk in walks:
-                    if walk.price > best.price or (
-                        walk.price == best.price and walk.entry.seq < best.entry.seq
-                    ):
-                        best = walk
+                best = first_walk(walks, highest=True)
                 entry = best.entry
                 price = best.price
                 available = entry.remaining

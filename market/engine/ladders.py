@@ -182,36 +182,18 @@ def next_ask(side: BookSide, walk: Walk, now: int, limit: int, gate: Gate | None
     gate lets trade; drop the levels it leaves empty. Return False when there is none."""
     ladder = walk.ladder
     prices = ladder.prices
-    levels = ladder.levels
     i = walk.i
     j = walk.j
     while i < len(prices):
         price = prices[i]
         if price > limit:
             break
-        level = levels[price]
-        queue = level.queue
-        n = len(queue)
-        while j < n:
-            entry = queue[j]
-            if not entry.live:
-                if j == 0:
-                    queue.popleft()
-                    n -= 1
-                else:
-                    j += 1
-                continue
-            if entry.expiry <= now or (gate is not None and not gate.ask_live(entry.owner)):
-                j += 1
-                continue
-            walk.i, walk.j, walk.entry, walk.level, walk.price = i, j, entry, level, price
+        level = ladder.levels[price]
+        j = _first_in_level(level, j, now, gate)
+        if j >= 0:
+            walk.i, walk.j, walk.entry, walk.level, walk.price = i, j, level.queue[j], level, price
             return True
-        if level.count == 0:
-            del levels[price]
-            del prices[i]
-        else:
-            if n > 2 * level.count + COMPACT_SLACK:
-                level.queue = deque([e for e in queue if e.live])
+        if not _leave_level(ladder, i, level):
             i += 1
         j = 0
     if not prices:
@@ -224,40 +206,69 @@ def next_bid(side: BookSide, walk: Walk, now: int, limit: int) -> bool:
     levels it leaves empty. Return False when there is none."""
     ladder = walk.ladder
     prices = ladder.prices
-    levels = ladder.levels
     i = walk.i
     j = walk.j
     while i >= 0:
         price = prices[i]
         if price < limit:
             break
-        level = levels[price]
-        queue = level.queue
-        n = len(queue)
-        while j < n:
-            entry = queue[j]
-            if not entry.live:
-                if j == 0:
-                    queue.popleft()
-                    n -= 1
-                else:
-                    j += 1
-                continue
-            if entry.expiry <= now:
-                j += 1
-                continue
-            walk.i, walk.j, walk.entry, walk.level, walk.price = i, j, entry, level, price
+        level = ladder.levels[price]
+        j = _first_in_level(level, j, now, None)
+        if j >= 0:
+            walk.i, walk.j, walk.entry, walk.level, walk.price = i, j, level.queue[j], level, price
             return True
-        if level.count == 0:
-            del levels[price]
-            del prices[i]
-        elif n > 2 * level.count + COMPACT_SLACK:
-            level.queue = deque([e for e in queue if e.live])
+        _leave_level(ladder, i, level)
         i -= 1
         j = 0
     if not prices:
         side.forget(ladder)
     return False
+
+
+def _first_in_level(level: Level, j: int, now: int, gate: Gate | None) -> int:
+    """Return the queue position, from `j` on, of the first live and unexpired entry (whose
+    provider `gate` lets trade, with a gate), dropping dead entries at the head; -1 if none."""
+    queue = level.queue
+    n = len(queue)
+    while j < n:
+        entry = queue[j]
+        if not entry.live:
+            if j == 0:
+                queue.popleft()
+                n -= 1
+            else:
+                j += 1
+            continue
+        if entry.expiry <= now or (gate is not None and not gate.ask_live(entry.owner)):
+            j += 1
+            continue
+        return j
+    return -1
+
+
+def _leave_level(ladder: Ladder, i: int, level: Level) -> bool:
+    """A walk leaves `level`, at `ladder.prices[i]`: delete it if it holds no live order (and
+    return True), or compact its queue if dead entries outnumber the live ones by far."""
+    if level.count == 0:
+        del ladder.levels[ladder.prices[i]]
+        del ladder.prices[i]
+        return True
+    if len(level.queue) > 2 * level.count + COMPACT_SLACK:
+        level.queue = deque([e for e in level.queue if e.live])
+    return False
+
+
+def first_walk(walks: list[Walk], highest: bool) -> Walk:
+    """Return the walk whose order comes first: the lowest price (the highest with `highest`:
+    bids), then the earliest."""
+    best = walks[0]
+    for walk in walks:
+        if walk.price == best.price:
+            if walk.entry.seq < best.entry.seq:
+                best = walk
+        elif (walk.price > best.price) == highest:
+            best = walk
+    return best
 
 
 def take_filled(side: BookSide, walk: Walk, entry: BookEntry) -> None:

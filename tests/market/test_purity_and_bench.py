@@ -54,9 +54,9 @@ def test_engine_market_imports_stay_inside_engine_and_errors() -> None:
                 assert node.module.startswith("market.engine") or node.module == "market.errors"
 
 
-def load_bench() -> ModuleType:
-    """Import scripts/bench_market_engine.py as a module."""
-    spec = importlib.util.spec_from_file_location("bench_market_engine", BENCH)
+def load_bench(path: Path = BENCH) -> ModuleType:
+    """Import a bench script (scripts/bench_market_engine.py by default) as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -102,12 +102,7 @@ def test_signed_comparison_reports_the_bound_that_verifying_alone_sets() -> None
 
 
 def test_book_growth_bench_prints_its_figures_for_a_book_that_grows_crossed() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "bench_book_growth", ROOT / "scripts" / "bench_book_growth.py"
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench(ROOT / "scripts" / "bench_book_growth.py")
     made = bench.orders(4_000, seed=3)
     assert len({(o.slo_ms, o.memory) for o in made}) == 9  # three SLOs x three memory sizes
     result = bench.run(4_000, 1_000, seed=3)
