@@ -29,7 +29,7 @@ from contracts.orders import Ask, Bid, market_domain, order_id, plan_kind
 from contracts.tx_policy import TxPolicy
 from tests import processes
 from tests.polling import wait_until
-from tests.provider.daemon_support import LEAN_SANDBOX
+from tests.provider.daemon_support import LEAN_SANDBOX_TOML
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = 10**6
@@ -204,7 +204,7 @@ class Stack:
             'log_level = "WARNING"',
         ]
         if self.lean:
-            lines += [f"{key} = {value}" for key, value in LEAN_SANDBOX.items()]
+            lines += LEAN_SANDBOX_TOML.splitlines()
         if self.market_url:
             lines.append(f'market_url = "{self.market_url}"')
         lines.append("[plan]")

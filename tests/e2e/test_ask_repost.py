@@ -26,7 +26,7 @@ from tests.e2e.stack import (
     stack,
 )
 from tests.polling import wait_until
-from tests.provider.daemon_support import LEAN_SANDBOX
+from tests.provider.daemon_support import LEAN_SANDBOX_TOML
 
 PLAN = Plan(compile_price=1_000, inference_price=2_000)
 PRICE = 2_000
@@ -54,7 +54,7 @@ def start_asking_provider(st: Stack, name: str) -> Provider:
         f"slo_ms = {SLO_MS}",
         'jax_platforms = "cpu"',
         "benchmark_on_start = false",
-        *(f"{key} = {value}" for key, value in LEAN_SANDBOX.items()),
+        *LEAN_SANDBOX_TOML.splitlines(),
         'log_level = "INFO"',
         "[plan]",
         *(f"{k} = {str(v).lower()}" for k, v in PLAN.to_json().items()),

@@ -45,7 +45,14 @@ DEADLINE_SLACK_S = 10  # see sign_task
 LEAN_SANDBOX: dict[str, int] = {"sandbox_spares": 0, "sandbox_validator_spares": 0}
 """Config of a test daemon that exercises no worker's or validator's replacement: none stands
 by, so its sandbox starts 3 processes (a worker, 2 validators), not 5, each importing JAX."""
-LEAN_SANDBOX_TOML = "".join(f"{key} = {value}\n" for key, value in LEAN_SANDBOX.items())
+
+
+def toml_lines(values: dict[str, int]) -> str:
+    """Return `values` as top-level TOML lines, one key each."""
+    return "".join(f"{key} = {value}\n" for key, value in values.items())
+
+
+LEAN_SANDBOX_TOML = toml_lines(LEAN_SANDBOX)
 """The same as top-level TOML lines."""
 _nonces = itertools.count(1)
 
@@ -308,9 +315,7 @@ def daemon_toml(
         f'data_dir = "{data_dir}"\n'
         'jax_platforms = "cpu"\n'
         f"slo_ms = {SLO_S * 1000}\n"
-        "benchmark_on_start = false\n"
-        + "".join(f"{key} = {value}\n" for key, value in sandbox.items())
-        + f"{top.strip()}\n"
+        "benchmark_on_start = false\n" + toml_lines(sandbox) + f"{top.strip()}\n"
         "[plan]\n"
         f"compile_price = {PLAN.compile_price}\n"
         f"inference_price = {PLAN.inference_price}\n"
