@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic import Field as PField
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 from market import advert_text
@@ -179,7 +179,7 @@ class NonceUse(SQLModel, table=True):
 class FillBase(SQLModel):
     """A trade between a bid and an ask at the resting order's price."""
 
-    device_class: str = Field(max_length=64, index=True)
+    device_class: str = Field(max_length=64)  # served by the class+seq/time/id indexes
     fill_id: int = Field(sa_type=BigInteger)
     bid_id: str = Field(max_length=66)
     ask_id: str = Field(max_length=66)
@@ -209,6 +209,16 @@ class Deal(SQLModel, table=True):
     """A match turned into a deal record: who, what, at what price, with which quote."""
 
     __tablename__ = "deals"
+    __table_args__ = (
+        # Only deals with a quote attached: the matcher writes deals without one, and lookups by
+        # quote hash look for attached ones (migration 0005).
+        Index(
+            "ix_deals_quote_hash",
+            "quote_hash",
+            sqlite_where=text("quote_json IS NOT NULL"),
+            postgresql_where=text("quote_json IS NOT NULL"),
+        ),
+    )
 
     deal_id: str = Field(primary_key=True, max_length=90)
     device_class: str = Field(max_length=64)
@@ -221,7 +231,7 @@ class Deal(SQLModel, table=True):
     max_spend: str = Field(max_length=80)
     created_at: float
     chain_deal_id: int | None = Field(default=None, sa_type=BigInteger)
-    quote_hash: str = Field(max_length=66, index=True)
+    quote_hash: str = Field(max_length=66)
     quote_json: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     quote_signature: str | None = Field(default=None, max_length=132)
 

@@ -177,3 +177,55 @@ def test_orders_past_their_expiry_are_forgotten_by_the_books_but_kept_in_storage
     [fresh] = second.place([OrderCreate.model_validate(alice.ask(now, price=90, quantity=1))])
     assert fresh.order.seq == 5 and [f.bid_id for f in fresh.fills] == [lasting]
     second.close()
+
+
+def test_quote_lookups_when_deals_are_matched_then_the_partial_index_serves_them(
+    settings: Settings, clock: Clock
+) -> None:
+    """The matcher writes deals without a quote; the quote-hash index holds attached quotes only
+    (migration 0005), and both lookups by quote hash are the queries it can serve."""
+    from sqlalchemy import event, inspect
+    from sqlmodel import Session
+
+    from market import chain_index
+
+    service = MarketService(settings, clock=clock)
+    try:
+        fills = _random_session(service, clock, random.Random(3))
+        assert fills > 0
+        with service.db.connect() as connection:
+            attached = connection.exec_driver_sql(
+                "SELECT COUNT(*) FROM deals WHERE quote_json IS NOT NULL"
+            ).scalar()
+        assert attached == 0  # what matching wrote: no deal enters the partial index
+        [index] = [i for i in inspect(service.db).get_indexes("deals") if "quote_hash" in i["name"]]
+        where = {
+            k: str(v).strip("()")
+            for k, v in index["dialect_options"].items()
+            if k.endswith("_where")
+        }
+        assert list(where.values()) == ["quote_json IS NOT NULL"], index
+        if service.db.dialect.name != "sqlite":
+            return  # the planner's choice on a handful of rows is SQLite's to show
+        seen: list[tuple[str, Any]] = []
+
+        def remember(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            if "quote_hash" in statement:
+                seen.append((statement, params))
+
+        event.listen(service.db, "before_cursor_execute", remember)
+        try:
+            with Session(service.db) as session:
+                storage.quote_attached_elsewhere(session=session, quote_hash="0x01", deal_id="a")
+                chain_index.link_chain_deal(
+                    session=session, quote_hash="0x01", client="0x" + "00" * 20, chain_deal_id=1
+                )
+        finally:
+            event.remove(service.db, "before_cursor_execute", remember)
+        assert len(seen) == 2
+        with service.db.connect() as connection:
+            for statement, params in seen:
+                plan = connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
+                assert "USING INDEX ix_deals_quote_hash" in " ".join(str(r[-1]) for r in plan)
+    finally:
+        service.close()
