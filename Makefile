@@ -78,7 +78,11 @@ PYTEST := PYTHONDONTWRITEBYTECODE= JAX_PLATFORMS=cpu ALLOW_MULTIPLE_LIBTPU_LOAD=
 unit: setup setup-xla system-deps
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations 25 $(ARGS)
 
-test: lint typecheck unit
+# The set-up and the quick checks run side by side (the torch_xla venv, ~2 min of unpacking,
+# beside the main venv, lint and types), then the suite.
+test:
+	$(MAKE) -j3 --output-sync=target lint typecheck setup-xla system-deps
+	$(MAKE) unit
 
 # The fast part: lint, types, import contracts and the tests that start no real component.
 # tests/conftest.py marks slow every test that starts one (anvil, solc, a sandbox worker, a
