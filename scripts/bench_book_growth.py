@@ -30,8 +30,9 @@ MID = 1_000_000
 NOW = 1_000_000
 
 
-def orders(count: int, seed: int) -> list[Order]:
-    """Return `count` orders of the funded bench's shape, built before any clock starts."""
+def orders(count: int, seed: int, hex_ids: bool = False) -> list[Order]:
+    """Return `count` orders of the funded bench's shape, built before any clock starts; with
+    `hex_ids`, ids are random 32-byte hex strings like the market's (else short ones)."""
     rng = random.Random(seed)
     owners = [f"0x{rng.randrange(1 << 160):040x}" for _ in range(32)]
     made = []
@@ -40,7 +41,7 @@ def orders(count: int, seed: int) -> list[Order]:
         made.append(
             Order(
                 side=Side.BID if bid else Side.ASK,
-                order_id=f"o{n}",
+                order_id="0x" + rng.randbytes(32).hex() if hex_ids else f"o{n}",
                 owner=rng.choice(owners),
                 device_class="tpu-v5e",
                 quantity=rng.randint(1, 100),

@@ -109,3 +109,12 @@ def test_book_growth_bench_prints_its_figures_for_a_book_that_grows_crossed() ->
     assert len(result["engine_us_per_order_by_window"]) == 4
     assert result["engine_growth_ratio"] > 0 and result["compiled"] is True
     assert 1_000 < result["live_orders"] < 4_000  # some trade, the rest rests (crossed)
+
+
+def test_sql_growth_bench_prints_its_figures_for_the_writers_own_path() -> None:
+    bench = load_bench(ROOT / "scripts" / "bench_sql_growth.py")
+    result = bench.run(2_000, 500, group=32, seed=3)
+    assert len(result["sql_us_per_order_by_window"]) == 4
+    assert all(us > 0 for us in result["cpu_us_per_order_by_window"])
+    assert result["sql_growth_ratio"] > 0 and result["group"] == 32
+    assert 0 < result["fills"] < 2_000  # the engine matched some, the rest rests
