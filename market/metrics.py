@@ -31,6 +31,12 @@ class Metrics:
             registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
         )
+        self.group_orders = Histogram(
+            "market_commit_group_orders",
+            "Orders in one group commit of the writer (every request it found waiting)",
+            registry=registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1000),
+        )
         self.live_orders = Gauge(
             "market_live_orders", "Orders resting in the book", ["device_class"], registry=registry
         )
@@ -56,7 +62,8 @@ class Metrics:
         )
 
     def count_committed(self, results: list[list[Placed]]) -> None:
-        """Count a committed group's orders and fills."""
+        """Count a committed group's orders and fills, and its size."""
+        self.group_orders.observe(sum(len(placed) for placed in results))
         orders: dict[tuple[str, str], int] = {}
         fills: dict[str, tuple[int, int]] = {}
         for placed in results:

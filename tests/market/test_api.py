@@ -260,6 +260,8 @@ def test_metrics_and_docs_are_served(client: TestClient, alice: Trader) -> None:
     place(client, alice.bid(NOW))
     metrics = client.get("/metrics").text
     assert 'market_orders_accepted_total{device_class="tpu-v5e",side="bid"} 1.0' in metrics
+    assert "market_commit_group_orders_count 1.0" in metrics  # one group commit, one order
+    assert 'market_commit_group_orders_bucket{le="1.0"} 1.0' in metrics
     assert client.get("/docs").status_code == 200
     assert "/v1/orders/batch" in client.get("/openapi.json").json()["paths"]
 
