@@ -50,12 +50,10 @@ heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an empty wa
 never fills, and a silent provider's ask matches again once it heartbeats. A match's spend
 stops counting when its deal opens on chain (the escrow locks it) or `unopened_deal_hold_s`
 after the match (it expired unopened). The gate reads no SQL; for a bid's owner it takes the
-balance kept in memory when the chain head, read once per group (one `eth_blockNumber`, sent
-by a helper thread as the group starts, while the writer looks up its nonces, and awaited at
-the group's first crossing bid), is the block the indexer last confirmed every kept balance at
-(`FundsGuard.confirm`): no block since, so no withdrawal unseen. Otherwise (a block since, or
-no indexer) it takes the balance it read itself at this same head, else reads it afresh: one
-read per owner and block.
+balance kept in memory when the chain head, read once per group (one `eth_blockNumber`), is
+the block the indexer last confirmed every kept balance at (`FundsGuard.confirm`): no block
+since, so no withdrawal unseen. Otherwise (a block since, or no indexer) it takes the balance
+it read itself at this same head, else reads it afresh: one read per owner and block.
 """
 
 from __future__ import annotations
@@ -64,7 +62,6 @@ import json
 import math
 import threading
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -153,7 +150,6 @@ class FundsGuard:
         self.unopened_deal_hold_s = commitments.hold_s
         self.provider_ttl_s = provider_ttl_s
         self._head = head
-        self._heads: ThreadPoolExecutor | None = None  # reads the head ahead of a group
         self.shared = shared
         # Balances are kept until an event moves them (`reread`), not for a time.
         self.balances = FigureCache(read_balance, balance_cache_s)
@@ -410,20 +406,9 @@ class FundsGuard:
 
     # -- matching -------------------------------------------------------------------------------
 
-    def gate(self, now: int, bids: bool = True) -> MatchGate:
-        """Return the engine's gate for one group of orders matched at `now`; a group with
-        `bids` has the chain head read for it from now on, beside the writer's own work."""
-        head = None
-        if bids and self._head is not None:
-            if self._heads is None:
-                self._heads = ThreadPoolExecutor(1, thread_name_prefix="market-head")
-            head = self._heads.submit(self.head_now)
-        return MatchGate(self, now, head)
-
-    def close(self) -> None:
-        """Stop the head reader's thread (after the read under way, if any)."""
-        if self._heads is not None:
-            self._heads.shutdown()
+    def gate(self, now: int) -> MatchGate:
+        """Return the engine's gate for one group of orders matched at `now`."""
+        return MatchGate(self, now)
 
     def balance_at(self, owner: str, head: int | None) -> int:
         """Return `owner`'s free escrow balance at chain head `head` (None: unknown): the one
@@ -477,12 +462,10 @@ class MatchGate:
     balance is the one kept in memory when the chain head is the block it is exact at (one
     head read per group), else the one the gate read at this head, else read afresh."""
 
-    def __init__(self, guard: FundsGuard, now: int, head: Future[int | None] | None = None) -> None:
-        """Answer for orders matched at `now`; `head`, if given, is the chain head being read
-        for this group (else it is read at the first bid that needs it)."""
+    def __init__(self, guard: FundsGuard, now: int) -> None:
+        """Answer for orders matched at `now`."""
         self._guard = guard
         self._now = now
-        self._pending = head
         self._budgets: dict[str, int] = {}
         self._live: dict[str, bool] = {}
         self._head: int | None = None
@@ -502,8 +485,7 @@ class MatchGate:
         if budget is None:
             guard = self._guard
             if self._confirmed is None:  # one head read per group
-                pending = self._pending
-                self._head = guard.head_now() if pending is None else pending.result()
+                self._head = guard.head_now()
                 self._confirmed = self._head is not None and self._head == guard.confirmed_block
             kept = guard.balances.cached(owner) if self._confirmed else None
             balance = guard.balance_at(owner, self._head) if kept is None else kept

@@ -159,7 +159,6 @@ class MarketService(MarketReads):
     def close(self) -> None:
         """Finish queued writes, stop the writer and release the database connections."""
         self.writer.close()
-        self.funds.close()
         if self.checkpointer is not None:
             self.checkpointer.close()
         self.partition.release()

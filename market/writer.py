@@ -42,7 +42,6 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from market import storage
 from market.books import Books, ClassBook
-from market.engine import Side
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
 from market.nonces import nonce_stored, stored_pairs
@@ -133,17 +132,16 @@ class Writer:
         books: Books,
         db: Engine,
         on_commit: Callable[[list[list[Placed]]], None],
-        gate: Callable[[int, bool], Gate] | None = None,
+        gate: Callable[[int], Gate] | None = None,
         on_rows: Callable[[Rows], None] | None = None,
         lock_seq: Callable[[Connection], None] | None = None,
     ) -> None:
         """Start the writer thread; `on_commit` gets each committed group's results, `on_rows`
         (if given) the rows of every committed placement and rematch (the funds check counts
-        commitments from them, `market.commitments`); `gate(now, bids)` (if given) says what may
-        trade in each group (`market.engine.gate`; `bids`: whether the group holds one, so
-        that the gate can start what it will need before the nonce look-up); `lock_seq` (if
-        given: other processes write fills too, `market.partition`) is taken before fills are
-        numbered, and the last `seq` is then always read from SQL."""
+        commitments from them, `market.commitments`); `gate(now)` (if given) says what may
+        trade in each group (`market.engine.gate`); `lock_seq` (if given: other processes write
+        fills too, `market.partition`) is taken before fills are numbered, and the last `seq`
+        is then always read from SQL."""
         self._books = books
         self._on_rows = on_rows
         self._gate = gate
@@ -206,7 +204,7 @@ class Writer:
         total = 0
         for name, book in self._books.items():
             with book.lock:
-                fills = book.engine.rematch(now, self._gate(now, True))
+                fills = book.engine.rematch(now, self._gate(now))
                 if not fills:
                     continue
                 rows = rematch_rows(fills, book, created_at)
@@ -368,11 +366,6 @@ class Writer:
                     return False
                 live[0].future.set_exception(ReplayError("a nonce appears twice in the request"))
                 return True
-            if self._gate is not None:  # created first: what it reads runs beside the look-up
-                bids = any(c.order.side is Side.BID for r in live for c in r.orders)
-                gate = self._gate(live[0].now, bids)
-            else:
-                gate = None
             connection = self._connect()
             try:
                 used = stored_pairs(connection, pairs)
@@ -387,6 +380,7 @@ class Writer:
                 live[0].future.set_exception(_replay(live[0], used))
                 return True
             try:
+                gate = None if self._gate is None else self._gate(live[0].now)
                 results, rows = match_orders([(r.orders, r.now) for r in live], books, gate)
                 fill_seq = self._write(connection, rows)
                 connection.commit()

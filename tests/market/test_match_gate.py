@@ -10,7 +10,6 @@ provider whose daemon stopped after its ask rested.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -215,50 +214,3 @@ def test_ask_when_its_provider_stops_heartbeating_then_it_stops_matching_until_i
     assert _order(url, ask["order_id"])["remaining"] == 8
     placed = _bid(url, client, name, quantity=1)
     assert [f["ask_id"] for f in placed["fills"]] == [ask["order_id"]]
-
-
-def test_gate_when_its_group_holds_bids_then_the_head_is_read_once_beside_the_writer(
-    world: ChainWorld,
-) -> None:
-    """The chain head a group's bids are gated at is read by a helper thread from the moment
-    the gate is made (the writer then looks up nonces meanwhile), once per group, and only for
-    a group that holds bids."""
-    from sqlmodel import Session, create_engine
-
-    from market.commitments import Commitments
-    from market.funds import FundsGuard
-
-    reads: list[str] = []
-
-    def head() -> int:
-        reads.append(threading.current_thread().name)
-        reply = httpx.post(
-            world.anvil.url,
-            json={"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []},
-            timeout=30,
-        )
-        return int(reply.json()["result"], 16)
-
-    db = create_engine("sqlite://")
-    guard = FundsGuard(
-        read_balance=lambda owner: 1_000,
-        read_stake=lambda owner: 0,
-        session=lambda: Session(db),
-        book_classes=list,
-        commitments=Commitments(3_600),
-        min_provider_stake=0,
-        max_live_orders=10,
-        max_classes_per_provider=1,
-        cache_s=60.0,
-        head=head,
-    )
-    try:
-        now = int(time.time())
-        guard.gate(now, bids=False)
-        gate = guard.gate(now, bids=True)
-        assert gate.bid_units("0x" + "a1" * 20, 100, 4) == 4
-        assert gate.bid_units("0x" + "b2" * 20, 100, 20) == 10  # 1,000 covers 10 at 100
-        assert gate.bid_units("0x" + "a1" * 20, 100, 20) == 6  # what is left of its 1,000
-        assert reads == ["market-head_0"]  # one read, in the helper, for the group with bids
-    finally:
-        guard.close()
