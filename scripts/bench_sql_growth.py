@@ -91,12 +91,7 @@ def run(
                         _, rows = match_orders([(chunk, NOW)], {"tpu-v5e": book}, None)
                         wrote = time.perf_counter()
                         last_seq = storage.record_placement(
-                            connection=connection,
-                            orders=rows.orders,
-                            updates=rows.updates,
-                            fills=rows.fills,
-                            deals=rows.deals,
-                            last_fill_seq=last_seq,
+                            connection=connection, last_fill_seq=last_seq, **rows._asdict()
                         )
                         connection.commit()
                         spent += time.perf_counter() - wrote
