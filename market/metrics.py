@@ -63,7 +63,6 @@ class Metrics:
 
     def count_committed(self, results: list[list[Placed]]) -> None:
         """Count a committed group's orders and fills, and its size."""
-        self.group_orders.observe(sum(len(placed) for placed in results))
         orders: dict[tuple[str, str], int] = {}
         fills: dict[str, tuple[int, int]] = {}
         for placed in results:
@@ -74,6 +73,7 @@ class Metrics:
                 for f in p.fills:
                     count, units = fills.get(f.device_class, (0, 0))
                     fills[f.device_class] = (count + 1, units + f.quantity)
+        self.group_orders.observe(sum(orders.values()))
         for (side, name), count in orders.items():
             self.orders.labels(side, name).inc(count)
         for name, (count, units) in fills.items():
