@@ -74,6 +74,13 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="seconds after its last heartbeat a provider's asks stop matching (default 60)",
     )
     serve.add_argument(
+        "--head-max-age",
+        type=float,
+        default=None,
+        help="seconds the match gate reuses a chain head it read (default 0.05; 0: one read "
+        "per group commit)",
+    )
+    serve.add_argument(
         "--unopened-deal-hold",
         type=int,
         default=None,
@@ -130,6 +137,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "request_read_timeout_s": args.request_read_timeout,
         "provider_offline_after_s": args.provider_ttl,
         "unopened_deal_hold_s": args.unopened_deal_hold,
+        "head_max_age_s": args.head_max_age,
         "device_classes": args.device_classes,
     }
     if args.rate_per_address is not None:

@@ -52,8 +52,8 @@ class EscrowReader:
 
     def head(self) -> int:
         """Return the chain head's block number: one small JSON-RPC request on a kept
-        connection (the match gate asks it once per group); raise `ChainUnavailableError` if
-        it fails."""
+        connection (the match gate asks it at most once per `head_max_age_s`); raise
+        `ChainUnavailableError` if it fails."""
         return self._raw().block_number()
 
     def balance_of(self, account: str) -> int:

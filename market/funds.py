@@ -50,10 +50,13 @@ heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an empty wa
 never fills, and a silent provider's ask matches again once it heartbeats. A match's spend
 stops counting when its deal opens on chain (the escrow locks it) or `unopened_deal_hold_s`
 after the match (it expired unopened). The gate reads no SQL; for a bid's owner it takes the
-balance kept in memory when the chain head, read once per group (one `eth_blockNumber`), is
-the block the indexer last confirmed every kept balance at (`FundsGuard.confirm`): no block
-since, so no withdrawal unseen. Otherwise (a block since, or no indexer) it takes the balance
-it read itself at this same head, else reads it afresh: one read per owner and block.
+balance kept in memory when the chain head (one `eth_blockNumber`, read at most once per
+`head_max_age_s`, not once per group) is the block the indexer last confirmed every kept
+balance at (`FundsGuard.confirm`): no block since, so no withdrawal unseen but one mined within
+`head_max_age_s` (50 ms by default), which gives a client nothing it lacks: a match locks no
+funds until its deal opens on chain, so a client can withdraw just after any match. Otherwise
+(a block since, or no indexer) it takes the balance it read itself at this same head, else
+reads it afresh: one read per owner and block.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -132,12 +136,14 @@ class FundsGuard:
         cache_s: float,
         provider_ttl_s: float = 60.0,
         head: Callable[[], int] | None = None,
+        head_max_age_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
         shared: SharedFunds | None = None,
         balance_cache_s: float = math.inf,
     ) -> None:
         """Read free balances and stakes with `read_balance` and `read_stake` (the chain head
-        with `head`), the market's
-        records with `session`; count commitments in `commitments`, and with `shared` those
+        with `head`, reused for `head_max_age_s` of `monotonic`), the market's records with
+        `session`; count commitments in `commitments`, and with `shared` those
         of other processes' classes too (`market.partition`); keep a balance read for
         `balance_cache_s` (forever: until an indexed event moves it, `reread`)."""
         self._session = session
@@ -150,6 +156,9 @@ class FundsGuard:
         self.unopened_deal_hold_s = commitments.hold_s
         self.provider_ttl_s = provider_ttl_s
         self._head = head
+        self.head_max_age_s = head_max_age_s
+        self._monotonic = monotonic
+        self._kept_head: tuple[int, float] | None = None  # (head, when its read began)
         self.shared = shared
         # Balances are kept until an event moves them (`reread`), not for a time.
         self.balances = FigureCache(read_balance, balance_cache_s)
@@ -428,11 +437,20 @@ class FundsGuard:
         return balance
 
     def head_now(self) -> int | None:
-        """Return the chain head read now; None without a chain or if it cannot be read."""
+        """Return the chain head: the one a read begun less than `head_max_age_s` ago
+        returned, else one read now; None without a chain or if it cannot be read."""
+        if self._head is None:
+            return None
+        asked = self._monotonic()
+        kept = self._kept_head
+        if kept is not None and asked - kept[1] < self.head_max_age_s:
+            return kept[0]
         try:
-            return None if self._head is None else self._head()
+            head = self._head()
         except ChainUnavailableError:
             return None
+        self._kept_head = (head, asked)
+        return head
 
     def provider_live(self, provider: str, now: int) -> bool:
         """Return whether `provider` heartbeated within `provider_ttl_s` of `now`."""
@@ -459,8 +477,9 @@ class FundsGuard:
 class MatchGate:
     """What may trade in one group commit (see the module): budgets and liveness, each found
     once per owner and kept for the group, whose fills are not counted yet. A bid owner's
-    balance is the one kept in memory when the chain head is the block it is exact at (one
-    head read per group), else the one the gate read at this head, else read afresh."""
+    balance is the one kept in memory when the chain head is the block it is exact at (a head
+    read at most `head_max_age_s` old), else the one the gate read at this head, else read
+    afresh."""
 
     def __init__(self, guard: FundsGuard, now: int) -> None:
         """Answer for orders matched at `now`."""
@@ -484,7 +503,7 @@ class MatchGate:
         budget = self._budgets.get(owner)
         if budget is None:
             guard = self._guard
-            if self._confirmed is None:  # one head read per group
+            if self._confirmed is None:  # one head per group, read at most that old
                 self._head = guard.head_now()
                 self._confirmed = self._head is not None and self._head == guard.confirmed_block
             kept = guard.balances.cached(owner) if self._confirmed else None

@@ -123,6 +123,7 @@ class MarketService(MarketReads):
             cache_s=kept_s,
             provider_ttl_s=settings.provider_offline_after_s,
             head=self.escrow.head if self.escrow.known() else None,
+            head_max_age_s=settings.head_max_age_s,
             shared=self.partition.funds,
             balance_cache_s=kept_s,
         )

@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     max_classes_per_provider: int = Field(16, gt=0)  # a run-time class and compile-<gen> ones
     unopened_deal_hold_s: int = Field(3_600, ge=0)  # a matched deal not opened counts this long
     funds_cache_s: float = Field(2.0, ge=0)
+    # The match gate's chain head is read at most once per this many seconds (0: once per
+    # group commit); a block mined since can go unseen that long (`market.funds`).
+    head_max_age_s: float = Field(0.05, ge=0)
     max_order_ttl_s: int = Field(30 * 24 * 3600, gt=0)
     heartbeat_skew_s: int = Field(300, ge=0)
     provider_offline_after_s: float = Field(60.0, gt=0)

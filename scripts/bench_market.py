@@ -288,7 +288,7 @@ def post_single(
 
 FUNDED_DEPOSIT = 10**14  # each poster's free escrow balance: its bids never run out
 FUNDED_STAKE = 10**7  # each poster's stake: above the market's minimum and its quotes' stake
-MAX_PER_POSTER = 40_000  # signed orders per poster for the long run (about 1 KB each)
+MAX_PER_POSTER = 60_000  # signed orders per poster for the long run (about 1 KB each)
 FUNDED_ENV = {"TPUMARKET_MARKET_MAX_LIVE_ORDERS_PER_OWNER": "1000000"}  # a long run's book
 
 

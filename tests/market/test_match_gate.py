@@ -42,6 +42,10 @@ def world() -> Iterator[ChainWorld]:
 def url(world: ChainWorld, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir = tmp_path_factory.mktemp("gate") / "data"
     flags = ["--rpc-url", world.anvil.url, "--escrow", world.escrow.address, "--chain-id", "31337"]
+    # Every group reads the chain head (not once per 50 ms): a withdrawal mined just before an
+    # order is seen by its group, whatever the host's pace (`tests/market/test_gate_head.py`
+    # tests the window the default leaves).
+    flags += ["--head-max-age", "0"]
     with market_server(data_dir, *flags, "--provider-ttl", str(TTL_S)) as served:
         yield served
 
