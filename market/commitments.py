@@ -35,13 +35,10 @@ _SIDE, _ID, _OWNER, _CLASS, _PRICE, _EXPIRY, _STATE, _REMAINING = 0, 1, 2, 3, 5,
 _DEAL_ID, _CLIENT, _DEAL_PRICE, _DEAL_QUANTITY, _DEAL_CREATED = 0, 4, 6, 7, 9
 
 
-class _Live(NamedTuple):
-    owner: str
-    is_bid: bool
-    price: int
-    remaining: int
-    device_class: str
-    expiry: int
+# A live order as kept: (owner, is bid, price, remaining, device class, expiry). A plain tuple,
+# not a named one: one is kept per live order, and the cyclic collector stops tracking a plain
+# tuple of plain values (so full collections do not walk them) but never a named tuple.
+_Live = tuple[str, bool, int, int, str, int]
 
 
 class Figures(NamedTuple):
@@ -231,7 +228,7 @@ class Commitments:
     ) -> None:
         if order_id in self._orders:
             return
-        self._orders[order_id] = _Live(owner, is_bid, price, remaining, klass, expiry)
+        self._orders[order_id] = (owner, is_bid, price, remaining, klass, expiry)
         self._live[owner] = self._live.get(owner, 0) + 1
         if is_bid:
             self._bid_spend[owner] = self._bid_spend.get(owner, 0) + price * remaining
@@ -243,22 +240,22 @@ class Commitments:
         held = self._orders.get(order_id)
         if held is None:
             return
-        owner = held.owner
-        if held.is_bid:
-            spend = self._bid_spend[owner] - held.price * held.remaining
+        owner, is_bid, price, was, klass, expiry = held
+        if is_bid:
+            spend = self._bid_spend[owner] - price * was
             if state in LIVE:
-                spend += held.price * remaining
+                spend += price * remaining
             _set(self._bid_spend, owner, spend)
         if state in LIVE:
-            self._orders[order_id] = held._replace(remaining=remaining)
+            self._orders[order_id] = (owner, is_bid, price, remaining, klass, expiry)
             return
         del self._orders[order_id]
         _set(self._live, owner, self._live[owner] - 1)
         if state == "cancelled":
-            self._cancel(owner, held.expiry)
-        if not held.is_bid:
+            self._cancel(owner, expiry)
+        if not is_bid:
             classes = self._ask_classes[owner]
-            _set(classes, held.device_class, classes[held.device_class] - 1)
+            _set(classes, klass, classes[klass] - 1)
             if not classes:
                 del self._ask_classes[owner]
 

@@ -275,3 +275,31 @@ def test_quota_when_a_signer_places_and_cancels_then_its_cancels_count_until_the
         service.place([OrderCreate.model_validate(late)])
     finally:
         service.close()
+
+
+def test_live_orders_when_counted_then_the_cyclic_collector_stops_walking_their_records() -> None:
+    """One record is kept per live order (hundreds of thousands in a busy book), and a full
+    collection walks every object the collector tracks, stalling every request meanwhile. The
+    records are plain tuples of plain values, which the collector stops tracking at its first
+    pass over them (it never does a named tuple's)."""
+    import gc
+
+    from market.books import ClassBook
+    from market.engine import MatchingEngine
+    from market.placement import match_orders
+    from market.writer import release
+    from scripts.bench_book_growth import NOW
+    from scripts.bench_book_growth import orders as bench_orders
+    from scripts.bench_sql_growth import checked
+
+    made = checked(bench_orders(2_000, 1, hex_ids=True), 1)
+    book = ClassBook(MatchingEngine(), {})
+    kept = Commitments(hold_s=3_600)
+    for at in range(0, len(made), 14):
+        _, rows = match_orders([(made[at : at + 14], NOW)], {"tpu-v5e": book}, None)
+        kept.apply(rows.orders, rows.updates, rows.deals)
+        release(book)
+    gc.collect()
+    records = list(kept._orders.values())  # the layout is what is under test
+    assert len(records) > 500  # a book of live orders: about half of them rest
+    assert not any(gc.is_tracked(r) for r in records)
