@@ -42,21 +42,21 @@ commitments count them), so two requests of one signer racing cannot both spend 
 Refusals are `UnfundedError` or `QuotaError` (403), with the figures that decided them.
 
 Admission is not enough: a wallet can withdraw after its bid rests, and a provider's daemon can
-stop after its ask rests. So the writer also matches each group through a `MatchGate` (the
-engine's `market.engine.gate.Gate`): a bid fills only as far as its owner's free escrow balance
-covers the spend of its matched deals not yet open plus this fill (its resting bids are not
-counted again: they are what is filling), and an ask trades only while its provider's last
-heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an empty wallet's bid
-never fills, and a silent provider's ask matches again once it heartbeats. A match's spend
-stops counting when its deal opens on chain (the escrow locks it) or `unopened_deal_hold_s`
-after the match (it expired unopened). The gate reads no SQL; for a bid's owner it takes the
-balance kept in memory when the chain head (one `eth_blockNumber`, read at most once per
-`head_max_age_s`, not once per group) is the block the indexer last confirmed every kept
-balance at (`FundsGuard.confirm`): no block since, so no withdrawal unseen but one mined within
-`head_max_age_s` (50 ms by default), which gives a client nothing it lacks: a match locks no
-funds until its deal opens on chain, so a client can withdraw just after any match. Otherwise
-(a block since, or no indexer) it takes the balance it read itself at this same head, else
-reads it afresh: one read per owner and block.
+stop after its ask rests. So the writer also matches each group through a `MatchGate`
+(`market.match_gate`; the engine's `market.engine.gate.Gate`): a bid fills only as far as its
+owner's free escrow balance covers the spend of its matched deals not yet open plus this fill
+(its resting bids are not counted again: they are what is filling), and an ask trades only while
+its provider's last heartbeat is younger than `provider_ttl_s`. What cannot trade rests: an
+empty wallet's bid never fills, and a silent provider's ask matches again once it heartbeats. A
+match's spend stops counting when its deal opens on chain (the escrow locks it) or
+`unopened_deal_hold_s` after the match (it expired unopened). The gate reads no SQL; for a bid's
+owner it takes the balance kept in memory when the chain head (one `eth_blockNumber`, read at
+most once per `head_max_age_s`, not once per group) is the block the indexer last confirmed
+every kept balance at (`FundsGuard.confirm`): no block since, so no withdrawal unseen but one
+mined within `head_max_age_s` (50 ms by default), which gives a client nothing it lacks: a match
+locks no funds until its deal opens on chain, so a client can withdraw just after any match.
+Otherwise (a block since, or no indexer) it takes the balance it read itself at this same head,
+else reads it afresh: one read per owner and block.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ from market.commitments import Commitments, Figures
 from market.engine import Side
 from market.errors import ChainUnavailableError, QuotaError, UnfundedError
 from market.figure_cache import FigureCache
+from market.match_gate import MatchGate
 from market.models import Deal, Provider
 from market.verify import CheckedOrder
 
@@ -472,46 +473,6 @@ class FundsGuard:
         if self.shared is not None:
             spend += self.shared.unopened_spend(client, now, self.unopened_deal_hold_s)
         return spend
-
-
-class MatchGate:
-    """What may trade in one group commit (see the module): budgets and liveness, each found
-    once per owner and kept for the group, whose fills are not counted yet. A bid owner's
-    balance is the one kept in memory when the chain head is the block it is exact at (a head
-    read at most `head_max_age_s` old), else the one the gate read at this head, else read
-    afresh."""
-
-    def __init__(self, guard: FundsGuard, now: int) -> None:
-        """Answer for orders matched at `now`."""
-        self._guard = guard
-        self._now = now
-        self._budgets: dict[str, int] = {}
-        self._live: dict[str, bool] = {}
-        self._head: int | None = None
-        self._confirmed: bool | None = None
-
-    def ask_live(self, owner: str) -> bool:
-        """Return whether `owner`'s provider heartbeated within its TTL."""
-        live = self._live.get(owner)
-        if live is None:
-            live = self._live[owner] = self._guard.provider_live(owner, self._now)
-        return live
-
-    def bid_units(self, owner: str, price: int, units: int) -> int:
-        """Return how many of `units` at `price` `owner`'s free escrow balance still covers
-        (after its unopened deals and this group's fills), and count them as spent."""
-        budget = self._budgets.get(owner)
-        if budget is None:
-            guard = self._guard
-            if self._confirmed is None:  # one head per group, read at most that old
-                self._head = guard.head_now()
-                self._confirmed = self._head is not None and self._head == guard.confirmed_block
-            kept = guard.balances.cached(owner) if self._confirmed else None
-            balance = guard.balance_at(owner, self._head) if kept is None else kept
-            budget = balance - guard.unopened_spend(owner, self._now)
-        take = max(0, min(units, budget // price))
-        self._budgets[owner] = budget - take * price
-        return take
 
 
 def _quote_stake(checked: CheckedOrder) -> int:

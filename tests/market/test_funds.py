@@ -197,6 +197,7 @@ def test_flood_when_an_unfunded_key_or_a_funded_one_posts_thousands_of_orders_th
     world: ChainWorld, market: tuple[str, int]
 ) -> None:
     url, pid = market
+    _seller(world, url)  # the class exists (a staked provider asks in it), whatever ran before
     now = int(time.time())
     unfunded = _fresh(world)
     batch = {"orders": [unfunded.bid(now, price=1, quantity=1) for _ in range(500)]}

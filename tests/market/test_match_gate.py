@@ -1,6 +1,6 @@
 """What may trade: a real market server on a real anvil with a v2 escrow matches a bid only as
 far as its owner's free escrow balance covers it, and an ask only while its provider
-heartbeats (`market.funds.MatchGate`).
+heartbeats (`market.match_gate.MatchGate`).
 
 Admission already refuses a bid its owner cannot cover; these are the cases admission cannot
 see: a wallet emptied after its bids rest, bids that together outgrow what is left, and a
