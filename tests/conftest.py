@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # sandbox workers, a daemon with its own workers, the Solidity compiler, the market's server) and
 # the standard ways to start a process or a server.
 LAUNCHERS = re.compile(
-    r"\bAnvil\.start\b|\bSandbox\(|\bDaemon\(|\bcompile_contracts\(|\b_run_solc\("
+    r"\bAnvil\.start\b|\bSandbox\(|\bWorkerProcess\(|\bDaemon\(|\bcompile_contracts\(|\b_run_solc\("
     r"|\bsubprocess\.(?:run|Popen|call|check_call|check_output)\b|\bPopen\("
     r"|\bprocesses\.spawn\(|\bspawn\(|\buvicorn\.|HTTPServer\b|\bcreate_server\("
     r"|\.listen\(|\bmultiprocessing\.Process\b|\bsync_playwright\b|\bchromium\b"

@@ -158,6 +158,7 @@ class WorkerProcess:
         ).start()
         self.process = Launcher(popen, mode)
         self.info: WorkerInfo | None = None
+        self._kill_lock = threading.Lock()
         self.tasks = 0
         self.warm: set[bytes] = set()
         self.superseded = False  # a planned recycle's successor is ready: stop when idle
@@ -201,11 +202,13 @@ class WorkerProcess:
         return self.info
 
     def kill(self) -> None:
-        """Kill the worker now and close the pipe."""
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(10)
-        self.conn.close()
+        """Kill the worker now and close the pipe. The pool's threads may stop one worker at
+        once (its close and a recycle): one at a time, so the pipe is closed once."""
+        with self._kill_lock:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(10)
+            self.conn.close()
 
     def stop(self) -> None:
         """Ask the worker to exit, then make sure it has."""
