@@ -6,7 +6,7 @@ NPMSTAMP := node_modules/.installed
 XLA_PY  := .venv-xla/bin/python
 XLA_STAMP := .venv-xla/.installed
 # The matching engine's hot modules, compiled to C extensions (see market/native.py)
-ENGINE_SRC := market/engine/orders.py market/engine/book.py market/engine/engine.py market/native.py scripts/build_engine.py
+ENGINE_SRC := market/engine/orders.py market/engine/book.py market/engine/engine.py market/native.py scripts/build_engine.py contracts/_recover.c
 ENGINE_STAMP := .cache/engine-native.built
 ARGS    ?=
 
@@ -98,4 +98,4 @@ bench-gas: setup
 	scripts/bench-gas
 
 clean:
-	rm -rf .venv .venv-xla node_modules .cache market/engine/*.so
+	rm -rf .venv .venv-xla node_modules .cache market/engine/*.so contracts/*.so

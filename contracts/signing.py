@@ -7,6 +7,9 @@ escrow accepts (it refuses malleable twins); recovery refuses every other form.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
 
 import coincurve
 from coincurve._libsecp256k1 import ffi, lib
@@ -51,21 +54,54 @@ def recover_public(digest: bytes, signature: bytes) -> bytes:
         raise SignatureError("signature s is not in the lower half order (malleable)")
     if len(digest) != 32:
         raise SignatureError(f"digest must be 32 bytes, got {len(digest)}")
-    # libsecp256k1 straight through its bindings, as coincurve's `PublicKey` does, without
-    # the key object and its checks repeated: the same three calls, a third less Python.
+    try:
+        return _recover(digest, signature)
+    except ValueError as exc:
+        raise SignatureError(str(exc)) from exc
+
+
+def recover_with_bindings(digest: bytes, signature: bytes) -> bytes:
+    """Recover as `recover_public` does (its checks already made) through coincurve's
+    bindings of libsecp256k1: three library calls, each letting go of the interpreter lock and
+    taking it back. `recover_public` uses it where the module of one call is not built."""
+    # As coincurve's `PublicKey` does, without the key object and its checks repeated.
     recoverable = ffi.new("secp256k1_ecdsa_recoverable_signature *")
     if not lib.secp256k1_ecdsa_recoverable_signature_parse_compact(
-        _CONTEXT, recoverable, signature[:64], v - 27
+        _CONTEXT, recoverable, signature[:64], signature[64] - 27
     ):
-        raise SignatureError("signature does not recover: r or s is out of range")
+        raise ValueError("signature does not recover: r or s is out of range")
     public = ffi.new("secp256k1_pubkey *")
     if not lib.secp256k1_ecdsa_recover(_CONTEXT, public, recoverable, digest):
-        raise SignatureError("signature does not recover: no public key signed it")
+        raise ValueError("signature does not recover: no public key signed it")
     serialized = ffi.new("unsigned char[65]")
     lib.secp256k1_ec_pubkey_serialize(
         _CONTEXT, serialized, ffi.new("size_t *", 65), public, lib.SECP256K1_EC_UNCOMPRESSED
     )
     return bytes(ffi.buffer(serialized, 65))
+
+
+def native_recover(
+    directory: Path = Path(__file__).parent,
+) -> Callable[[bytes, bytes], bytes] | None:
+    """Return `contracts._recover.recover` (the same library calls made in one, letting go of the
+    interpreter lock once: verifying threads then wait less on each other) if `make setup` built
+    it in `directory`, else None. Raise `ImportError` if it was built from an older `_recover.c`."""
+    source = directory / "_recover.c"
+    for suffix in EXTENSION_SUFFIXES:
+        built = source.with_name("_recover" + suffix)
+        if built.exists():
+            if source.exists() and source.stat().st_mtime > built.stat().st_mtime:
+                raise ImportError(
+                    f"{built.name} was compiled from an older {source.name}: run `make setup` "
+                    "(or `.venv/bin/python scripts/build_engine.py`) to rebuild it, or delete it"
+                )
+            from contracts._recover import recover
+
+            return recover
+    return None
+
+
+_recover: Callable[[bytes, bytes], bytes] = native_recover() or recover_with_bindings
 
 
 def recover_digest(digest: bytes, signature: bytes) -> str:

@@ -21,7 +21,11 @@ ours parses it into `OrderCreate`, verifies it (`market.verify.Verifier`: fields
 owner's signature, an ask's quote and its signature) and matches; the peer decodes it with
 `json`, rebuilds the same EIP-712 messages, recovers each signature through coincurve's key API
 (`PublicKey.from_signature_and_message`, the library's documented path) and compares the
-signer, then matches. Both recover the same signatures with the same libsecp256k1.
+signer, then matches. Both recover the same signatures with the same libsecp256k1. Each is timed
+on one thread and with its orders verified on the host's cores in chunks while one thread
+matches them in order (as the market verifies requests in worker threads side by side and its
+writer matches them): `engine_vs_peer_signed` sets ours so against the peer's library as it runs,
+on one thread; the one-thread and equal-threads ratios are printed beside it.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -312,7 +318,41 @@ def signed_stream(orders: int, seed: int = 11) -> list[bytes]:
     return bodies
 
 
-def _ours_signed(bodies: list[bytes]) -> tuple[float, int]:
+VERIFY_CHUNK = 100
+"""Orders a verifying thread takes at a time in the threaded runs (a batch request's worth)."""
+
+
+def _pipelined(
+    verify: Callable[[bytes], Any],
+    match: Callable[[Any], int],
+    bodies: list[bytes],
+    threads: int,
+) -> tuple[float, int]:
+    """Verify `bodies` and match them in their order; return (seconds, units traded). On one
+    thread, each body in turn; on more, `threads` threads verify chunks of `VERIFY_CHUNK` side by
+    side while the calling thread matches each chunk as soon as it and those before it are
+    verified (as the market's writer does with the requests its worker threads verified)."""
+    units = 0
+    if threads == 1:
+        start = time.perf_counter()
+        for body in bodies:
+            units += match(verify(body))
+        return time.perf_counter() - start, units
+
+    def verify_chunk(chunk: list[bytes]) -> list[Any]:
+        return [verify(body) for body in chunk]
+
+    chunks = [bodies[i : i + VERIFY_CHUNK] for i in range(0, len(bodies), VERIFY_CHUNK)]
+    with ThreadPoolExecutor(threads) as pool:
+        start = time.perf_counter()
+        for checked in pool.map(verify_chunk, chunks):
+            for item in checked:
+                units += match(item)
+        taken = time.perf_counter() - start
+    return taken, units
+
+
+def _ours_signed(bodies: list[bytes], threads: int = 1) -> tuple[float, int]:
     """Parse, verify and place `bodies` on a fresh engine; return (seconds, units traded)."""
     from contracts.messages import Domain
     from contracts.orders import market_domain
@@ -325,18 +365,19 @@ def _ours_signed(bodies: list[bytes]) -> tuple[float, int]:
         Domain(chain_id=CHAIN_ID, verifying_contract=ESCROW),
         86_400,
     )
-    engine = MatchingEngine()
-    place, check, parse = engine.place, verifier.order, OrderCreate.model_validate_json
+    place, check, parse = MatchingEngine().place, verifier.order, OrderCreate.model_validate_json
     now = int(time.time())
-    units = 0
-    start = time.perf_counter()
-    for body in bodies:
-        for fill in place(check(parse(body), now, 0.0).order, now=now):
-            units += fill.quantity
-    return time.perf_counter() - start, units
+
+    def verify(body: bytes) -> Order:
+        return check(parse(body), now, 0.0).order
+
+    def match(order: Order) -> int:
+        return sum(fill.quantity for fill in place(order, now=now))
+
+    return _pipelined(verify, match, bodies, threads)
 
 
-def _peer_signed(bodies: list[bytes], match: bool = True) -> tuple[float, int]:
+def _peer_signed(bodies: list[bytes], match: bool = True, threads: int = 1) -> tuple[float, int]:
     """Decode, verify (coincurve's key API) and place `bodies` on a fresh lightmatchingengine;
     with `match` False, only decode and verify (the work any engine does before matching)."""
     import coincurve
@@ -361,13 +402,8 @@ def _peer_signed(bodies: list[bytes], match: bool = True) -> tuple[float, int]:
         )
         return "0x" + keccak256(public.format(compressed=False)[1:])[-20:].hex()
 
-    sides = {"bid": PeerSide.BUY, "ask": PeerSide.SELL}
-    engine = LightMatchingEngine()
-    add = engine.add_order
-    units = 0
-    start = time.perf_counter()
-    for body in bodies:
-        w = json.loads(body)
+    def verify(body: bytes) -> dict[str, Any]:
+        w: dict[str, Any] = json.loads(body)
         terms = {k: w[k] for k in keys}
         message: Ask | Bid
         if w["side"] == "ask":
@@ -379,43 +415,70 @@ def _peer_signed(bodies: list[bytes], match: bool = True) -> tuple[float, int]:
             message = Bid(**terms, nonce=w["nonce"])
         if signer(order_digest(message, domain), w["signature"]) != w["owner"].lower():
             raise ValueError("order not signed by its owner")
+        return w
+
+    sides = {"bid": PeerSide.BUY, "ask": PeerSide.SELL}
+    add = LightMatchingEngine().add_order
+
+    def place(w: dict[str, Any]) -> int:
         if not match:
-            continue
+            return 0
         order, trades = add(w["device_class"], w["price"], w["quantity"], sides[w["side"]])
-        if trades:
-            units += order.cum_qty
-    return time.perf_counter() - start, units
+        return order.cum_qty if trades else 0
+
+    return _pipelined(verify, place, bodies, threads)
 
 
-def versus_peer_signed(orders: int = 4_000, rounds: int = 9) -> dict[str, float | int | bool]:
+def verifying_threads() -> int:
+    """The threads the threaded runs verify on: the host's cores (the market's worker threads
+    verify requests side by side, as many at once as there are cores to run them)."""
+    return len(os.sched_getaffinity(0))
+
+
+def versus_peer_signed(
+    orders: int = 4_000, rounds: int = 9, threads: int | None = None
+) -> dict[str, float | int | bool]:
     """Return ours and the peer's orders/s from the signed order's JSON text (fastest of
-    `rounds` interleaved runs each), their ratio, the median of each round's ratio (steadier
-    on a loaded host: a round's two runs are adjacent in time), whether both traded the
-    same units, and the bound on the ratio: the peer's time over that of its decoding and
-    verifying alone (what any engine must do first), the ratio of an engine that matched
-    and checked in no time."""
+    `rounds` interleaved runs each) and their ratios, whether all runs traded the same units,
+    and the bound on the one-thread ratio.
+
+    `engine_vs_peer_signed`: the peer as its library runs (one thread) against ours as the
+    market runs (orders verified on `threads` threads, matched on one); `_one_thread`: both on
+    one thread; `_equal_threads`: the peer's verifying on the same threads as ours. `_median`:
+    the median of each round's `engine_vs_peer_signed` (a round's runs are adjacent in time).
+    `engine_vs_peer_signed_bound`: the peer's one-thread time over that of its decoding and
+    verifying alone (what any engine must do first): the one-thread ratio of an engine that
+    matched and checked in no time."""
+    threads = threads or verifying_threads()
     bodies = signed_stream(orders)
-    best = {"ours": float("inf"), "peer": float("inf"), "verify": float("inf")}
-    traded = {"ours": -1, "peer": -1, "verify": -1}
     runners: dict[str, Callable[[list[bytes]], tuple[float, int]]] = {
-        "ours": _ours_signed,
+        "ours": lambda b: _ours_signed(b, threads),
+        "ours_one": _ours_signed,
         "peer": _peer_signed,
+        "peer_threads": lambda b: _peer_signed(b, threads=threads),
         "verify": lambda b: _peer_signed(b, match=False),
     }
+    best = dict.fromkeys(runners, float("inf"))
+    traded: dict[str, int] = {}
     ratios: list[float] = []
     for number in range(rounds):
         taken: dict[str, float] = {}
-        for name in ("ours", "peer", "verify") if number % 2 == 0 else ("verify", "peer", "ours"):
+        for name in runners if number % 2 == 0 else reversed(runners):
             gc.collect()
             taken[name], traded[name] = runners[name](bodies)
             best[name] = min(best[name], taken[name])
         ratios.append(taken["peer"] / taken["ours"])
     return {
+        "verify_threads": threads,
         "engine_signed_orders_per_s": round(orders / best["ours"]),
+        "engine_signed_one_thread_orders_per_s": round(orders / best["ours_one"]),
         "peer_signed_orders_per_s": round(orders / best["peer"]),
+        "peer_signed_threads_orders_per_s": round(orders / best["peer_threads"]),
         "engine_vs_peer_signed": round(best["peer"] / best["ours"], 2),
         "engine_vs_peer_signed_median": round(sorted(ratios)[len(ratios) // 2], 2),
-        "same_units_traded_signed": traded["ours"] == traded["peer"],
+        "engine_vs_peer_signed_one_thread": round(best["peer"] / best["ours_one"], 2),
+        "engine_vs_peer_signed_equal_threads": round(best["peer_threads"] / best["ours"], 2),
+        "same_units_traded_signed": len({traded[n] for n in runners if n != "verify"}) == 1,
         "signed_verify_us_per_order": round(best["verify"] / orders * 1e6, 1),
         "engine_vs_peer_signed_bound": round(best["peer"] / best["verify"], 2),
     }

@@ -1,16 +1,38 @@
-"""Signature recovery through libsecp256k1's bindings gives what coincurve's key API gives, and
-refuses every form the market refuses (wrong length, v, high s, r out of range, no key)."""
+"""Signature recovery, in one library call (`contracts._recover`, built by the setup step) and
+through libsecp256k1's bindings, gives what coincurve's key API gives, and refuses every form
+the market refuses (wrong length, v, high s, r out of range, no key)."""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import coincurve
 import pytest
 
+from contracts import signing
 from contracts.errors import SignatureError
 from contracts.hashing import keccak256
 from contracts.signing import SECP256K1_N, address_of, recover_address, recover_public, sign_digest
+
+NATIVE = signing.native_recover()
+
+
+@pytest.fixture(autouse=True, params=["one call", "bindings"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run each test through both ways of recovering."""
+    if request.param == "bindings":
+        monkeypatch.setattr(signing, "_recover", signing.recover_with_bindings)
+    yield request.param
+
+
+def test_setup_built_the_one_call_recovery_and_it_is_the_one_used(path: str) -> None:
+    assert NATIVE is not None, "contracts/_recover.c was not compiled: run `make setup`"
+    assert signing.native_recover() is NATIVE
+    if path == "one call":
+        assert signing._recover is NATIVE
 
 
 def _reference(digest: bytes, signature: bytes) -> bytes:
@@ -50,3 +72,36 @@ def test_refuses_a_digest_that_is_not_32_bytes() -> None:
     signature = sign_digest(keccak256(b"order"), os.urandom(32))
     with pytest.raises(SignatureError, match="32 bytes"):
         recover_public(b"\x01" * 31, signature)
+
+
+def test_recovers_from_many_threads_at_once() -> None:
+    """Each thread gets its own signer back while the others recover beside it."""
+    keys = [os.urandom(32) for _ in range(8)]
+    digests = [keccak256(os.urandom(40)) for _ in range(40)]
+    wrong: list[str] = []
+
+    def work(key: bytes) -> None:
+        address = address_of(key).lower()
+        for digest in digests:
+            if recover_address(digest, sign_digest(digest, key)) != address:
+                wrong.append(address)
+
+    threads = [threading.Thread(target=work, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def test_refuses_a_recovery_module_older_than_its_source(tmp_path: Path) -> None:
+    """A stale build would run old code: the loader names the fix instead."""
+    source = Path(signing.__file__).with_name("_recover.c")
+    built = next(source.parent.glob("_recover.*.so"))
+    (tmp_path / source.name).write_bytes(source.read_bytes())
+    (tmp_path / built.name).write_bytes(built.read_bytes())
+    os.utime(tmp_path / built.name, (0, (tmp_path / source.name).stat().st_mtime - 10))
+    with pytest.raises(ImportError, match="make setup"):
+        signing.native_recover(tmp_path)
+    os.utime(tmp_path / built.name)
+    assert signing.native_recover(tmp_path) is NATIVE

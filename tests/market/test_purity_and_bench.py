@@ -94,8 +94,11 @@ def test_bench_script_prints_one_json_line_with_the_figures() -> None:
 
 
 def test_signed_comparison_reports_the_bound_that_verifying_alone_sets() -> None:
-    figures = load_bench().versus_peer_signed(orders=300, rounds=1)
+    figures = load_bench().versus_peer_signed(orders=300, rounds=1, threads=2)
+    # Verified on two threads and matched in order, both trade what they trade on one
     assert figures["same_units_traded_signed"] is True
+    assert figures["verify_threads"] == 2
+    assert figures["engine_vs_peer_signed_equal_threads"] > 0
     assert figures["signed_verify_us_per_order"] > 0
     # The peer's time over its decoding and verifying alone (a ratio of two timings: noisy)
     assert figures["engine_vs_peer_signed_bound"] > 0
