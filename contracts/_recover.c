@@ -11,6 +11,9 @@
  * signed the 32-byte `digest`; `signature` is 65 bytes r || s || v with v in {27, 28}. Raises
  * ValueError when it does not recover. The caller (contracts.signing) checks lengths, v and low s
  * first; they are checked here again, as no call may read out of bounds.
+ *
+ * recover_many(pairs) -> list: for a list of (digest, signature) tuples, each one's key, or in
+ * its place 1 (r or s out of range) or 2 (no key signed it); the lock let go once for them all.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -37,6 +40,27 @@ static int (*pubkey_serialize)(const secp256k1_context *, unsigned char *, size_
                                const secp256k1_pubkey *, unsigned int);
 static secp256k1_context *context;
 
+/* 0 and the key in out, or 1 (r or s out of range) or 2 (no key); the lock is not needed. */
+static int recover_one(const unsigned char *digest, const unsigned char *signature,
+                       unsigned char *out) {
+    secp256k1_ecdsa_recoverable_signature parsed;
+    secp256k1_pubkey public;
+    size_t out_len = 65;
+    if (!parse_compact(context, &parsed, signature, signature[64] - 27))
+        return 1;
+    if (!ecdsa_recover(context, &public, &parsed, digest))
+        return 2;
+    pubkey_serialize(context, out, &out_len, &public, EC_UNCOMPRESSED);
+    return 0;
+}
+
+static PyObject *failure(int code) {
+    PyErr_SetString(PyExc_ValueError,
+                    code == 1 ? "signature does not recover: r or s is out of range"
+                              : "signature does not recover: no public key signed it");
+    return NULL;
+}
+
 static PyObject *recover(PyObject *self, PyObject *args) {
     const unsigned char *digest, *signature;
     Py_ssize_t digest_len, signature_len;
@@ -52,27 +76,69 @@ static PyObject *recover(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char out[65];
-    size_t out_len = sizeof out;
-    int failed = 0;
-    secp256k1_ecdsa_recoverable_signature parsed;
-    secp256k1_pubkey public;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    if (!parse_compact(context, &parsed, signature, recid))
-        failed = 1;
-    else if (!ecdsa_recover(context, &public, &parsed, digest))
-        failed = 2;
-    else
-        pubkey_serialize(context, out, &out_len, &public, EC_UNCOMPRESSED);
+    failed = recover_one(digest, signature, out);
     Py_END_ALLOW_THREADS
-    if (failed == 1) {
-        PyErr_SetString(PyExc_ValueError, "signature does not recover: r or s is out of range");
+    if (failed)
+        return failure(failed);
+    return PyBytes_FromStringAndSize((const char *)out, 65);
+}
+
+/* One pair's 32 + 65 bytes, copied while the lock is held, and its outcome. */
+typedef struct {
+    unsigned char digest[32];
+    unsigned char signature[65];
+    unsigned char out[65];
+    int failed;
+} pair_t;
+
+static PyObject *recover_many(PyObject *self, PyObject *pairs) {
+    if (!PyList_Check(pairs)) {
+        PyErr_SetString(PyExc_TypeError, "recover_many takes a list of (digest, signature)");
         return NULL;
     }
-    if (failed == 2) {
-        PyErr_SetString(PyExc_ValueError, "signature does not recover: no public key signed it");
-        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(pairs);
+    pair_t *work = PyMem_RawMalloc(count > 0 ? (size_t)count * sizeof(pair_t) : 1);
+    if (work == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(pairs, i);
+        const char *digest, *signature;
+        Py_ssize_t digest_len, signature_len;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(item, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+            PyMem_RawFree(work);
+            PyErr_SetString(PyExc_TypeError, "each pair must be (bytes, bytes)");
+            return NULL;
+        }
+        PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 0), (char **)&digest, &digest_len);
+        PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), (char **)&signature, &signature_len);
+        if (digest_len != 32 || signature_len != 65 ||
+            ((unsigned char)signature[64] != 27 && (unsigned char)signature[64] != 28)) {
+            PyMem_RawFree(work);
+            PyErr_SetString(PyExc_ValueError,
+                            "digest must be 32 bytes and signature 65 with v 27 or 28");
+            return NULL;
+        }
+        memcpy(work[i].digest, digest, 32);
+        memcpy(work[i].signature, signature, 65);
     }
-    return PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)out_len);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        work[i].failed = recover_one(work[i].digest, work[i].signature, work[i].out);
+    Py_END_ALLOW_THREADS
+    PyObject *result = PyList_New(count);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+        PyObject *value = work[i].failed ? PyLong_FromLong(work[i].failed)
+                                         : PyBytes_FromStringAndSize((char *)work[i].out, 65);
+        if (value == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, value);
+    }
+    PyMem_RawFree(work);
+    return result;
 }
 
 static void *symbol(void *library, const char *name) {
@@ -115,6 +181,8 @@ static int bind(void) {
 static PyMethodDef methods[] = {
     {"recover", recover, METH_VARARGS,
      "recover(digest, signature) -> the 65-byte public key that signed digest"},
+    {"recover_many", recover_many, METH_O,
+     "recover_many([(digest, signature), ...]) -> each key, or 1 or 2 where none recovers"},
     {NULL, NULL, 0, NULL},
 };
 

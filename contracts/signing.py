@@ -7,9 +7,10 @@ escrow accepts (it refuses malleable twins); recovery refuses every other form.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
+from types import ModuleType
 
 import coincurve
 from coincurve._libsecp256k1 import ffi, lib
@@ -44,6 +45,37 @@ def recover_public(digest: bytes, signature: bytes) -> bytes:
     Raise SignatureError unless the signature is 65 bytes, v is 27 or 28 and s is in the
     lower half order (no malleable twins).
     """
+    _check_form(digest, signature)
+    try:
+        return _recover(digest, signature)
+    except ValueError as exc:
+        raise SignatureError(str(exc)) from exc
+
+
+def recover_publics(pairs: Sequence[tuple[bytes, bytes]]) -> list[bytes | SignatureError]:
+    """Return `recover_public` of each (digest, signature) pair, its error in its place where it
+    has one; the recoveries are made in one library call (the interpreter lock let go once for
+    them all) where `contracts._recover` is built."""
+    results: list[bytes | SignatureError] = []
+    sound: list[tuple[bytes, bytes]] = []
+    places: list[int] = []
+    for digest, signature in pairs:
+        try:
+            _check_form(digest, signature)
+        except SignatureError as exc:
+            results.append(exc)
+            continue
+        places.append(len(results))
+        results.append(b"")
+        sound.append((digest, signature))
+    for place, recovered in zip(places, _recover_many(sound), strict=True):
+        results[place] = (
+            recovered if isinstance(recovered, bytes) else SignatureError(_FAILURES[recovered])
+        )
+    return results
+
+
+def _check_form(digest: bytes, signature: bytes) -> None:
     if len(signature) != 65:
         raise SignatureError(f"signature must be 65 bytes, got {len(signature)}")
     v = signature[64]
@@ -54,25 +86,27 @@ def recover_public(digest: bytes, signature: bytes) -> bytes:
         raise SignatureError("signature s is not in the lower half order (malleable)")
     if len(digest) != 32:
         raise SignatureError(f"digest must be 32 bytes, got {len(digest)}")
-    try:
-        return _recover(digest, signature)
-    except ValueError as exc:
-        raise SignatureError(str(exc)) from exc
+
+
+_FAILURES = {
+    1: "signature does not recover: r or s is out of range",
+    2: "signature does not recover: no public key signed it",
+}
 
 
 def recover_with_bindings(digest: bytes, signature: bytes) -> bytes:
     """Recover as `recover_public` does (its checks already made) through coincurve's
     bindings of libsecp256k1: three library calls, each letting go of the interpreter lock and
-    taking it back. `recover_public` uses it where the module of one call is not built."""
+    taking it back. Used where `contracts._recover` is not built."""
     # As coincurve's `PublicKey` does, without the key object and its checks repeated.
     recoverable = ffi.new("secp256k1_ecdsa_recoverable_signature *")
     if not lib.secp256k1_ecdsa_recoverable_signature_parse_compact(
         _CONTEXT, recoverable, signature[:64], signature[64] - 27
     ):
-        raise ValueError("signature does not recover: r or s is out of range")
+        raise ValueError(_FAILURES[1])
     public = ffi.new("secp256k1_pubkey *")
     if not lib.secp256k1_ecdsa_recover(_CONTEXT, public, recoverable, digest):
-        raise ValueError("signature does not recover: no public key signed it")
+        raise ValueError(_FAILURES[2])
     serialized = ffi.new("unsigned char[65]")
     lib.secp256k1_ec_pubkey_serialize(
         _CONTEXT, serialized, ffi.new("size_t *", 65), public, lib.SECP256K1_EC_UNCOMPRESSED
@@ -80,10 +114,19 @@ def recover_with_bindings(digest: bytes, signature: bytes) -> bytes:
     return bytes(ffi.buffer(serialized, 65))
 
 
-def native_recover(
-    directory: Path = Path(__file__).parent,
-) -> Callable[[bytes, bytes], bytes] | None:
-    """Return `contracts._recover.recover` (the same library calls made in one, letting go of the
+def recover_many_with_bindings(pairs: list[tuple[bytes, bytes]]) -> list[bytes | int]:
+    """`contracts._recover.recover_many` through coincurve's bindings, one pair at a time."""
+    results: list[bytes | int] = []
+    for digest, signature in pairs:
+        try:
+            results.append(recover_with_bindings(digest, signature))
+        except ValueError as exc:
+            results.append(next(code for code, text in _FAILURES.items() if text == str(exc)))
+    return results
+
+
+def native_module(directory: Path = Path(__file__).parent) -> ModuleType | None:
+    """Return `contracts._recover` (the same library calls made in one, letting go of the
     interpreter lock once: verifying threads then wait less on each other) if `make setup` built
     it in `directory`, else None. Raise `ImportError` if it was built from an older `_recover.c`."""
     source = directory / "_recover.c"
@@ -95,13 +138,19 @@ def native_recover(
                     f"{built.name} was compiled from an older {source.name}: run `make setup` "
                     "(or `.venv/bin/python scripts/build_engine.py`) to rebuild it, or delete it"
                 )
-            from contracts._recover import recover
+            from contracts import _recover as native
 
-            return recover
+            return native
     return None
 
 
-_recover: Callable[[bytes, bytes], bytes] = native_recover() or recover_with_bindings
+_NATIVE = native_module()
+_recover: Callable[[bytes, bytes], bytes] = (
+    recover_with_bindings if _NATIVE is None else _NATIVE.recover
+)
+_recover_many: Callable[[list[tuple[bytes, bytes]]], list[bytes | int]] = (
+    recover_many_with_bindings if _NATIVE is None else _NATIVE.recover_many
+)
 
 
 def recover_digest(digest: bytes, signature: bytes) -> str:
@@ -116,6 +165,15 @@ def recover_address(digest: bytes, signature: bytes) -> str:
     encoding (the market compares addresses case-insensitively).
     """
     return _address_of_public(recover_public(digest, signature))
+
+
+def recover_addresses(pairs: Sequence[tuple[bytes, bytes]]) -> list[str | SignatureError]:
+    """Return `recover_address` of each pair, its error in its place where it has one: the
+    recoveries made together, as `recover_publics` makes them."""
+    return [
+        r if isinstance(r, SignatureError) else _address_of_public(r)
+        for r in recover_publics(pairs)
+    ]
 
 
 @functools.lru_cache(maxsize=65_536)

@@ -321,9 +321,8 @@ class MarketService(MarketReads):
         started = time.perf_counter()
         now = self.now()
         created = self.clock()
-        check = self.verifier.order
         try:
-            checked = [check(o, now, created) for o in orders_in]
+            checked = self.verifier.orders(orders_in, now, created)
         except MarketError as exc:
             self.metrics.rejected.labels(type(exc).__name__).inc()
             raise

@@ -2,13 +2,17 @@
 
 Runs in the request's thread, before the writer sees the order: secp256k1 recovery releases
 the interpreter lock, so two requests verify in parallel while the writer matches and commits.
-Every order's signature is recovered (and an ask's quote signature too); nothing is cached
-across signatures except the address of a recovered public key.
+A request's orders are checked field by field, then their signatures recovered up to
+`RECOVER_CHUNK` orders at a time in one library call (`contracts.signing.recover_addresses`):
+the lock is let go once per chunk rather than three times per signature, so threads verifying
+side by side wait less on each other. Every order's signature is recovered (and an ask's quote
+signature too); nothing is cached across signatures except the address of a recovered public
+key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from contracts.errors import SignatureError
@@ -18,12 +22,14 @@ from contracts.orders import Ask, Bid, plan_kind, recover_address
 from contracts.orders import digest as order_digest
 from contracts.orders import struct_hash as message_struct_hash
 from contracts.pricing import locked_stake, plan_is_valid
+from contracts.signing import recover_addresses
 from market.engine import Order as EngineOrder
 from market.engine import Side
 from market.errors import (
     AuthError,
     ChallengeWindowTooShortError,
     InvalidOrderError,
+    MarketError,
     SignatureExpiredError,
 )
 from market.models import Deal, OrderCreate, QuoteIn
@@ -63,6 +69,51 @@ class Verifier:
 
     def order(self, order_in: OrderCreate, now: int, created_at: float) -> CheckedOrder:
         """Verify one signed order; return it ready for the writer, or raise a MarketError."""
+        return self.orders([order_in], now, created_at)[0]
+
+    def orders(
+        self, orders_in: Sequence[OrderCreate], now: int, created_at: float
+    ) -> list[CheckedOrder]:
+        """Verify signed orders; return them ready for the writer, or raise the first failing
+        one's MarketError, as `order` on each in turn would.
+
+        Each order's fields are checked and its digests made first; then the signatures of up to
+        `RECOVER_CHUNK` orders are recovered in one library call (the interpreter lock let go
+        once for them all) and compared. Orders after the chunk holding the first failure are
+        never recovered: a refused batch costs at most one chunk more than its failing order."""
+        checked: list[CheckedOrder] = []
+        for start in range(0, len(orders_in), RECOVER_CHUNK):
+            prepared: list[_Prepared] = []
+            failure: MarketError | None = None
+            for order_in in orders_in[start : start + RECOVER_CHUNK]:
+                try:
+                    prepared.append(self._prepare(order_in, now))
+                except MarketError as exc:
+                    failure = exc  # raised after those before it are checked
+                    break
+            signers = recover_addresses(
+                [(digest, signature) for p in prepared for digest, signature, _ in p.signatures]
+            )
+            at = 0
+            for p in prepared:
+                for _, _, kind in p.signatures:
+                    signer = signers[at]
+                    at += 1
+                    if isinstance(signer, SignatureError):
+                        raise AuthError(f"bad {kind} signature: {signer}") from signer
+                    if signer != p.owner.lower():
+                        raise AuthError(
+                            f"quote signed by {signer}, not by the provider {p.owner}"
+                            if kind == "Quote"
+                            else f"order signed by {signer}, not by its owner {p.owner}"
+                        )
+                checked.append(p.checked(created_at))
+            if failure is not None:
+                raise failure
+        return checked
+
+    def _prepare(self, order_in: OrderCreate, now: int) -> _Prepared:
+        """Check an order's fields and make its digests (its quote's first): all but recovery."""
         owner = checksum(order_in.owner)
         expiry = order_in.expiry
         if expiry <= now:
@@ -72,6 +123,7 @@ class Verifier:
         quote_json: str | None = None
         quote_hash: str | None = None
         message: Ask | Bid
+        signatures: list[tuple[bytes, bytes, str]] = []
         terms: dict[str, Any] = {
             "owner": owner,
             "device_class": order_in.device_class,
@@ -88,7 +140,14 @@ class Verifier:
             quote_signature = order_in.quote_signature
             if quote is None or quote_signature is None:
                 raise InvalidOrderError("quote", None, "an ask carries the provider's signed quote")
-            quote_struct = self._ask_quote(order_in, quote, quote_signature, owner)
+            quote_struct = self._ask_quote(order_in, quote, owner)
+            signatures.append(
+                (
+                    keccak256(self._quote_prefix + quote_struct),
+                    signature_bytes("Quote", quote_signature),
+                    "Quote",
+                )
+            )
             quote_json = quote.model_dump_json()
             quote_hash = "0x" + quote_struct.hex()
             message = Ask(**terms, quote_hash=quote_struct)
@@ -99,10 +158,12 @@ class Verifier:
             message = Bid(**terms)
             side = Side.BID
         digest = order_digest(message, self.domain)
-        signer = recover(message.TYPE_NAME, digest, order_in.signature)
-        if signer != owner.lower():
-            raise AuthError(f"order signed by {signer}, not by its owner {owner}")
-        return CheckedOrder(
+        signatures.append(
+            (digest, signature_bytes(message.TYPE_NAME, order_in.signature), message.TYPE_NAME)
+        )
+        return _Prepared(
+            order_in,
+            owner,
             EngineOrder(  # positional, in `ORDER_FIELDS` order: a compiled class takes
                 # keywords several times slower
                 side,
@@ -116,16 +177,13 @@ class Verifier:
                 order_in.memory,
                 expiry,
             ),
-            order_in.signature.lower(),
+            signatures,
             quote_json,
-            order_in.quote_signature.lower() if order_in.quote_signature else None,
             quote_hash,
-            order_in.nonce,
-            created_at,
         )
 
-    def _ask_quote(self, order_in: OrderCreate, q: QuoteIn, signature: str, owner: str) -> bytes:
-        """Check an ask's quote against the ask and its signature; return its struct hash."""
+    def _ask_quote(self, order_in: OrderCreate, q: QuoteIn, owner: str) -> bytes:
+        """Check an ask's quote against the ask; return its struct hash."""
         if q.provider.lower() != owner.lower():
             raise InvalidOrderError("quote.provider", q.provider, "must be the ask's owner")
         if q.client.lower() != ZERO_ADDRESS:
@@ -147,29 +205,69 @@ class Verifier:
         minimum = max(1, self.min_challenge_window())
         if q.challenge_window < minimum:
             raise ChallengeWindowTooShortError(q.challenge_window, minimum)
-        return self.quote(q, plan, signature, owner)
+        return message_struct_hash(quote_message(q, plan))
 
     def quote(self, q: QuoteIn, plan: Plan, signature: str, provider: str) -> bytes:
         """Return the quote's struct hash if `provider` signed it under the escrow domain."""
-        quote = Quote(
-            provider=q.provider,
-            client=q.client,
-            arbiter=q.arbiter,
-            max_spend=q.max_spend,
-            stake=q.stake,
-            penalty=q.penalty,
-            duration=q.duration,
-            challenge_window=q.challenge_window,
-            slo_ms=q.slo_ms,
-            valid_until=q.valid_until,
-            nonce=q.nonce,
-            plan=plan,
-        )
-        struct = message_struct_hash(quote)
+        struct = message_struct_hash(quote_message(q, plan))
         signer = recover("Quote", keccak256(self._quote_prefix + struct), signature)
         if signer != provider.lower():
             raise AuthError(f"quote signed by {signer}, not by the provider {provider}")
         return struct
+
+
+RECOVER_CHUNK = 16
+"""Orders whose signatures `Verifier.orders` recovers in one library call."""
+
+
+class _Prepared(NamedTuple):
+    """An order checked but for its signatures: each (digest, signature, message type)."""
+
+    order_in: OrderCreate
+    owner: str
+    order: EngineOrder
+    signatures: list[tuple[bytes, bytes, str]]
+    quote_json: str | None
+    quote_hash: str | None
+
+    def checked(self, created_at: float) -> CheckedOrder:
+        """Return the order ready for the writer, its signatures found to be its owner's."""
+        order_in = self.order_in
+        return CheckedOrder(
+            self.order,
+            order_in.signature.lower(),
+            self.quote_json,
+            order_in.quote_signature.lower() if order_in.quote_signature else None,
+            self.quote_hash,
+            order_in.nonce,
+            created_at,
+        )
+
+
+def quote_message(q: QuoteIn, plan: Plan) -> Quote:
+    """Return the EIP-712 quote a `QuoteIn` stands for."""
+    return Quote(
+        provider=q.provider,
+        client=q.client,
+        arbiter=q.arbiter,
+        max_spend=q.max_spend,
+        stake=q.stake,
+        penalty=q.penalty,
+        duration=q.duration,
+        challenge_window=q.challenge_window,
+        slo_ms=q.slo_ms,
+        valid_until=q.valid_until,
+        nonce=q.nonce,
+        plan=plan,
+    )
+
+
+def signature_bytes(type_name: str, signature_hex: str) -> bytes:
+    """Return a signature's bytes; raise `AuthError` if its text is not hex."""
+    try:
+        return bytes.fromhex(signature_hex[2:])
+    except ValueError as exc:
+        raise AuthError(f"bad {type_name} signature: {exc}") from exc
 
 
 def recover(type_name: str, digest: bytes, signature_hex: str) -> str:

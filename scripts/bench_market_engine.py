@@ -327,11 +327,13 @@ def _pipelined(
     match: Callable[[Any], int],
     bodies: list[bytes],
     threads: int,
+    verify_chunk: Callable[[list[bytes]], list[Any]] | None = None,
 ) -> tuple[float, int]:
     """Verify `bodies` and match them in their order; return (seconds, units traded). On one
-    thread, each body in turn; on more, `threads` threads verify chunks of `VERIFY_CHUNK` side by
-    side while the calling thread matches each chunk as soon as it and those before it are
-    verified (as the market's writer does with the requests its worker threads verified)."""
+    thread, each body in turn (`verify`); on more, `threads` threads verify chunks of
+    `VERIFY_CHUNK` side by side (`verify_chunk`, default `verify` on each) while the calling
+    thread matches each chunk as soon as it and those before it are verified (as the market's
+    writer does with the requests its worker threads verified)."""
     units = 0
     if threads == 1:
         start = time.perf_counter()
@@ -339,13 +341,13 @@ def _pipelined(
             units += match(verify(body))
         return time.perf_counter() - start, units
 
-    def verify_chunk(chunk: list[bytes]) -> list[Any]:
+    def each(chunk: list[bytes]) -> list[Any]:
         return [verify(body) for body in chunk]
 
     chunks = [bodies[i : i + VERIFY_CHUNK] for i in range(0, len(bodies), VERIFY_CHUNK)]
     with ThreadPoolExecutor(threads) as pool:
         start = time.perf_counter()
-        for checked in pool.map(verify_chunk, chunks):
+        for checked in pool.map(verify_chunk or each, chunks):
             for item in checked:
                 units += match(item)
         taken = time.perf_counter() - start
@@ -371,10 +373,13 @@ def _ours_signed(bodies: list[bytes], threads: int = 1) -> tuple[float, int]:
     def verify(body: bytes) -> Order:
         return check(parse(body), now, 0.0).order
 
+    def verify_batch(chunk: list[bytes]) -> list[Order]:  # as the market verifies a batch
+        return [c.order for c in verifier.orders([parse(b) for b in chunk], now, 0.0)]
+
     def match(order: Order) -> int:
         return sum(fill.quantity for fill in place(order, now=now))
 
-    return _pipelined(verify, match, bodies, threads)
+    return _pipelined(verify, match, bodies, threads, verify_batch)
 
 
 def _peer_signed(bodies: list[bytes], match: bool = True, threads: int = 1) -> tuple[float, int]:

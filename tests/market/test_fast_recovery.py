@@ -17,7 +17,7 @@ from contracts.errors import SignatureError
 from contracts.hashing import keccak256
 from contracts.signing import SECP256K1_N, address_of, recover_address, recover_public, sign_digest
 
-NATIVE = signing.native_recover()
+NATIVE = signing.native_module()
 
 
 @pytest.fixture(autouse=True, params=["one call", "bindings"])
@@ -25,14 +25,16 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     """Run each test through both ways of recovering."""
     if request.param == "bindings":
         monkeypatch.setattr(signing, "_recover", signing.recover_with_bindings)
+        monkeypatch.setattr(signing, "_recover_many", signing.recover_many_with_bindings)
     yield request.param
 
 
 def test_setup_built_the_one_call_recovery_and_it_is_the_one_used(path: str) -> None:
     assert NATIVE is not None, "contracts/_recover.c was not compiled: run `make setup`"
-    assert signing.native_recover() is NATIVE
+    assert signing.native_module() is NATIVE
     if path == "one call":
-        assert signing._recover is NATIVE
+        assert signing._recover is NATIVE.recover
+        assert signing._recover_many is NATIVE.recover_many
 
 
 def _reference(digest: bytes, signature: bytes) -> bytes:
@@ -66,6 +68,35 @@ def test_refuses_malformed_signatures(mutate: object, reason: str) -> None:
     signature = sign_digest(digest, os.urandom(32))
     with pytest.raises(SignatureError, match=reason):
         recover_public(digest, mutate(signature))  # type: ignore[operator]
+
+
+def test_recovers_many_as_one_at_a_time_each_error_in_its_place() -> None:
+    """Good pairs, each malformed form and an unrecoverable one, mixed: the same keys and the
+    same errors as `recover_public` on each, in order; none raised."""
+    pairs: list[tuple[bytes, bytes]] = []
+    for number in range(30):
+        digest = keccak256(number.to_bytes(4, "big"))
+        signature = sign_digest(digest, os.urandom(32))
+        bad = {
+            3: signature[:64],
+            7: signature[:64] + b"\x1d",
+            11: signature[:32] + (SECP256K1_N - 1).to_bytes(32, "big") + signature[64:],
+            13: b"\xff" * 32 + signature[32:],
+            17: b"\x00" * 32 + signature[32:],
+        }
+        pairs.append((b"\x01" * 31 if number == 19 else digest, bad.get(number, signature)))
+    expected: list[bytes | str] = []
+    for digest, signature in pairs:
+        try:
+            expected.append(recover_public(digest, signature))
+        except SignatureError as exc:
+            expected.append(str(exc))
+    got = signing.recover_publics(pairs)
+    assert [g if isinstance(g, bytes) else str(g) for g in got] == expected
+    assert sum(isinstance(g, SignatureError) for g in got) == 6
+    assert signing.recover_publics([]) == []
+    addresses = signing.recover_addresses(pairs[:3])
+    assert addresses == [recover_address(d, s) for d, s in pairs[:3]]
 
 
 def test_refuses_a_digest_that_is_not_32_bytes() -> None:
@@ -102,6 +133,21 @@ def test_refuses_a_recovery_module_older_than_its_source(tmp_path: Path) -> None
     (tmp_path / built.name).write_bytes(built.read_bytes())
     os.utime(tmp_path / built.name, (0, (tmp_path / source.name).stat().st_mtime - 10))
     with pytest.raises(ImportError, match="make setup"):
-        signing.native_recover(tmp_path)
+        signing.native_module(tmp_path)
     os.utime(tmp_path / built.name)
-    assert signing.native_recover(tmp_path) is NATIVE
+    assert signing.native_module(tmp_path) is NATIVE
+
+
+def test_the_one_call_module_refuses_what_is_not_pairs_of_bytes() -> None:
+    """Its own checks hold whatever a caller hands it: no read out of bounds, a typed error."""
+    assert NATIVE is not None
+    digest = keccak256(b"order")
+    signature = sign_digest(digest, os.urandom(32))
+    for bad in ([(digest,)], [(digest, signature[:64])], [(digest[:31], signature)], [b"x"]):
+        with pytest.raises((TypeError, ValueError)):
+            NATIVE.recover_many(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        NATIVE.recover_many((digest, signature))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="v must be 27 or 28"):
+        NATIVE.recover(digest, signature[:64] + b"\x00")
+    assert NATIVE.recover_many([(digest, signature)] * 3) == [NATIVE.recover(digest, signature)] * 3

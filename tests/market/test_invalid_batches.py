@@ -1,8 +1,9 @@
 """A refused batch costs the market only what its refusal needs.
 
 Signature recovery is the cost that counts (~80 µs an order); these tests count recoveries
-(the market's own `market.verify.recover_address`, wrapped) and check that a batch is refused
-on what needs none before any is made, that recovery stops at the first bad signature, that a
+(the market's own `market.verify.recover_addresses`, wrapped) and check that a batch is refused
+on what needs none before any is made, that recovery stops at the end of the chunk holding
+the first bad signature (`RECOVER_CHUNK` orders recovered in one library call), that a
 body's validation stops at its first invalid order, and that the caller's IP bucket pays one
 token per order before any recovery. `scripts/bench_invalid_batches.py` measures the CPU.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.orders import recover_address
+from contracts.signing import recover_addresses
 from market import verify
 from market.auth import RateLimiter
 from market.service import MarketService
@@ -31,13 +32,13 @@ COUNT = 40
 def recoveries(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Count the signatures the market recovers."""
     counted = [0]
-    real: Callable[..., Any] = recover_address  # what `market.verify` calls
+    real: Callable[..., Any] = recover_addresses  # what `market.verify` calls
 
-    def counting(*args: Any) -> Any:
-        counted[0] += 1
-        return real(*args)
+    def counting(pairs: list[Any]) -> Any:
+        counted[0] += len(pairs)
+        return real(pairs)
 
-    monkeypatch.setattr(verify, "recover_address", counting)
+    monkeypatch.setattr(verify, "recover_addresses", counting)
     yield counted
 
 
@@ -90,7 +91,9 @@ def test_batch_when_one_signature_is_wrong_then_recovery_stops_there(
     orders[9] = forged
     response = post(client, orders)
     assert response.status_code == 401
-    assert recoveries[0] == 10  # the nine before it and its own; none of the thirty after
+    # Its chunk's (the nine before it, its own and six after); none of the twenty-four after
+    assert verify.RECOVER_CHUNK == 16
+    assert recoveries[0] == 16
     assert client.get("/v1/orders", params={"owner": orders[0]["owner"]}).json() == []
 
 
