@@ -681,6 +681,21 @@ def check_plan_formula(text: str) -> list[str]:
     return problems
 
 
+def check_verify_constants(text: str) -> list[str]:
+    """docs/market.md's account of where signatures are checked: the orders a request may hold
+    to be verified on the event loop, and the orders recovered in one library call."""
+    from market.service import INLINE_VERIFY_ORDERS
+    from market.verify import RECOVER_CHUNK
+
+    words = " ".join(text.split())
+    want = (
+        f"on the event loop for up to {INLINE_VERIFY_ORDERS} orders",
+        f"the signatures of up to {RECOVER_CHUNK} orders recovered in one library call",
+        f"let go once per {RECOVER_CHUNK} orders",
+    )
+    return [f"no longer says {w!r}" for w in want if w not in words]
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 Check = Callable[[str], list[str]]
@@ -694,6 +709,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("benchmarks.md's gas table", check_benchmarks_gas, [ROOT / "docs" / "benchmarks.md"]),
     ("provider config keys", check_provider_config, [ROOT / "docs" / "provider-api.md"]),
     ("market settings", check_market_settings, [ROOT / "docs" / "market.md"]),
+    ("where signatures are checked", check_verify_constants, [ROOT / "docs" / "market.md"]),
     ("provider.toml keys", check_provider_toml, [README, ROOT / "docs" / "provider-api.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
@@ -904,6 +920,13 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         "[--wait-refund]",
     ),
     ("a README toml key", check_provider_toml, README, "slo_ms = 60000", "slo = 60000"),
+    (
+        "the orders recovered in one call",
+        check_verify_constants,
+        ROOT / "docs" / "market.md",
+        "go once per 16 orders",
+        "go once per 32 orders",
+    ),
     (
         "a docs toml key",
         check_provider_toml,
