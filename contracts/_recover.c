@@ -62,11 +62,13 @@ static PyObject *failure(int code) {
 }
 
 static PyObject *recover(PyObject *self, PyObject *args) {
-    const unsigned char *digest, *signature;
-    Py_ssize_t digest_len, signature_len;
-    if (!PyArg_ParseTuple(args, "y#y#:recover", &digest, &digest_len, &signature, &signature_len))
+    PyObject *digest_bytes, *signature_bytes;
+    /* bytes only: immutable, so nothing changes them while the lock is let go */
+    if (!PyArg_ParseTuple(args, "SS:recover", &digest_bytes, &signature_bytes))
         return NULL;
-    if (digest_len != 32 || signature_len != 65) {
+    const unsigned char *digest = (const unsigned char *)PyBytes_AS_STRING(digest_bytes);
+    const unsigned char *signature = (const unsigned char *)PyBytes_AS_STRING(signature_bytes);
+    if (PyBytes_GET_SIZE(digest_bytes) != 32 || PyBytes_GET_SIZE(signature_bytes) != 65) {
         PyErr_SetString(PyExc_ValueError, "digest must be 32 bytes and signature 65");
         return NULL;
     }

@@ -47,7 +47,7 @@ def recover_public(digest: bytes, signature: bytes) -> bytes:
     """
     _check_form(digest, signature)
     try:
-        return _recover(digest, signature)
+        return _recover(bytes(digest), bytes(signature))
     except ValueError as exc:
         raise SignatureError(str(exc)) from exc
 
@@ -67,7 +67,7 @@ def recover_publics(pairs: Sequence[tuple[bytes, bytes]]) -> list[bytes | Signat
             continue
         places.append(len(results))
         results.append(b"")
-        sound.append((digest, signature))
+        sound.append((bytes(digest), bytes(signature)))
     for place, recovered in zip(places, _recover_many(sound), strict=True):
         results[place] = (
             recovered if isinstance(recovered, bytes) else SignatureError(_FAILURES[recovered])

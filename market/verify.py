@@ -80,7 +80,8 @@ class Verifier:
         Each order's fields are checked and its digests made first; then the signatures of up to
         `RECOVER_CHUNK` orders are recovered in one library call (the interpreter lock let go
         once for them all) and compared. Orders after the chunk holding the first failure are
-        never recovered: a refused batch costs at most one chunk more than its failing order."""
+        never recovered: a refused batch costs at most the rest of its failing order's chunk
+        (each order has paid its rate-limit token before any recovery)."""
         checked: list[CheckedOrder] = []
         for start in range(0, len(orders_in), RECOVER_CHUNK):
             prepared: list[_Prepared] = []

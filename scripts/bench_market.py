@@ -9,7 +9,8 @@ request's latency is measured from send to parsed answer.
 The single-order part posts one signed order per request, as clients do: 32 posters, each with
 its own key and its own keep-alive connection, send their orders one after another through
 real HTTP (a small asyncio HTTP/1.1 client in this process, so the load generator's CPU stays
-small next to the server's). `engine_vs_peer` is `bench_market_engine.versus_peer`.
+small next to the server's). `engine_vs_peer` is `bench_market_engine.versus_peer`; the
+`engine_vs_peer_signed*` figures (`SIGNED_KEYS`) are `bench_market_engine.versus_peer_signed`.
 
 The funded part (`--funded`, on by default) measures the market as it really runs: a real
 anvil with the escrow deployed, every poster a funded client and a staked provider (a deposit,
@@ -28,6 +29,8 @@ are signed before it, in worker processes. `--server-root` runs the server from 
 Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_per_s",
 "api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
 "api_single_p99_ms_32", "api_single_server_cpu_us", "engine_vs_peer",
+"engine_vs_peer_signed", "engine_vs_peer_signed_one_thread",
+"engine_vs_peer_signed_equal_threads", "engine_vs_peer_signed_bound",
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
 "api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_minutes",
 "rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:

@@ -150,4 +150,9 @@ def test_the_one_call_module_refuses_what_is_not_pairs_of_bytes() -> None:
         NATIVE.recover_many((digest, signature))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="v must be 27 or 28"):
         NATIVE.recover(digest, signature[:64] + b"\x00")
+    with pytest.raises(TypeError):  # a buffer another thread could change while it reads
+        NATIVE.recover(bytearray(digest), signature)  # type: ignore[arg-type]
+    assert recover_public(bytearray(digest), bytearray(signature)) == NATIVE.recover(  # type: ignore[arg-type]
+        digest, signature
+    )
     assert NATIVE.recover_many([(digest, signature)] * 3) == [NATIVE.recover(digest, signature)] * 3
