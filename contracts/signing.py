@@ -98,31 +98,33 @@ def recover_with_bindings(digest: bytes, signature: bytes) -> bytes:
     """Recover as `recover_public` does (its checks already made) through coincurve's
     bindings of libsecp256k1: three library calls, each letting go of the interpreter lock and
     taking it back. Used where `contracts._recover` is not built."""
+    recovered = _with_bindings(digest, signature)
+    if isinstance(recovered, int):
+        raise ValueError(_FAILURES[recovered])
+    return recovered
+
+
+def recover_many_with_bindings(pairs: list[tuple[bytes, bytes]]) -> list[bytes | int]:
+    """`contracts._recover.recover_many` through coincurve's bindings, one pair at a time."""
+    return [_with_bindings(digest, signature) for digest, signature in pairs]
+
+
+def _with_bindings(digest: bytes, signature: bytes) -> bytes | int:
+    """The key, or the `_FAILURES` code of why none recovers."""
     # As coincurve's `PublicKey` does, without the key object and its checks repeated.
     recoverable = ffi.new("secp256k1_ecdsa_recoverable_signature *")
     if not lib.secp256k1_ecdsa_recoverable_signature_parse_compact(
         _CONTEXT, recoverable, signature[:64], signature[64] - 27
     ):
-        raise ValueError(_FAILURES[1])
+        return 1
     public = ffi.new("secp256k1_pubkey *")
     if not lib.secp256k1_ecdsa_recover(_CONTEXT, public, recoverable, digest):
-        raise ValueError(_FAILURES[2])
+        return 2
     serialized = ffi.new("unsigned char[65]")
     lib.secp256k1_ec_pubkey_serialize(
         _CONTEXT, serialized, ffi.new("size_t *", 65), public, lib.SECP256K1_EC_UNCOMPRESSED
     )
     return bytes(ffi.buffer(serialized, 65))
-
-
-def recover_many_with_bindings(pairs: list[tuple[bytes, bytes]]) -> list[bytes | int]:
-    """`contracts._recover.recover_many` through coincurve's bindings, one pair at a time."""
-    results: list[bytes | int] = []
-    for digest, signature in pairs:
-        try:
-            results.append(recover_with_bindings(digest, signature))
-        except ValueError as exc:
-            results.append(next(code for code, text in _FAILURES.items() if text == str(exc)))
-    return results
 
 
 def native_module(directory: Path = Path(__file__).parent) -> ModuleType | None:
