@@ -6,7 +6,7 @@
 
 const state = {
   data: null, selected: null, book: null, offers: [], sort: "price", take: null,
-  fetching: false, again: false, retry: null, announce: false, errors: {},
+  fetching: false, again: false, retry: null, asked: 0, announced: 0, errors: {},
 };
 const INT64 = 2n ** 63n - 1n;
 const SORT_DESCENDING_FIRST = new Set(["reliability", "memory", "capacity", "quantity"]);
@@ -131,6 +131,7 @@ function showFilterErrors() {
 async function refresh() {
   if (state.fetching) { state.again = true; return; }
   state.fetching = true;
+  const asked = state.asked;  // the person's actions this read sees (it reads their filters)
   let read = null;
   try {
     const data = await getJson("/v1/overview");
@@ -152,7 +153,9 @@ async function refresh() {
   if (read && (read.selected === state.selected || !read.data.classes.includes(state.selected))) {
     Object.assign(state, read);
     render();
-    if (state.announce) { state.announce = false; announce(); }
+    // Said only by a read begun after the action: one under way when it came shows the filters
+    // as they were, and the read the action asked for follows it.
+    if (asked > state.announced) { state.announced = asked; announce(); }
   } else if (read) {
     state.again = true;  // a tab was pressed while this read was under way: read its class
   }
@@ -421,7 +424,7 @@ function announce() {
 }
 
 function userRefresh() {
-  state.announce = true;
+  state.asked += 1;
   refresh();
 }
 
