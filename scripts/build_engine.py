@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compile the matching engine's hot modules to C extensions with mypyc, in place, and the
-one-call signature recovery `contracts/_recover.c` (see `contracts.signing.native_recover`).
+one-call signature recovery `contracts/_recover.c` (see `contracts.signing.native_module`).
 
 The sources stay the reference: `market.engine` runs the same code as plain Python when no
 extension is built (a fresh checkout, an install without a C compiler). `make setup` runs this
