@@ -64,6 +64,7 @@ def cancel(
         except IntegrityError:
             session.rollback()
             raise replay from None
+        writer.storing_nonce(owner, nonce)  # before the commit: its mark is never too low
         final = book.engine.cancel(order_id)  # may raise OrderStateError: nothing written
         updates = [(order_id, final.state.value, final.remaining)]
         try:

@@ -148,6 +148,7 @@ class MarketService(MarketReads):
             gate=gate,
             on_rows=self._count_rows if guards else None,
             lock_seq=lock_fill_seq if self.partition.shared else None,
+            sole_writer=not self.partition.shared,
         )
         self.checkpointer = (
             Checkpointer(self.db, lambda: self._version)

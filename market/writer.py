@@ -13,11 +13,13 @@ engines changed, the transaction rolls back, every request of the group gets the
 touched classes are rebuilt from SQL, so an engine never holds an order the database lacks.
 
 Memory follows the live book: once a group is committed, every order it filled or cancelled
-leaves its engine (`MatchingEngine.release`), and the writer keeps no nonce in memory. Before
-matching a group it asks SQL, in one indexed query, which of the group's (signer, nonce) pairs
-are stored (`market.nonces`): a used one is refused before any engine changes, as a duplicate
-if the stored order is the same signed order, else as a replay. The unique (owner, nonce) index
-is the backstop: a group that still hits it rolls back and its requests are retried one by one.
+leaves its engine (`MatchingEngine.release`), and the writer keeps no nonce in memory, only a
+bounded mark per signer seen lately (`market.nonces.NonceMarks`). Before matching a group it
+asks SQL, in one indexed query, which of the group's (signer, nonce) pairs at or below their
+signer's mark are stored (pairs above it cannot be): a used one is refused before any engine
+changes, as a duplicate if the stored order is the same signed order, else as a replay. The
+unique (owner, nonce) index is the backstop: a group that still hits it rolls back and its
+requests are retried one by one.
 
 One writer serves every device class of its process (each class is still written by exactly
 one thread): the database has one write lock and the interpreter one lock, so more writers would
@@ -44,7 +46,7 @@ from market import storage
 from market.books import Books, ClassBook
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
-from market.nonces import nonce_stored, stored_pairs
+from market.nonces import NonceMarks, nonce_stored, stored_pairs
 from market.placement import Placed, Rows, match_orders, rematch_rows
 from market.verify import CheckedOrder
 
@@ -135,13 +137,15 @@ class Writer:
         gate: Callable[[int], Gate] | None = None,
         on_rows: Callable[[Rows], None] | None = None,
         lock_seq: Callable[[Connection], None] | None = None,
+        sole_writer: bool = True,
     ) -> None:
         """Start the writer thread; `on_commit` gets each committed group's results, `on_rows`
         (if given) the rows of every committed placement and rematch (the funds check counts
         commitments from them, `market.commitments`); `gate(now)` (if given) says what may
         trade in each group (`market.engine.gate`); `lock_seq` (if given: other processes write
         fills too, `market.partition`) is taken before fills are numbered, and the last `seq`
-        is then always read from SQL."""
+        is then always read from SQL. `sole_writer` says no other process stores orders or
+        cancels in the database: only then are nonce marks kept (`market.nonces`)."""
         self._books = books
         self._on_rows = on_rows
         self._gate = gate
@@ -151,6 +155,7 @@ class Writer:
         self._connection: Connection | None = None  # the writer thread's, kept between groups
         self._used_at = 0.0  # when `_connection` last served a group (monotonic)
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
+        self._marks = NonceMarks() if sole_writer else None  # used by the writer thread only
         self._outbox: _Outbox = {}  # loops' outcomes of the group being written (writer only)
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
@@ -230,6 +235,12 @@ class Writer:
         """Return whether an order or a cancel of `owner` used `nonce` (one indexed read)."""
         with self._db.connect() as connection:
             return nonce_stored(connection, [(owner, nonce)])
+
+    def storing_nonce(self, owner: str, nonce: int) -> None:
+        """Note, in the writer thread and before the commit, a cancel's nonce being stored
+        (its signer's mark rises, `market.nonces`)."""
+        if self._marks is not None:
+            self._marks.raise_to([(owner, nonce)])
 
     def pending(self) -> int:
         """Return how many jobs wait for the writer (approximately: the queue is live)."""
@@ -368,7 +379,9 @@ class Writer:
                 return True
             connection = self._connect()
             try:
-                used = stored_pairs(connection, pairs)
+                marks = self._marks
+                maybe = pairs if marks is None else marks.to_look_up(connection, pairs)
+                used = stored_pairs(connection, maybe) if maybe else {}
                 if used:
                     connection.rollback()  # end the read transaction
             except BaseException:
@@ -383,6 +396,8 @@ class Writer:
                 gate = None if self._gate is None else self._gate(live[0].now)
                 results, rows = match_orders([(r.orders, r.now) for r in live], books, gate)
                 fill_seq = self._write(connection, rows)
+                if marks is not None:
+                    marks.raise_to(pairs)  # before the commit: a mark is never too low
                 connection.commit()
                 self._fill_seq = fill_seq
             except IntegrityError:

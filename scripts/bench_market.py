@@ -22,7 +22,9 @@ posting for `--funded-minutes` (default 1; 10 for the issue's figure):
 `funded_rate_after_10min_ratio` is the rate of the run's last window over its first (windows
 of 60 s when the run lasts 3 minutes or more, else a third of the run), counted while every
 poster still posts (`funded_all_posting_s`: a poster that ran out of signed orders would lower
-the last window's rate). Orders of the long run
+the last window's rate); `funded_rate_by_minute` is the rate of each whole minute, beside the
+server's CPU per order in it (`funded_server_cpu_us_by_minute`) and the share of the host's CPU
+time its hypervisor gave to others (`host_steal_pct_by_minute`). Orders of the long run
 are signed before it, in worker processes. `--server-root` runs the server from another tree
 (an export of an earlier commit), so two versions are measured by one load generator.
 
@@ -32,7 +34,8 @@ Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_pe
 "engine_vs_peer_signed", "engine_vs_peer_signed_one_thread",
 "engine_vs_peer_signed_equal_threads", "engine_vs_peer_signed_bound",
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
-"api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_minutes",
+"api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_rate_by_minute",
+"funded_server_cpu_us_by_minute", "host_steal_pct_by_minute", "funded_minutes",
 "rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:
 `bench_market_memory`).
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import itertools
@@ -328,6 +332,60 @@ def rate_ratio(
     return window, first, last
 
 
+def rates_by_minute(done_at: list[float], started: float, end: float) -> list[int]:
+    """Return the answers per second in each whole minute from `started` to `end`."""
+    minutes = int((end - started) // 60)
+    counts = [0] * minutes
+    for t in done_at:
+        at = int((t - started) // 60)
+        if 0 <= at < minutes:
+            counts[at] += 1
+    return [round(c / 60) for c in counts]
+
+
+def host_jiffies() -> tuple[int, int]:
+    """Return the host's (steal, total) CPU ticks so far (Linux /proc/stat): the time a virtual
+    machine's CPUs were ready but given to others, beside all the time."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7], sum(fields[:8])
+
+
+class MinuteSampler:
+    """Note, at the start and at each whole minute of a run, the server's CPU seconds and the
+    host's steal and total ticks (a thread; `stop` ends it)."""
+
+    def __init__(self, pid: int, started: float) -> None:
+        self._pid, self._started = pid, started
+        self.samples: list[tuple[float, int, int]] = [(process_cpu_s(pid), *host_jiffies())]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        minute = 1
+        while not self._stop.wait(max(0.0, self._started + 60 * minute - time.perf_counter())):
+            with contextlib.suppress(OSError):  # the server has gone: no more samples
+                self.samples.append((process_cpu_s(self._pid), *host_jiffies()))
+            minute += 1
+
+    def stop(self) -> None:
+        """End the thread."""
+        self._stop.set()
+        self._thread.join()
+
+    def by_minute(self, rates: list[int]) -> tuple[list[int], list[float]]:
+        """Return, for each whole minute sampled, the server's CPU microseconds per order
+        answered (`rates`: orders per second of each minute) and the host's steal in percent."""
+        cpu: list[int] = []
+        steal: list[float] = []
+        for (c0, s0, t0), (c1, s1, t1), rate in zip(
+            self.samples, self.samples[1:], rates, strict=False
+        ):
+            cpu.append(round((c1 - c0) / max(1, rate * 60) * 1e6))
+            steal.append(round(100 * (s1 - s0) / max(1, t1 - t0), 1))
+        return cpu, steal
+
+
 def funded(args: argparse.Namespace) -> dict[str, Any]:
     """Measure single orders with the funds check on (see the module): anvil, the escrow,
     funded and staked posters, the indexer running; then `args.funded_minutes` of posting."""
@@ -377,13 +435,19 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
                 ran_out: list[float] = []
                 started = time.perf_counter()
                 load_before = os.getloadavg()[0]
-                post_single(url, long_bodies, done_at, run_s, ran_out)
+                sampler = MinuteSampler(process.pid, started)
+                try:
+                    post_single(url, long_bodies, done_at, run_s, ran_out)
+                finally:
+                    sampler.stop()
             finally:
                 os.kill(process.pid, signal.SIGTERM)
                 process.wait(timeout=15)
     # The rate counts while every poster posts: one that ran out of signed orders lowers it.
     end = min(ran_out) if ran_out else max(done_at)
     window, first, last = rate_ratio(done_at, started, end)
+    by_minute = rates_by_minute(done_at, started, end)
+    cpu_by_minute, steal_by_minute = sampler.by_minute(by_minute)
     print(
         f"funded run: {len(done_at)} orders in {max(done_at) - started:.0f}s, every poster "
         f"posting for the first {end - started:.0f}s; rate {first:.0f}/s in the first "
@@ -397,6 +461,9 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
         "api_single_funded_p99_ms_32": round(percentile(latencies, 0.99), 2),
         "api_single_funded_server_cpu_us": round(cpu_us),
         "funded_rate_after_10min_ratio": round(last / first, 3),
+        "funded_rate_by_minute": by_minute,
+        "funded_server_cpu_us_by_minute": cpu_by_minute,
+        "host_steal_pct_by_minute": steal_by_minute,
         "funded_minutes": args.funded_minutes,
         "funded_all_posting_s": round(end - started),
     }

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -121,3 +123,21 @@ def test_sql_growth_bench_prints_its_figures_for_the_writers_own_path() -> None:
     assert all(us > 0 for us in result["cpu_us_per_order_by_window"])
     assert result["sql_growth_ratio"] > 0 and result["group"] == 32
     assert 0 < result["fills"] < 2_000  # the engine matched some, the rest rests
+
+
+def test_funded_run_figures_by_minute_count_each_whole_minute_and_the_servers_cpu() -> None:
+    bench = load_bench(ROOT / "scripts" / "bench_market.py")
+    # The run began at 100 and ended at 270: two whole minutes; the answers of the unfinished
+    # third are left out.
+    done_at = [
+        100.0 + 60 * minute + 1
+        for minute, count in enumerate((120, 180, 600))
+        for _ in range(count)
+    ]
+    assert bench.rates_by_minute(done_at, 100.0, 270.0) == [2, 3]
+    sampler = bench.MinuteSampler(os.getpid(), time.perf_counter() + 3600)  # no minute passes
+    sampler.stop()
+    assert len(sampler.samples) == 1
+    sampler.samples = [(3.0, 5, 500), (4.2, 10, 1000)]  # one whole minute sampled
+    cpu, steal = sampler.by_minute([100, 50])
+    assert cpu == [200] and steal == [1.0]  # 1.2 s over 6,000 orders; 5 of 500 ticks
