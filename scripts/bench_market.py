@@ -23,10 +23,13 @@ posting for `--funded-minutes` (default 1; 10 for the issue's figure):
 of 60 s when the run lasts 3 minutes or more, else a third of the run), counted while every
 poster still posts (`funded_all_posting_s`: a poster that ran out of signed orders would lower
 the last window's rate); `funded_rate_by_minute` is the rate of each whole minute, beside the
-server's CPU per order in it (`funded_server_cpu_us_by_minute`) and the share of the host's CPU
-time its hypervisor gave to others (`host_steal_pct_by_minute`). Orders of the long run
-are signed before it, in worker processes. `--server-root` runs the server from another tree
-(an export of an earlier commit), so two versions are measured by one load generator.
+server's CPU per order in it (`funded_server_cpu_us_by_minute`), the share of the host's CPU
+time its hypervisor gave to others (`host_steal_pct_by_minute`), the share it was busy
+(`host_busy_pct_by_minute`) and its cores' speed against the first minute's
+(`host_speed_by_minute`: a fixed piece of work timed once a second in its own CPU time).
+Orders of the long run are signed before it, in worker processes. `--server-root` runs the
+server from another tree (an export of an earlier commit), so two versions are measured by one
+load generator.
 
 Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_per_s",
 "api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
@@ -35,7 +38,8 @@ Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_pe
 "engine_vs_peer_signed_equal_threads", "engine_vs_peer_signed_bound",
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
 "api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_rate_by_minute",
-"funded_server_cpu_us_by_minute", "host_steal_pct_by_minute", "funded_minutes",
+"funded_server_cpu_us_by_minute", "host_steal_pct_by_minute", "host_busy_pct_by_minute",
+"host_speed_by_minute", "funded_minutes",
 "rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:
 `bench_market_memory`).
 """
@@ -46,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -343,47 +348,73 @@ def rates_by_minute(done_at: list[float], started: float, end: float) -> list[in
     return [round(c / 60) for c in counts]
 
 
-def host_jiffies() -> tuple[int, int]:
-    """Return the host's (steal, total) CPU ticks so far (Linux /proc/stat): the time a virtual
-    machine's CPUs were ready but given to others, beside all the time."""
+def host_ticks() -> tuple[int, int, int]:
+    """Return the host's CPU ticks so far (Linux /proc/stat): (steal, idle, all). Steal is the
+    time a virtual machine's CPUs were ready but given to others; idle counts I/O wait too."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[7], sum(fields[:8])
+    return fields[7], fields[3] + fields[4], sum(fields[:8])
+
+
+CANARY = bytes(1 << 22)
+"""What the sampler hashes once a second to time the host's cores (4 MiB of SHA-256)."""
 
 
 class MinuteSampler:
     """Note, at the start and at each whole minute of a run, the server's CPU seconds and the
-    host's steal and total ticks (a thread; `stop` ends it)."""
+    host's CPU ticks; once a second, time a fixed piece of work (`CANARY`) in this thread's own
+    CPU time, so a minute whose cores were slower (shared with other machines) shows (a
+    thread; `stop` ends it)."""
 
     def __init__(self, pid: int, started: float) -> None:
         self._pid, self._started = pid, started
-        self.samples: list[tuple[float, int, int]] = [(process_cpu_s(pid), *host_jiffies())]
+        self.samples: list[tuple[float, int, int, int]] = [(process_cpu_s(pid), *host_ticks())]
+        self.canary_s: list[float] = []  # each whole minute's mean CPU seconds per canary
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        minute = 1
-        while not self._stop.wait(max(0.0, self._started + 60 * minute - time.perf_counter())):
-            with contextlib.suppress(OSError):  # the server has gone: no more samples
-                self.samples.append((process_cpu_s(self._pid), *host_jiffies()))
-            minute += 1
+        minute, spent, runs = 1, 0.0, 0
+        while not self._stop.wait(
+            max(0.0, min(1.0, self._started + 60 * minute - time.perf_counter()))
+        ):
+            if time.perf_counter() >= self._started + 60 * minute:
+                with contextlib.suppress(OSError):  # the server has gone: no more samples
+                    self.samples.append((process_cpu_s(self._pid), *host_ticks()))
+                    self.canary_s.append(spent / max(1, runs))
+                minute, spent, runs = minute + 1, 0.0, 0
+                continue
+            began = time.thread_time()
+            hashlib.sha256(CANARY).digest()
+            spent += time.thread_time() - began
+            runs += 1
 
     def stop(self) -> None:
         """End the thread."""
         self._stop.set()
         self._thread.join()
 
-    def by_minute(self, rates: list[int]) -> tuple[list[int], list[float]]:
+    def by_minute(self, rates: list[int]) -> dict[str, list[Any]]:
         """Return, for each whole minute sampled, the server's CPU microseconds per order
-        answered (`rates`: orders per second of each minute) and the host's steal in percent."""
-        cpu: list[int] = []
-        steal: list[float] = []
-        for (c0, s0, t0), (c1, s1, t1), rate in zip(
-            self.samples, self.samples[1:], rates, strict=False
+        answered (`rates`: orders per second of each minute), the host's steal and busy time in
+        percent of all its CPU time, and its cores' speed against the first minute's (the
+        canary's CPU time in the first minute over this minute's: 0.9 is 10% slower)."""
+        figures: dict[str, list[Any]] = {
+            "funded_server_cpu_us_by_minute": [],
+            "host_steal_pct_by_minute": [],
+            "host_busy_pct_by_minute": [],
+            "host_speed_by_minute": [],
+        }
+        cpu, steal, busy, speed = figures.values()
+        for (c0, s0, i0, t0), (c1, s1, i1, t1), canary, rate in zip(
+            self.samples, self.samples[1:], self.canary_s, rates, strict=False
         ):
+            ticks = max(1, t1 - t0)
             cpu.append(round((c1 - c0) / max(1, rate * 60) * 1e6))
-            steal.append(round(100 * (s1 - s0) / max(1, t1 - t0), 1))
-        return cpu, steal
+            steal.append(round(100 * (s1 - s0) / ticks, 1))
+            busy.append(round(100 * (ticks - (i1 - i0)) / ticks, 1))
+            speed.append(round(self.canary_s[0] / canary, 3) if canary else None)
+        return figures
 
 
 def funded(args: argparse.Namespace) -> dict[str, Any]:
@@ -447,7 +478,6 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
     end = min(ran_out) if ran_out else max(done_at)
     window, first, last = rate_ratio(done_at, started, end)
     by_minute = rates_by_minute(done_at, started, end)
-    cpu_by_minute, steal_by_minute = sampler.by_minute(by_minute)
     print(
         f"funded run: {len(done_at)} orders in {max(done_at) - started:.0f}s, every poster "
         f"posting for the first {end - started:.0f}s; rate {first:.0f}/s in the first "
@@ -462,8 +492,7 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
         "api_single_funded_server_cpu_us": round(cpu_us),
         "funded_rate_after_10min_ratio": round(last / first, 3),
         "funded_rate_by_minute": by_minute,
-        "funded_server_cpu_us_by_minute": cpu_by_minute,
-        "host_steal_pct_by_minute": steal_by_minute,
+        **sampler.by_minute(by_minute),
         "funded_minutes": args.funded_minutes,
         "funded_all_posting_s": round(end - started),
     }

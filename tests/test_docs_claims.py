@@ -696,6 +696,14 @@ def check_verify_constants(text: str) -> list[str]:
     return [f"no longer says {w!r}" for w in want if w not in words]
 
 
+def check_nonce_marks(text: str) -> list[str]:
+    """docs/market.md's account of nonce marks: how many signers' marks the writer keeps."""
+    from market.nonces import MAX_MARKED_SIGNERS
+
+    want = f"for each of the last {MAX_MARKED_SIGNERS:,} signers seen"
+    return [] if want in " ".join(text.split()) else [f"no longer says {want!r}"]
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 Check = Callable[[str], list[str]]
@@ -710,6 +718,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("provider config keys", check_provider_config, [ROOT / "docs" / "provider-api.md"]),
     ("market settings", check_market_settings, [ROOT / "docs" / "market.md"]),
     ("where signatures are checked", check_verify_constants, [ROOT / "docs" / "market.md"]),
+    ("signers' nonce marks", check_nonce_marks, [ROOT / "docs" / "market.md"]),
     ("provider.toml keys", check_provider_toml, [README, ROOT / "docs" / "provider-api.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
@@ -926,6 +935,13 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         ROOT / "docs" / "market.md",
         "go once per 16 orders",
         "go once per 32 orders",
+    ),
+    (
+        "the signers' marks kept",
+        check_nonce_marks,
+        ROOT / "docs" / "market.md",
+        "the last 16,384 signers",
+        "the last 65,536 signers",
     ),
     (
         "a docs toml key",

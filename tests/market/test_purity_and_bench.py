@@ -138,6 +138,14 @@ def test_funded_run_figures_by_minute_count_each_whole_minute_and_the_servers_cp
     sampler = bench.MinuteSampler(os.getpid(), time.perf_counter() + 3600)  # no minute passes
     sampler.stop()
     assert len(sampler.samples) == 1
-    sampler.samples = [(3.0, 5, 500), (4.2, 10, 1000)]  # one whole minute sampled
-    cpu, steal = sampler.by_minute([100, 50])
-    assert cpu == [200] and steal == [1.0]  # 1.2 s over 6,000 orders; 5 of 500 ticks
+    # Two whole minutes sampled: 1.2 s of server CPU over 6,000 orders, then 0.9 s over 3,000;
+    # of 500 host ticks 5 stolen and 100 idle, then none stolen and 250 idle; the canary took
+    # 2 ms, then 2.5 ms: the cores were 20% slower.
+    sampler.samples = [(3.0, 5, 100, 500), (4.2, 10, 200, 1000), (5.1, 10, 450, 1500)]
+    sampler.canary_s = [0.002, 0.0025]
+    assert sampler.by_minute([100, 50]) == {
+        "funded_server_cpu_us_by_minute": [200, 300],
+        "host_steal_pct_by_minute": [1.0, 0.0],
+        "host_busy_pct_by_minute": [80.0, 50.0],
+        "host_speed_by_minute": [1.0, 0.8],
+    }
