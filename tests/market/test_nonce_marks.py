@@ -116,7 +116,8 @@ class NonceAdversary(RuleBasedStateMachine):
         )
         self.clock = Clock()
         self.service = MarketService(self.settings, clock=self.clock)
-        self.traders = [Trader() for _ in range(SIGNERS)]
+        # Fixed keys: an example replays the same order ids (hypothesis needs the same steps).
+        self.traders = [Trader(key=f"0x{i + 1:064x}") for i in range(SIGNERS)]
         self.used: set[tuple[str, int]] = set()  # pairs the market accepted
         self.live: dict[str, tuple[str, int]] = {}  # order id -> (signer, its nonce)
         self.bodies: list[OrderCreate] = []  # every accepted order, as sent
