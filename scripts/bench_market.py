@@ -26,10 +26,11 @@ the last window's rate); `funded_rate_by_minute` is the rate of each whole minut
 server's CPU per order in it (`funded_server_cpu_us_by_minute`), the share of the host's CPU
 time its hypervisor gave to others (`host_steal_pct_by_minute`), the share it was busy
 (`host_busy_pct_by_minute`) and its cores' speed against the first minute's
-(`host_speed_by_minute`: a fixed piece of work timed once a second in its own CPU time).
-Orders of the long run are signed before it, in worker processes. `--server-root` runs the
-server from another tree (an export of an earlier commit), so two versions are measured by one
-load generator.
+(`host_speed_by_minute`: a fixed piece of work timed once a second in its own CPU time), with
+the orders per group commit (`funded_orders_per_group_by_minute`) and the live orders at each
+minute's end (`funded_live_orders_by_minute`), from the server's `/metrics`. Orders of the long
+run are signed before it, in worker processes. `--server-root` runs the server from another
+tree (an export of an earlier commit), so two versions are measured by one load generator.
 
 Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_per_s",
 "api_p50_ms", "api_p99_ms", "api_single_orders_per_s", "api_single_p50_ms",
@@ -39,7 +40,8 @@ Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_pe
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
 "api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_rate_by_minute",
 "funded_server_cpu_us_by_minute", "host_steal_pct_by_minute", "host_busy_pct_by_minute",
-"host_speed_by_minute", "funded_minutes",
+"host_speed_by_minute", "funded_orders_per_group_by_minute", "funded_live_orders_by_minute",
+"funded_minutes",
 "rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:
 `bench_market_memory`).
 """
@@ -355,6 +357,21 @@ def host_ticks() -> tuple[int, int, int]:
     return fields[7], fields[3] + fields[4], sum(fields[:8])
 
 
+def group_figures(metrics: str) -> tuple[float, float, float]:
+    """Return, from a market's `/metrics` text, its group commits and the orders they carried so
+    far, and its live orders now (every class)."""
+    figures = {"count": 0.0, "sum": 0.0, "live": 0.0}
+    for line in metrics.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == "market_commit_group_orders_count":
+            figures["count"] = float(value)
+        elif name == "market_commit_group_orders_sum":
+            figures["sum"] = float(value)
+        elif name.startswith("market_live_orders{"):
+            figures["live"] += float(value)
+    return figures["count"], figures["sum"], figures["live"]
+
+
 CANARY = bytes(1 << 22)
 """What the sampler hashes once a second to time the host's cores (4 MiB of SHA-256)."""
 
@@ -365,10 +382,11 @@ class MinuteSampler:
     CPU time, so a minute whose cores were slower (shared with other machines) shows (a
     thread; `stop` ends it)."""
 
-    def __init__(self, pid: int, started: float) -> None:
-        self._pid, self._started = pid, started
+    def __init__(self, pid: int, started: float, url: str | None = None) -> None:
+        self._pid, self._started, self._url = pid, started, url
         self.samples: list[tuple[float, int, int, int]] = [(process_cpu_s(pid), *host_ticks())]
         self.canary_s: list[float] = []  # each whole minute's mean CPU seconds per canary
+        self.groups: list[tuple[float, float, float]] = [self._groups()]  # groups, orders, live
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -382,12 +400,22 @@ class MinuteSampler:
                 with contextlib.suppress(OSError):  # the server has gone: no more samples
                     self.samples.append((process_cpu_s(self._pid), *host_ticks()))
                     self.canary_s.append(spent / max(1, runs))
+                    self.groups.append(self._groups())
                 minute, spent, runs = minute + 1, 0.0, 0
                 continue
             began = time.thread_time()
             hashlib.sha256(CANARY).digest()
             spent += time.thread_time() - began
             runs += 1
+
+    def _groups(self) -> tuple[float, float, float]:
+        """Return `group_figures` of the server's `/metrics` (zeros without a URL or answer)."""
+        if self._url is None:
+            return 0.0, 0.0, 0.0
+        try:
+            return group_figures(httpx.get(self._url + "/metrics", timeout=10).text)
+        except httpx.HTTPError:
+            return 0.0, 0.0, 0.0
 
     def stop(self) -> None:
         """End the thread."""
@@ -398,22 +426,33 @@ class MinuteSampler:
         """Return, for each whole minute sampled, the server's CPU microseconds per order
         answered (`rates`: orders per second of each minute), the host's steal and busy time in
         percent of all its CPU time, and its cores' speed against the first minute's (the
-        canary's CPU time in the first minute over this minute's: 0.9 is 10% slower)."""
+        canary's CPU time in the first minute over this minute's: 0.9 is 10% slower), the
+        orders per group commit and the live orders at the minute's end."""
         figures: dict[str, list[Any]] = {
             "funded_server_cpu_us_by_minute": [],
             "host_steal_pct_by_minute": [],
             "host_busy_pct_by_minute": [],
             "host_speed_by_minute": [],
+            "funded_orders_per_group_by_minute": [],
+            "funded_live_orders_by_minute": [],
         }
-        cpu, steal, busy, speed = figures.values()
-        for (c0, s0, i0, t0), (c1, s1, i1, t1), canary, rate in zip(
-            self.samples, self.samples[1:], self.canary_s, rates, strict=False
+        cpu, steal, busy, speed, per_group, live = figures.values()
+        for (c0, s0, i0, t0), (c1, s1, i1, t1), canary, (g0, o0, _), (g1, o1, l1), rate in zip(
+            self.samples,
+            self.samples[1:],
+            self.canary_s,
+            self.groups,
+            self.groups[1:],
+            rates,
+            strict=False,
         ):
             ticks = max(1, t1 - t0)
             cpu.append(round((c1 - c0) / max(1, rate * 60) * 1e6))
             steal.append(round(100 * (s1 - s0) / ticks, 1))
             busy.append(round(100 * (ticks - (i1 - i0)) / ticks, 1))
             speed.append(round(self.canary_s[0] / canary, 3) if canary else None)
+            per_group.append(round((o1 - o0) / (g1 - g0), 1) if g1 > g0 else None)
+            live.append(round(l1))
         return figures
 
 
@@ -466,7 +505,7 @@ def funded(args: argparse.Namespace) -> dict[str, Any]:
                 ran_out: list[float] = []
                 started = time.perf_counter()
                 load_before = os.getloadavg()[0]
-                sampler = MinuteSampler(process.pid, started)
+                sampler = MinuteSampler(process.pid, started, url)
                 try:
                     post_single(url, long_bodies, done_at, run_s, ran_out)
                 finally:

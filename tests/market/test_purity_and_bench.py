@@ -13,6 +13,12 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from fastapi.testclient import TestClient
+
+from market.service import MarketService
+
+from .conftest import START
+from .signing import Trader
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "market" / "engine"
@@ -137,15 +143,31 @@ def test_funded_run_figures_by_minute_count_each_whole_minute_and_the_servers_cp
     assert bench.rates_by_minute(done_at, 100.0, 270.0) == [2, 3]
     sampler = bench.MinuteSampler(os.getpid(), time.perf_counter() + 3600)  # no minute passes
     sampler.stop()
-    assert len(sampler.samples) == 1
+    assert len(sampler.samples) == 1 and sampler.groups == [(0.0, 0.0, 0.0)]  # no server URL
     # Two whole minutes sampled: 1.2 s of server CPU over 6,000 orders, then 0.9 s over 3,000;
     # of 500 host ticks 5 stolen and 100 idle, then none stolen and 250 idle; the canary took
     # 2 ms, then 2.5 ms: the cores were 20% slower.
     sampler.samples = [(3.0, 5, 100, 500), (4.2, 10, 200, 1000), (5.1, 10, 450, 1500)]
     sampler.canary_s = [0.002, 0.0025]
+    sampler.groups = [(10.0, 100.0, 5.0), (20.0, 300.0, 7.0), (20.0, 300.0, 9.0)]  # none: idle
     assert sampler.by_minute([100, 50]) == {
         "funded_server_cpu_us_by_minute": [200, 300],
         "host_steal_pct_by_minute": [1.0, 0.0],
         "host_busy_pct_by_minute": [80.0, 50.0],
         "host_speed_by_minute": [1.0, 0.8],
+        "funded_orders_per_group_by_minute": [20.0, None],
+        "funded_live_orders_by_minute": [7, 9],
     }
+
+
+def test_funded_run_reads_groups_and_live_orders_from_the_markets_own_metrics(
+    client: TestClient, service: MarketService, alice: Trader, bob: Trader
+) -> None:
+    bench = load_bench(ROOT / "scripts" / "bench_market.py")
+    assert bench.group_figures(client.get("/metrics").text) == (0.0, 0.0, 0.0)
+    for body in (alice.bid(START, price=90), bob.bid(START, price=80, device_class="tpu-v4")):
+        client.post("/v1/orders", json=body).raise_for_status()
+    batch = {"orders": [alice.bid(START, price=70), alice.bid(START, price=60)]}
+    client.post("/v1/orders/batch", json=batch).raise_for_status()
+    service.expire_orders()  # the job that sets the live-orders gauge in a running market
+    assert bench.group_figures(client.get("/metrics").text) == (3.0, 4.0, 4.0)
