@@ -70,9 +70,6 @@ class NonceMarks:
         self._marks: OrderedDict[str, int] = OrderedDict()
         self._capacity = MAX_MARKED_SIGNERS if capacity is None else capacity
 
-    def __len__(self) -> int:
-        return len(self._marks)
-
     def to_look_up(
         self, connection: Connection, pairs: Sequence[tuple[str, int]]
     ) -> list[tuple[str, int]]:
