@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from sqlalchemy.engine import Connection
 
-from market.storage import DEVICE_CLASSES_SQL
+from market.storage import DEVICE_CLASSES_SQL, placeholder
 
 LIVE = frozenset(("open", "partially_filled"))
 
@@ -97,7 +97,7 @@ class Commitments:
             commitments._add(
                 order_id, owner, side == "bid", int(price), int(remaining), klass, int(expiry)
             )
-        mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+        mark = placeholder(connection)
         # By class, so the class+state index serves it (a scan of every order otherwise).
         for (name,) in list(connection.exec_driver_sql(DEVICE_CLASSES_SQL)):
             if not mine(name):

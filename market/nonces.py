@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 
 from sqlalchemy.engine import Connection
 
+from market.storage import placeholder
+
 MAX_PAIRS_PER_QUERY = 200
 """Pairs looked up per statement (bounded parameters; each pair is one index probe)."""
 
@@ -33,7 +35,7 @@ def stored_pairs(
     """Return the pairs of `pairs` an order or a cancel stored in SQL used, each with the id of
     the order that used it (None: a cancel)."""
     found: dict[tuple[str, int], str | None] = {}
-    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    mark = placeholder(connection)
     unique = sorted(set(pairs))
     for start in range(0, len(unique), MAX_PAIRS_PER_QUERY):
         chunk = unique[start : start + MAX_PAIRS_PER_QUERY]
@@ -106,7 +108,7 @@ class NonceMarks:
 def highest_nonces(connection: Connection, owners: Sequence[str]) -> dict[str, int]:
     """Return the highest nonce each of `owners` stored in an order or a cancel (absent: none),
     two index probes per signer."""
-    mark = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    mark = placeholder(connection)
     found: dict[str, int] = {}
     per_statement = MAX_PAIRS_PER_QUERY // 2
     for start in range(0, len(owners), per_statement):

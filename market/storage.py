@@ -153,12 +153,13 @@ def _insert_many(
     connection: Connection, table: str, columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
 ) -> None:
     """INSERT rows given as tuples in one executemany, past SQLAlchemy's per-row work."""
-    marks = ", ".join([_placeholder(connection)] * len(columns))
+    marks = ", ".join([placeholder(connection)] * len(columns))
     statement = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
     connection.exec_driver_sql(statement, list(rows))
 
 
-def _placeholder(connection: Connection) -> str:
+def placeholder(connection: Connection) -> str:
+    """Return the connection's parameter mark in SQL text (`?` on SQLite, `%s` on PostgreSQL)."""
     return "?" if connection.dialect.paramstyle == "qmark" else "%s"
 
 
@@ -204,7 +205,7 @@ def record_progress(*, connection: Connection, updates: Iterable[tuple[str, str,
     params = [(state, remaining, order_id) for order_id, state, remaining in updates]
     if not params:
         return
-    mark = _placeholder(connection)
+    mark = placeholder(connection)
     connection.exec_driver_sql(
         f"UPDATE orders SET state = {mark}, remaining = {mark} WHERE order_id = {mark}", params
     )
@@ -227,7 +228,7 @@ def prune_history(
     id is its deal's). An order past its expiry can never be placed again (its signature
     expired with it), so its row no longer guards its nonce.
     """
-    mark = _placeholder(connection)
+    mark = placeholder(connection)
     fills = orders = 0
     if fills_days is not None:
         fills = connection.exec_driver_sql(
