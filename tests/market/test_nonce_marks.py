@@ -12,11 +12,17 @@ and forgets signers (marks evicted) between its moves.
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
+import signal
+import sqlite3
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -27,8 +33,10 @@ from market.errors import DuplicateOrderError, ReplayError
 from market.models import CancelCreate, OrderCreate
 from market.service import MarketService
 from market.settings import Settings
+from tests.polling import hang_ceiling_s
 
 from .conftest import START, Clock
+from .server import market_process
 from .signing import CHAIN_ID, ESCROW, Trader
 
 SIGNERS = 3
@@ -214,3 +222,75 @@ def test_nonce_adversary_never_gets_a_used_pair_through(monkeypatch: pytest.Monk
         suppress_health_check=[HealthCheck.too_slow],
     )(NonceAdversary)
     machine.TestCase().runTest()
+
+
+def test_market_killed_mid_stream_then_every_stored_nonce_is_refused_after_restart(
+    tmp_path: Path,
+) -> None:
+    """kill -9 while a signer posts orders and cancels, and again right after a cancel that
+    holds the signer's highest nonce: the restarted market has no marks and reads them from SQL,
+    so every nonce a killed process stored (acknowledged, or caught by the kill after its
+    commit) is refused, and a fresh one is placed."""
+    data = tmp_path / "data"
+    alice = Trader()
+    acknowledged: list[int] = []  # nonces the first process answered 200 for
+    in_flight: list[int] = []  # the nonce of the request the kill cut
+    stop = threading.Event()
+    with market_process(data) as (url, pid):
+
+        def post() -> None:
+            with httpx.Client(base_url=url, timeout=30) as http:
+                last = None
+                while not stop.is_set():
+                    now = int(time.time())
+                    if last is not None and len(acknowledged) % 5 == 4:
+                        body, path = alice.cancel(last, now), "/v1/orders/cancel"
+                    else:
+                        body, path = alice.bid(now, price=PRICE), "/v1/orders"
+                    try:
+                        reply = http.post(path, json=body)
+                    except httpx.TransportError:
+                        in_flight.append(body["nonce"])
+                        return
+                    reply.raise_for_status()
+                    acknowledged.append(body["nonce"])
+                    if path == "/v1/orders":
+                        last = reply.json()["order"]["order_id"]
+
+        poster = threading.Thread(target=post, daemon=True)
+        poster.start()
+        deadline = time.monotonic() + hang_ceiling_s(60)  # hang protection only
+        while len(acknowledged) < 40:
+            assert poster.is_alive() and time.monotonic() < deadline, "the poster stalled"
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        poster.join(hang_ceiling_s(30))
+        stop.set()
+    assert len(acknowledged) >= 40 and len(in_flight) == 1
+    with market_process(data) as (url, pid), httpx.Client(base_url=url, timeout=30) as http:
+        now = int(time.time())
+        for nonce in acknowledged:  # each stored nonce, reused with new terms: refused
+            reply = http.post("/v1/orders", json=alice.bid(now, price=PRICE + 1, nonce=nonce))
+            assert reply.status_code == 409, (nonce, reply.text)
+        [cut] = in_flight  # stored or not: refused exactly when it is stored
+        with sqlite3.connect(data / "market.sqlite3") as db:
+            stored = db.execute(
+                "SELECT count(*) FROM (SELECT nonce FROM orders WHERE nonce = ? "
+                "UNION ALL SELECT nonce FROM nonces WHERE nonce = ?)",
+                (cut, cut),
+            ).fetchone()[0]
+        reply = http.post("/v1/orders", json=alice.bid(now, price=PRICE + 1, nonce=cut))
+        assert reply.status_code == (409 if stored else 201), reply.text
+        # Now a cancel holds the signer's highest nonce when the market is killed.
+        fresh = max([*acknowledged, cut]) + 1
+        reply = http.post("/v1/orders", json=alice.bid(now, price=PRICE + 1, nonce=fresh))
+        assert reply.status_code == 201, reply.text
+        cancel = alice.cancel(reply.json()["order"]["order_id"], now, nonce=fresh + 1)
+        http.post("/v1/orders/cancel", json=cancel).raise_for_status()
+        os.kill(pid, signal.SIGKILL)
+    with market_process(data) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        now = int(time.time())
+        reply = http.post("/v1/orders", json=alice.bid(now, price=PRICE, nonce=fresh + 1))
+        assert reply.status_code == 409, reply.text  # the cancel's nonce, read back from SQL
+        reply = http.post("/v1/orders", json=alice.bid(now, price=PRICE, nonce=fresh + 2))
+        assert reply.status_code == 201, reply.text
