@@ -16,6 +16,8 @@ from collections.abc import Callable
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from services.threads import name_os_thread
+
 log = logging.getLogger(__name__)
 
 
@@ -37,6 +39,7 @@ class Checkpointer:
         self._thread.join()
 
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         seen = self._changes()
         while True:
             stopping = self._stop.wait(self._every_s)

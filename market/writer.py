@@ -49,6 +49,7 @@ from market.errors import DuplicateOrderError, ReplayError
 from market.nonces import NonceMarks, nonce_stored, stored_pairs
 from market.placement import Placed, Rows, match_orders, rematch_rows
 from market.verify import CheckedOrder
+from services.threads import name_os_thread
 
 T = TypeVar("T")
 
@@ -255,6 +256,7 @@ class Writer:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_os_thread(self._thread.name)
         try:
             self._serve()
         finally:

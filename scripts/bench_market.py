@@ -22,11 +22,14 @@ posting for `--funded-minutes` (default 1; 10 for the issue's figure):
 `funded_rate_after_10min_ratio` is the rate of the run's last window over its first (windows
 of 60 s when the run lasts 3 minutes or more, else a third of the run), counted while every
 poster still posts (`funded_all_posting_s`: a poster that ran out of signed orders would lower
-the last window's rate); `funded_rate_by_minute` is the rate of each whole minute, beside the
-server's CPU per order in it (`funded_server_cpu_us_by_minute`), the share of the host's CPU
-time its hypervisor gave to others (`host_steal_pct_by_minute`), the share it was busy
-(`host_busy_pct_by_minute`) and its cores' speed against the first minute's
-(`host_speed_by_minute`: a fixed piece of work timed once a second in its own CPU time), with
+the last window's rate); `funded_rate_by_minute` is the rate of each whole minute, beside
+what `scripts/bench_minutes.py` notes of it: the server's CPU per order
+(`funded_server_cpu_us_by_minute`, and by thread: `funded_server_cpu_us_by_thread_by_minute`),
+the kilobytes it wrote and read per order (`funded_server_written_kb_per_order_by_minute`,
+`funded_server_read_kb_per_order_by_minute`), the share of the host's CPU time its hypervisor
+gave to others (`host_steal_pct_by_minute`), the share it was busy (`host_busy_pct_by_minute`),
+its cores' and its memory's speed against the first minute's (`host_speed_by_minute`,
+`host_memory_speed_by_minute`: fixed pieces of work timed once a second in their own CPU time),
 the orders per group commit (`funded_orders_per_group_by_minute`) and the live orders at each
 minute's end (`funded_live_orders_by_minute`), from the server's `/metrics`. Orders of the long
 run are signed before it, in worker processes. `--server-root` runs the server from another
@@ -39,9 +42,11 @@ Prints one JSON object as the last line: `{"engine_orders_per_s", "api_orders_pe
 "engine_vs_peer_signed_equal_threads", "engine_vs_peer_signed_bound",
 "api_single_funded_orders_per_s", "api_single_funded_p99_ms_32",
 "api_single_funded_server_cpu_us", "funded_rate_after_10min_ratio", "funded_rate_by_minute",
-"funded_server_cpu_us_by_minute", "host_steal_pct_by_minute", "host_busy_pct_by_minute",
-"host_speed_by_minute", "funded_orders_per_group_by_minute", "funded_live_orders_by_minute",
-"funded_minutes",
+"funded_server_cpu_us_by_minute", "funded_server_cpu_us_by_thread_by_minute",
+"funded_server_written_kb_per_order_by_minute", "funded_server_read_kb_per_order_by_minute",
+"host_steal_pct_by_minute", "host_busy_pct_by_minute", "host_speed_by_minute",
+"host_memory_speed_by_minute", "funded_orders_per_group_by_minute",
+"funded_live_orders_by_minute", "funded_minutes",
 "rss_growth_mb_per_100k_dead_orders", "restart_to_serving_s", ...}` (`--memory`:
 `bench_market_memory`).
 """
@@ -50,9 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
-import hashlib
 import importlib.util
 import itertools
 import json
@@ -76,6 +79,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from contracts.chain import free_port  # noqa: E402
+from scripts.bench_minutes import MinuteSampler, process_cpu_s  # noqa: E402
 from tests.market.signing import CHAIN_ID, ESCROW, Trader  # noqa: E402
 
 CLASSES = {"tpu-v5e": 1_000, "tpu-v6e": 1_600, "cpu": 50}
@@ -350,112 +354,6 @@ def rates_by_minute(done_at: list[float], started: float, end: float) -> list[in
     return [round(c / 60) for c in counts]
 
 
-def host_ticks() -> tuple[int, int, int]:
-    """Return the host's CPU ticks so far (Linux /proc/stat): (steal, idle, all). Steal is the
-    time a virtual machine's CPUs were ready but given to others; idle counts I/O wait too."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[7], fields[3] + fields[4], sum(fields[:8])
-
-
-def group_figures(metrics: str) -> tuple[float, float, float]:
-    """Return, from a market's `/metrics` text, its group commits and the orders they carried so
-    far, and its live orders now (every class)."""
-    figures = {"count": 0.0, "sum": 0.0, "live": 0.0}
-    for line in metrics.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name == "market_commit_group_orders_count":
-            figures["count"] = float(value)
-        elif name == "market_commit_group_orders_sum":
-            figures["sum"] = float(value)
-        elif name.startswith("market_live_orders{"):
-            figures["live"] += float(value)
-    return figures["count"], figures["sum"], figures["live"]
-
-
-CANARY = bytes(1 << 22)
-"""What the sampler hashes once a second to time the host's cores (4 MiB of SHA-256)."""
-
-
-class MinuteSampler:
-    """Note, at the start and at each whole minute of a run, the server's CPU seconds and the
-    host's CPU ticks; once a second, time a fixed piece of work (`CANARY`) in this thread's own
-    CPU time, so a minute whose cores were slower (shared with other machines) shows (a
-    thread; `stop` ends it)."""
-
-    def __init__(self, pid: int, started: float, url: str | None = None) -> None:
-        self._pid, self._started, self._url = pid, started, url
-        self.samples: list[tuple[float, int, int, int]] = [(process_cpu_s(pid), *host_ticks())]
-        self.canary_s: list[float] = []  # each whole minute's mean CPU seconds per canary
-        self.groups: list[tuple[float, float, float]] = [self._groups()]  # groups, orders, live
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        minute, spent, runs = 1, 0.0, 0
-        while not self._stop.wait(
-            max(0.0, min(1.0, self._started + 60 * minute - time.perf_counter()))
-        ):
-            if time.perf_counter() >= self._started + 60 * minute:
-                with contextlib.suppress(OSError):  # the server has gone: no more samples
-                    self.samples.append((process_cpu_s(self._pid), *host_ticks()))
-                    self.canary_s.append(spent / max(1, runs))
-                    self.groups.append(self._groups())
-                minute, spent, runs = minute + 1, 0.0, 0
-                continue
-            began = time.thread_time()
-            hashlib.sha256(CANARY).digest()
-            spent += time.thread_time() - began
-            runs += 1
-
-    def _groups(self) -> tuple[float, float, float]:
-        """Return `group_figures` of the server's `/metrics` (zeros without a URL or answer)."""
-        if self._url is None:
-            return 0.0, 0.0, 0.0
-        try:
-            return group_figures(httpx.get(self._url + "/metrics", timeout=10).text)
-        except httpx.HTTPError:
-            return 0.0, 0.0, 0.0
-
-    def stop(self) -> None:
-        """End the thread."""
-        self._stop.set()
-        self._thread.join()
-
-    def by_minute(self, rates: list[int]) -> dict[str, list[Any]]:
-        """Return, for each whole minute sampled, the server's CPU microseconds per order
-        answered (`rates`: orders per second of each minute), the host's steal and busy time in
-        percent of all its CPU time, and its cores' speed against the first minute's (the
-        canary's CPU time in the first minute over this minute's: 0.9 is 10% slower), the
-        orders per group commit and the live orders at the minute's end."""
-        figures: dict[str, list[Any]] = {
-            "funded_server_cpu_us_by_minute": [],
-            "host_steal_pct_by_minute": [],
-            "host_busy_pct_by_minute": [],
-            "host_speed_by_minute": [],
-            "funded_orders_per_group_by_minute": [],
-            "funded_live_orders_by_minute": [],
-        }
-        cpu, steal, busy, speed, per_group, live = figures.values()
-        for (c0, s0, i0, t0), (c1, s1, i1, t1), canary, (g0, o0, _), (g1, o1, l1), rate in zip(
-            self.samples,
-            self.samples[1:],
-            self.canary_s,
-            self.groups,
-            self.groups[1:],
-            rates,
-            strict=False,
-        ):
-            ticks = max(1, t1 - t0)
-            cpu.append(round((c1 - c0) / max(1, rate * 60) * 1e6))
-            steal.append(round(100 * (s1 - s0) / ticks, 1))
-            busy.append(round(100 * (ticks - (i1 - i0)) / ticks, 1))
-            speed.append(round(self.canary_s[0] / canary, 3) if canary else None)
-            per_group.append(round((o1 - o0) / (g1 - g0), 1) if g1 > g0 else None)
-            live.append(round(l1))
-        return figures
-
-
 def funded(args: argparse.Namespace) -> dict[str, Any]:
     """Measure single orders with the funds check on (see the module): anvil, the escrow,
     funded and staked posters, the indexer running; then `args.funded_minutes` of posting."""
@@ -557,12 +455,6 @@ def memory(args: argparse.Namespace) -> dict[str, Any]:
             workers=os.cpu_count() or 2,
         )
     return figures
-
-
-def process_cpu_s(pid: int) -> float:
-    """Return the CPU seconds (user + system) a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from market.service import MarketService
+from services.threads import name_os_thread
 
 from .conftest import START
 from .signing import Trader
@@ -141,29 +144,96 @@ def test_funded_run_figures_by_minute_count_each_whole_minute_and_the_servers_cp
         for _ in range(count)
     ]
     assert bench.rates_by_minute(done_at, 100.0, 270.0) == [2, 3]
-    sampler = bench.MinuteSampler(os.getpid(), time.perf_counter() + 3600)  # no minute passes
-    sampler.stop()
-    assert len(sampler.samples) == 1 and sampler.groups == [(0.0, 0.0, 0.0)]  # no server URL
-    # Two whole minutes sampled: 1.2 s of server CPU over 6,000 orders, then 0.9 s over 3,000;
-    # of 500 host ticks 5 stolen and 100 idle, then none stolen and 250 idle; the canary took
-    # 2 ms, then 2.5 ms: the cores were 20% slower.
-    sampler.samples = [(3.0, 5, 100, 500), (4.2, 10, 200, 1000), (5.1, 10, 450, 1500)]
+    minutes = load_bench(ROOT / "scripts" / "bench_minutes.py")
+    small = minutes.MemoryCanary(table_items=1 << 10, reads=64)
+    sampler = minutes.MinuteSampler(os.getpid(), time.perf_counter() + 3600, memory=small)
+    sampler.stop()  # no minute passed
+    assert len(sampler.samples) == 1 and sampler.samples[0].groups == (0.0, 0.0, 0.0)  # no URL
+
+    # Two whole minutes sampled: 1.2 s of server CPU over 6,000 orders (0.6 s of it the event
+    # loop's, 0.48 s the writer's), then 0.9 s over 3,000; 30 MB written and 6 MB read, then
+    # 3 MB and 0.3 MB; of 500 host ticks 5 stolen and 100 idle, then none stolen and 250 idle;
+    # the hashing canary took 2 ms, then 2.5 ms (cores 20% slower), the memory canary 4 ms,
+    # then 5 ms.
+    def at(
+        cpu: float,
+        loop: float,
+        writer: float,
+        io: tuple[int, int],
+        ticks: tuple[int, int, int],
+        groups: tuple[float, float, float],
+    ) -> object:
+        threads = {"event_loop": loop, "market-writer": writer, "other": cpu - loop - writer}
+        return minutes.Sample(cpu, threads, io, ticks, groups)
+
+    sampler.samples = [
+        at(3.0, 2.0, 0.5, (10**6, 10**5), (5, 100, 500), (10.0, 100.0, 5.0)),
+        at(4.2, 2.6, 0.98, (31 * 10**6, 61 * 10**5), (10, 200, 1000), (20.0, 300.0, 7.0)),
+        at(5.1, 3.0, 1.4, (34 * 10**6, 64 * 10**5), (10, 450, 1500), (20.0, 300.0, 9.0)),
+    ]
     sampler.canary_s = [0.002, 0.0025]
-    sampler.groups = [(10.0, 100.0, 5.0), (20.0, 300.0, 7.0), (20.0, 300.0, 9.0)]  # none: idle
+    sampler.memory_s = [0.004, 0.005]
     assert sampler.by_minute([100, 50]) == {
         "funded_server_cpu_us_by_minute": [200, 300],
+        "funded_server_cpu_us_by_thread_by_minute": {
+            "event_loop": [100, 133],
+            "market-writer": [80, 140],
+            "other": [20, 27],
+        },
+        "funded_server_written_kb_per_order_by_minute": [5.0, 1.0],
+        "funded_server_read_kb_per_order_by_minute": [1.0, 0.1],
         "host_steal_pct_by_minute": [1.0, 0.0],
         "host_busy_pct_by_minute": [80.0, 50.0],
         "host_speed_by_minute": [1.0, 0.8],
+        "host_memory_speed_by_minute": [1.0, 0.8],
         "funded_orders_per_group_by_minute": [20.0, None],
         "funded_live_orders_by_minute": [7, 9],
     }
 
 
+def test_bench_reads_a_processs_cpu_by_thread_its_io_and_a_thread_it_named() -> None:
+    minutes = load_bench(ROOT / "scripts" / "bench_minutes.py")
+    started, stop = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        name_os_thread("market-writer")
+        started.set()
+        while not stop.is_set():
+            hashlib.sha256(bytes(1 << 16)).digest()
+
+    thread = threading.Thread(target=busy)
+    before = minutes.thread_cpu_s(os.getpid())
+    thread.start()
+    try:
+        started.wait()
+        assert "market-writer" in minutes.os_thread_names(os.getpid()).values()
+        spent = minutes.thread_cpu_s(os.getpid())
+        while spent["market-writer"] - before["market-writer"] <= 0.05:  # ticks of 10 ms
+            spent = minutes.thread_cpu_s(os.getpid())
+    finally:
+        stop.set()
+        thread.join()
+    assert set(spent) == {"event_loop", "market-writer", "other"}
+    written, read = minutes.process_io(os.getpid())
+    Path(os.devnull).write_bytes(bytes(1 << 20))  # a megabyte written through a system call
+    assert minutes.process_io(os.getpid())[0] >= written + (1 << 20)
+    assert minutes.process_io(os.getpid())[1] >= read
+    canary = minutes.MemoryCanary(table_items=1 << 10, reads=64)
+    assert canary.run() == sum(int(place) for place in canary.places)  # item i holds i
+
+
+def test_a_running_markets_writer_is_named_in_the_system(
+    service: MarketService,
+) -> None:
+    service.writer.call(lambda: None)  # the writer thread has begun: it names itself first
+    names = load_bench(ROOT / "scripts" / "bench_minutes.py").os_thread_names(os.getpid())
+    assert "market-writer" in names.values()
+
+
 def test_funded_run_reads_groups_and_live_orders_from_the_markets_own_metrics(
     client: TestClient, service: MarketService, alice: Trader, bob: Trader
 ) -> None:
-    bench = load_bench(ROOT / "scripts" / "bench_market.py")
+    bench = load_bench(ROOT / "scripts" / "bench_minutes.py")
     assert bench.group_figures(client.get("/metrics").text) == (0.0, 0.0, 0.0)
     for body in (alice.bid(START, price=90), bob.bid(START, price=80, device_class="tpu-v4")):
         client.post("/v1/orders", json=body).raise_for_status()
