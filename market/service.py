@@ -151,7 +151,7 @@ class MarketService(MarketReads):
             sole_writer=not self.partition.shared,
         )
         self.checkpointer = (
-            Checkpointer(self.db, lambda: self._version)
+            Checkpointer(self.db, lambda: self._version, on_checkpoint=self.writer.checkpoint_soon)
             if self.db.dialect.name == "sqlite"
             else None
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -52,12 +53,18 @@ from market.verify import CheckedOrder
 from services.threads import name_os_thread
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 IDLE_PING_S = 1.0
 """A connection idle this long is pinged before it serves a group."""
 
 MAX_GROUP_ORDERS = 1_000
 """Orders one group commit may carry (a request is never split)."""
+
+WRITER_AUTOCHECKPOINT_PAGES = 100_000
+"""Log pages (about 400 MB) past which SQLite checkpoints inside the writer's own commit: a
+backstop only. The writer checkpoints between groups when `market.checkpoint` asks
+(`Writer.checkpoint_soon`), after that thread did the bulk of the work."""
 
 
 class _Answer(Protocol):
@@ -158,6 +165,7 @@ class Writer:
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
         self._marks = NonceMarks() if sole_writer else None  # used by the writer thread only
         self._outbox: _Outbox = {}  # loops' outcomes of the group being written (writer only)
+        self._checkpoint_due = threading.Event()  # set by `checkpoint_soon`, any thread
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
         self._thread.start()
@@ -243,6 +251,13 @@ class Writer:
         if self._marks is not None:
             self._marks.raise_to([(owner, nonce)])
 
+    def checkpoint_soon(self) -> None:
+        """Ask the writer to checkpoint its SQLite log on its own connection once it has
+        answered its current group (from `market.checkpoint`'s thread, after a checkpoint
+        there): what it committed meanwhile is copied, and its next commit starts the log
+        over. Any thread may call this; a writer without a connection does nothing."""
+        self._checkpoint_due.set()
+
     def pending(self) -> int:
         """Return how many jobs wait for the writer (approximately: the queue is live)."""
         return self._queue.qsize()
@@ -278,6 +293,11 @@ class Writer:
                 self._fill_seq = None
         if connection is None:
             connection = self._connection = self._db.connect()
+            if connection.dialect.name == "sqlite":
+                connection.exec_driver_sql(
+                    f"PRAGMA wal_autocheckpoint={WRITER_AUTOCHECKPOINT_PAGES}"
+                )
+                connection.commit()
         self._used_at = now
         return connection
 
@@ -311,6 +331,8 @@ class Writer:
                 return
             if isinstance(first, _Call):
                 _run_call(first)
+                if self._checkpoint_due.is_set():
+                    self._checkpoint()
                 continue
             group = [first]
             size = len(first.orders)
@@ -333,10 +355,28 @@ class Writer:
                 self._apply(group)
             finally:
                 self._send_outbox()
+            if self._checkpoint_due.is_set():
+                self._checkpoint()
             if after is not None:
                 _run_call(after)
             if stop:
                 return
+
+    def _checkpoint(self) -> None:
+        """Checkpoint the log on the writer's connection (`checkpoint_soon`): PASSIVE, between
+        groups, after the last group was answered. A failure is logged and the connection
+        dropped (the next group opens a fresh one); the background checkpoints go on."""
+        self._checkpoint_due.clear()
+        connection = self._connection
+        if connection is None:
+            return
+        try:
+            connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            connection.commit()
+        except DBAPIError as exc:
+            log.warning("the writer's WAL checkpoint failed: %s", exc)
+            with contextlib.suppress(DBAPIError):
+                self._disconnect()
 
     def _send_outbox(self) -> None:
         """Hand the group's outcomes to their loops: one thread-safe call per loop."""

@@ -704,6 +704,28 @@ def check_nonce_marks(text: str) -> list[str]:
     return [] if want in " ".join(text.split()) else [f"no longer says {want!r}"]
 
 
+def check_wal_backstops(text: str) -> list[str]:
+    """docs/market.md's account of checkpoints: the automatic checkpoint's threshold on the
+    writer's connection and on the others (what a new connection of the market's engine says)."""
+    import tempfile
+
+    from market.database import make_engine
+    from market.writer import WRITER_AUTOCHECKPOINT_PAGES
+
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = make_engine(url=f"sqlite:///{tmp}/probe.sqlite3")
+        try:
+            with engine.connect() as connection:
+                others = connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar()
+        finally:
+            engine.dispose()
+    want = (
+        f"its automatic checkpoint is a backstop at {WRITER_AUTOCHECKPOINT_PAGES:,} pages, "
+        f"other connections' at {others:,}"
+    )
+    return [] if want in " ".join(text.split()) else [f"no longer says {want!r}"]
+
+
 # --- the tests -------------------------------------------------------------------------------
 
 Check = Callable[[str], list[str]]
@@ -719,6 +741,7 @@ CHECKS: list[tuple[str, Check, list[Path]]] = [
     ("market settings", check_market_settings, [ROOT / "docs" / "market.md"]),
     ("where signatures are checked", check_verify_constants, [ROOT / "docs" / "market.md"]),
     ("signers' nonce marks", check_nonce_marks, [ROOT / "docs" / "market.md"]),
+    ("checkpoint backstops", check_wal_backstops, [ROOT / "docs" / "market.md"]),
     ("provider.toml keys", check_provider_toml, [README, ROOT / "docs" / "provider-api.md"]),
     ("make check's guard", check_make_check, [README]),
     ("CLI flags", check_cli_flags, ALL_DOCS),
@@ -942,6 +965,13 @@ DRIFTS: list[tuple[str, Check, Path, str, str]] = [
         ROOT / "docs" / "market.md",
         "the last 16,384 signers",
         "the last 65,536 signers",
+    ),
+    (
+        "the writer's checkpoint backstop",
+        check_wal_backstops,
+        ROOT / "docs" / "market.md",
+        "a backstop at 100,000 pages",
+        "a backstop at 10,000 pages",
     ),
     (
         "a docs toml key",

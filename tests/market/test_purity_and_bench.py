@@ -125,11 +125,24 @@ def test_book_growth_bench_prints_its_figures_for_a_book_that_grows_crossed() ->
     assert 1_000 < result["live_orders"] < 4_000  # some trade, the rest rests (crossed)
 
 
-def test_sql_growth_bench_prints_its_figures_for_the_writers_own_path() -> None:
+def test_sql_growth_bench_prints_its_figures_for_the_writers_own_path(tmp_path: Path) -> None:
     bench = load_bench(ROOT / "scripts" / "bench_sql_growth.py")
-    result = bench.run(2_000, 500, group=32, seed=3)
+    result = bench.run(2_000, 500, group=32, seed=3, directory=tmp_path)
     assert len(result["sql_us_per_order_by_window"]) == 4
     assert all(us > 0 for us in result["cpu_us_per_order_by_window"])
+    for write, commit, whole in zip(
+        result["write_us_per_order_by_window"],
+        result["commit_us_per_order_by_window"],
+        result["sql_us_per_order_by_window"],
+        strict=True,
+    ):
+        assert write > 0 and commit > 0 and abs(write + commit - whole) <= 0.2  # rounding
+    # Every window's commits wrote its pages to the log: at least an order's row a order.
+    assert all(kb > 0.2 for kb in result["written_kb_per_order_by_window"])
+    assert len(result["read_kb_per_order_by_window"]) == 4
+    assert list(tmp_path.iterdir()) == []  # its temporary database is gone
+    with pytest.raises(FileNotFoundError):  # and it was made in the directory given
+        bench.run(10, 10, directory=tmp_path / "missing")
     assert result["sql_growth_ratio"] > 0 and result["group"] == 32
     assert 0 < result["fills"] < 2_000  # the engine matched some, the rest rests
 
