@@ -38,12 +38,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from contextlib import ExitStack
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from market import storage
+from market.answers import Answer, LoopAnswer, Outbox, deliver
 from market.books import Books, ClassBook
 from market.engine.gate import Gate
 from market.errors import DuplicateOrderError, ReplayError
@@ -67,65 +68,10 @@ backstop only. The writer checkpoints between groups when `market.checkpoint` as
 (`Writer.checkpoint_soon`), after that thread did the bulk of the work."""
 
 
-class _Answer(Protocol):
-    """Where a request's outcome goes: a thread's `Future`, or a `_LoopAnswer`."""
-
-    def done(self) -> bool: ...
-    def set_result(self, result: list[Placed]) -> None: ...
-    def set_exception(self, exception: BaseException) -> None: ...
-
-
-_Outbox = dict[asyncio.AbstractEventLoop, list[tuple["asyncio.Future[list[Placed]]", object]]]
-
-
-class _LoopAnswer:
-    """A request's outcome for an event loop: kept in the writer's outbox until the group is
-    done, then handed to the loop with the group's other outcomes in one wake-up."""
-
-    __slots__ = ("_done", "future", "loop", "outbox")
-
-    def __init__(
-        self,
-        future: asyncio.Future[list[Placed]],
-        loop: asyncio.AbstractEventLoop,
-        outbox: _Outbox,
-    ) -> None:
-        self.future = future
-        self.loop = loop
-        self.outbox = outbox
-        self._done = False
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: list[Placed]) -> None:
-        self._post(result)
-
-    def set_exception(self, exception: BaseException) -> None:
-        self._post(exception)
-
-    def _post(self, outcome: object) -> None:
-        if self._done:
-            raise RuntimeError("a request's outcome was set twice")
-        self._done = True
-        self.outbox.setdefault(self.loop, []).append((self.future, outcome))
-
-
-def _deliver(outcomes: list[tuple[asyncio.Future[list[Placed]], object]]) -> None:
-    """Set each future's outcome (on its loop); one its caller stopped awaiting is skipped."""
-    for future, outcome in outcomes:
-        if future.done():
-            continue
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)  # type: ignore[arg-type]  # a result, not an error
-
-
 class _Request(NamedTuple):
     orders: list[CheckedOrder]
     now: int
-    future: _Answer
+    future: Answer
 
 
 class _Call(NamedTuple):
@@ -164,7 +110,7 @@ class Writer:
         self._used_at = 0.0  # when `_connection` last served a group (monotonic)
         self._fill_seq: int | None = None  # the last committed fill's `seq`; None: ask SQL
         self._marks = NonceMarks() if sole_writer else None  # used by the writer thread only
-        self._outbox: _Outbox = {}  # loops' outcomes of the group being written (writer only)
+        self._outbox: Outbox = {}  # loops' outcomes of the group being written (writer only)
         self._checkpoint_due = threading.Event()  # set by `checkpoint_soon`, any thread
         self._queue: queue.SimpleQueue[_Request | _Call | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="market-writer", daemon=True)
@@ -194,7 +140,7 @@ class Writer:
             raise RuntimeError("the market's writer has stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Placed]] = loop.create_future()
-        self._queue.put(_Request(orders, now, _LoopAnswer(future, loop, self._outbox)))
+        self._queue.put(_Request(orders, now, LoopAnswer(future, loop, self._outbox)))
         return future
 
     def call(self, function: Callable[[], T]) -> T:
@@ -384,7 +330,7 @@ class Writer:
         for loop, outcomes in list(outbox.items()):
             del outbox[loop]
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits these
-                loop.call_soon_threadsafe(_deliver, outcomes)
+                loop.call_soon_threadsafe(deliver, outcomes)
 
     def _apply(self, group: list[_Request]) -> None:
         try:
