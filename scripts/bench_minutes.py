@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import os
 import threading
 import time
@@ -92,9 +93,15 @@ class MemoryCanary:
     places of a `MEMORY_TABLE_ITEMS` table (the places drawn once, so every run reads the same)."""
 
     def __init__(self, table_items: int = MEMORY_TABLE_ITEMS, reads: int = MEMORY_READS) -> None:
-        """Allocate and touch the table (256 MiB by default)."""
+        """Allocate and touch the table (256 MiB by default) in pages of the base size: huge
+        pages, which the kernel may assemble in the background, would make the same reads
+        faster minutes later for reasons of this process alone."""
         rng = np.random.default_rng(7)
-        self.table = np.arange(table_items, dtype=np.int64)
+        self._memory = mmap.mmap(-1, table_items * 8)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+            self._memory.madvise(mmap.MADV_NOHUGEPAGE)
+        self.table = np.frombuffer(self._memory, dtype=np.int64)
+        self.table[:] = np.arange(table_items, dtype=np.int64)
         self.places = rng.integers(0, table_items, size=reads, dtype=np.int64)
 
     def run(self) -> int:

@@ -18,8 +18,9 @@ writes and the commit, per window of `--window` orders), split into
 groups), `cpu_us_per_order_by_window` (the process's CPU, checkpoints included, per order),
 `written_kb_per_order_by_window` and `read_kb_per_order_by_window` (what the process wrote and
 read through system calls: log frames, checkpoints, pages missing from the cache),
-`sql_growth_ratio` (last window / first), `db_mb` at the end, `fills`. `--dir` puts the database in that directory (a memory file system
-such as /dev/shm tells what the disk's file system adds).
+`sql_growth_ratio` (last window / first), `db_mb` at the end, `fills`. `--dir` puts the
+database in that directory (a memory file system such as /dev/shm tells what the disk's file
+system adds).
 """
 
 from __future__ import annotations
