@@ -272,13 +272,13 @@ class Writer:
     def _serve(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
+            if self._checkpoint_due.is_set():  # after the last job, before waiting
+                self._checkpoint()
             first = get()
             if first is None:
                 return
             if isinstance(first, _Call):
                 _run_call(first)
-                if self._checkpoint_due.is_set():
-                    self._checkpoint()
                 continue
             group = [first]
             size = len(first.orders)
@@ -301,8 +301,6 @@ class Writer:
                 self._apply(group)
             finally:
                 self._send_outbox()
-            if self._checkpoint_due.is_set():
-                self._checkpoint()
             if after is not None:
                 _run_call(after)
             if stop:

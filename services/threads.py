@@ -10,7 +10,6 @@ splits the server's CPU by thread with them).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from pathlib import Path
 
@@ -23,14 +22,13 @@ MAX_NAME_BYTES = 15
 
 def name_os_thread(name: str) -> None:
     """Give the calling thread `name` (cut to `MAX_NAME_BYTES`) in the operating system; do
-    nothing where that cannot be done (not Linux, no C library)."""
+    nothing where that cannot be done (not Linux, no `prctl`)."""
     if not sys.platform.startswith("linux"):
         return
-    found = ctypes.util.find_library("c")
-    if found is None:
-        return
-    libc = ctypes.CDLL(found, use_errno=True)
-    libc.prctl(PR_SET_NAME, name.encode()[:MAX_NAME_BYTES], 0, 0, 0)
+    process = ctypes.CDLL(None)  # the symbols already loaded: the C library's among them
+    prctl = getattr(process, "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_NAME, name.encode()[:MAX_NAME_BYTES], 0, 0, 0)
 
 
 def os_thread_names(pid: int) -> dict[int, str]:
