@@ -273,6 +273,13 @@ def test_find_when_a_run_is_nested_then_both_runs_reach_its_processes(tmp_path: 
         ["sleep", "1000"], env={**os.environ, processes.RUN_ENV: "outer-run:inner-run"}
     )
     try:
+        # `spawn` starts a wrapper that arms the parent-death signal, then becomes `sleep`;
+        # while one program replaces another its environment reads empty: wait for `sleep`.
+        wait_until(
+            lambda: Path(f"/proc/{nested.pid}/cmdline").read_bytes().startswith(b"sleep\0"),
+            30,
+            "the nested process running sleep",
+        )
         for run in ("outer-run", "inner-run"):
             assert nested.pid in [found.pid for found in processes.find(run)]
         assert nested.pid not in [found.pid for found in processes.find("inner")]
